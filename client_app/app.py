@@ -1,0 +1,77 @@
+"""The ClientApp: config -> data -> model -> the method's NumPyClient.
+
+Node config keys (deployment, ``flower-supernode --node-config``):
+``partition-id``/``num-partitions`` (simulation sets these), ``site`` (the stable
+client identity), ``data-path`` (the site's own data), ``device`` (e.g. cuda:0),
+``state-dir`` (persist personal state on disk; enables restart safety).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from functools import lru_cache
+from typing import Any
+
+import torch
+from flwr.client import Client, ClientApp
+from flwr.common import Context
+from torch import nn
+
+from client_app.state import ContextStore, DiskStore, PersonalStore
+from methods import get_method
+from pfl_data import data_info, load_client_data
+from run_config.schema import RunConfig, parse_run_config
+
+log = logging.getLogger("flwr.pflower")
+
+
+@lru_cache(maxsize=4)
+def _template(cfg: RunConfig, data_path: str) -> nn.Module:
+    """The initial model, built once per process and copied per client."""
+    return get_method(cfg.method).build_model(cfg, data_info(cfg, data_path))
+
+
+def pick_device(requested: str = "") -> torch.device:
+    """The node's device: ``requested`` if given, else CUDA when available."""
+    if requested:
+        return torch.device(requested)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def experiment_id(cfg: RunConfig) -> str:
+    """Names the on-disk personal state: a restarted client resumes its own."""
+    return cfg.run_name or f"{cfg.method}-seed{cfg.seed}"
+
+
+def build_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
+    cfg = parse_run_config({**context.run_config, **(overrides or {})})
+    node = context.node_config
+    partition_id = int(node.get("partition-id", 0))
+    num_partitions = int(node.get("num-partitions", 1))
+    site = str(node.get("site", "") or f"client-{partition_id}")
+    data_path = str(node.get("data-path", ""))
+    device = pick_device(str(node.get("device", "")))
+    if device.type == "cpu" and torch.get_num_threads() > 1 and "num-partitions" in node:
+        torch.set_num_threads(1)  # simulated clients share the machine's cores
+    method = get_method(cfg.method)
+    model = copy.deepcopy(_template(cfg, data_path))
+    data = load_client_data(cfg, partition_id, num_partitions, data_path)
+    state_dir = str(node.get("state-dir", ""))
+    store: PersonalStore = (
+        DiskStore(state_dir, experiment_id(cfg), site) if state_dir else ContextStore(context)
+    )
+    client = method.client(model, method.roles(model), data, cfg, store, device, site)
+    return client.to_client()
+
+
+def make_client_app(overrides: dict[str, Any] | None = None) -> ClientApp:
+    """A ClientApp whose run config is ``overrides`` over Flower's run config."""
+
+    def client_fn(context: Context) -> Client:
+        return build_client(context, overrides)
+
+    return ClientApp(client_fn=client_fn)
+
+
+app = make_client_app()

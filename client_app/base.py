@@ -1,0 +1,137 @@
+"""The one NumPyClient every method builds on.
+
+fit: restore personal -> load received shared -> run the method's schedule ->
+store personal -> return only the shared tensors. evaluate: the personalised
+model (received shared + own personal) on the client's own test split.
+Methods override ``local_train`` (the schedule) and, where they need to, the
+``receive`` / ``upload`` / ``predict`` hooks.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.client import NumPyClient
+from flwr.common import NDArrays, Scalar
+from torch import nn
+
+from client_app.state import PersonalStore
+from client_app.train import evaluate, train_epochs
+from models.roles import Roles, get_arrays, set_arrays
+from pfl_data import ClientData
+from run_config.schema import RunConfig
+
+CLIENT_KEY = "client-key"
+
+
+class PFLClient(NumPyClient):
+    """Base client: plain local training of every tensor (FedAvg's schedule)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        roles: Roles,
+        data: ClientData,
+        cfg: RunConfig,
+        store: PersonalStore,
+        device: torch.device,
+        client_key: str,
+    ) -> None:
+        self.model = model.to(device)
+        self.roles = roles
+        self.cfg = cfg
+        self.store = store
+        self.device = device
+        self.client_key = client_key
+        non_blocking = device.type == "cuda"
+        self.x_train = data.x_train.to(device, non_blocking=non_blocking)
+        self.y_train = data.y_train.to(device, non_blocking=non_blocking)
+        self.x_test = data.x_test.to(device, non_blocking=non_blocking)
+        self.y_test = data.y_test.to(device, non_blocking=non_blocking)
+
+    # ---- the protocol, written once ------------------------------------------------------
+
+    def get_parameters(self, config: dict[str, Scalar]) -> NDArrays:
+        return self.upload(config)
+
+    def fit(
+        self, parameters: NDArrays, config: dict[str, Scalar]
+    ) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        self.restore_personal()
+        self.receive(parameters, config)
+        generator = torch.Generator().manual_seed(
+            self.cfg.seed * 1_000_003 + int(config.get("server-round", 0)) * 7919 + self.seed_offset
+        )
+        metrics = self.local_train(config, generator)
+        self.store_personal()
+        return (
+            self.upload(config),
+            int(self.y_train.shape[0]),
+            {CLIENT_KEY: self.client_key, **metrics},
+        )
+
+    def evaluate(
+        self, parameters: NDArrays, config: dict[str, Scalar]
+    ) -> tuple[float, int, dict[str, Scalar]]:
+        self.restore_personal()
+        self.receive(parameters, config)
+        loss, metrics = self.score()
+        return loss, int(self.y_test.shape[0]), {CLIENT_KEY: self.client_key, **metrics}
+
+    # ---- personal state ------------------------------------------------------------------
+
+    @property
+    def seed_offset(self) -> int:
+        return zlib.crc32(self.client_key.encode())
+
+    def personal_state(self) -> dict[str, np.ndarray]:
+        """What survives between rounds: the personal tensors (plus method extras)."""
+        return dict(zip(self.roles.personal, get_arrays(self.model, self.roles.personal)))
+
+    def load_personal_state(self, state: dict[str, np.ndarray]) -> None:
+        """Inverse of ``personal_state``."""
+        set_arrays(self.model, self.roles.personal, [state[n] for n in self.roles.personal])
+
+    def restore_personal(self) -> None:
+        state = self.store.load()
+        if state is None:
+            return  # first round, or unreadable state: keep the initial personal part
+        missing = [n for n in self.roles.personal if n not in state]
+        if missing:
+            return  # a different model or method wrote it: start afresh
+        self.load_personal_state(state)
+
+    def store_personal(self) -> None:
+        self.store.save(self.personal_state())
+
+    # ---- hooks a method overrides --------------------------------------------------------
+
+    def receive(self, parameters: NDArrays, config: dict[str, Scalar]) -> None:
+        """Load what the server sent (the shared tensors by default)."""
+        if parameters:
+            set_arrays(self.model, self.roles.shared, parameters)
+
+    def upload(self, config: dict[str, Scalar]) -> NDArrays:
+        """What leaves the client: exactly the shared tensors by default."""
+        return get_arrays(self.model, self.roles.shared)
+
+    def local_train(self, config: dict[str, Scalar], generator: torch.Generator) -> dict[str, Any]:
+        """The local schedule: every parameter for ``local-epochs``."""
+        loss = train_epochs(
+            self.model,
+            list(self.model.parameters()),
+            self.x_train,
+            self.y_train,
+            self.cfg.local_epochs,
+            self.cfg,
+            generator,
+        )
+        return {"train-loss": loss}
+
+    def score(self) -> tuple[float, dict[str, Scalar]]:
+        """(loss, metrics with at least ``accuracy``) on the local test split."""
+        loss, acc = evaluate(self.model, self.x_test, self.y_test)
+        return loss, {"accuracy": acc}

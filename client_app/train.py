@@ -1,0 +1,112 @@
+"""Local training and evaluation loops, written once for every method."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from run_config.schema import RunConfig
+
+LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def cross_entropy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The default local loss."""
+    return F.cross_entropy(model(x), y)
+
+
+def batches(
+    x: torch.Tensor, y: torch.Tensor, batch_size: int, generator: torch.Generator | None
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Shuffled mini-batches of in-memory tensors (no shuffle without a generator).
+
+    A DataLoader would add per-batch collation and worker overhead for data that
+    already sits in one tensor; slicing a permutation is the same sampling.
+    """
+    n = y.shape[0]
+    if generator is None:
+        order = None
+    else:
+        order = torch.randperm(n, generator=generator).to(x.device, non_blocking=True)
+    for start in range(0, n, batch_size):
+        if order is None:
+            yield x[start : start + batch_size], y[start : start + batch_size]
+        else:
+            idx = order[start : start + batch_size]
+            yield x[idx], y[idx]
+
+
+@contextmanager
+def only_trainable(model: nn.Module, params: Iterable[nn.Parameter]) -> Iterator[None]:
+    """Within the block, only ``params`` require grad (no wasted backward work)."""
+    keep = {id(p) for p in params}
+    before = {id(p): p.requires_grad for p in model.parameters()}
+    for p in model.parameters():
+        p.requires_grad_(id(p) in keep)
+    try:
+        yield
+    finally:
+        for p in model.parameters():
+            p.requires_grad_(before[id(p)])
+
+
+def make_optimizer(params: list[nn.Parameter], cfg: RunConfig) -> torch.optim.Optimizer:
+    """A fresh optimizer for one phase of a schedule."""
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+
+
+def train_epochs(
+    model: nn.Module,
+    params: list[nn.Parameter],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    epochs: int,
+    cfg: RunConfig,
+    generator: torch.Generator,
+    loss_fn: LossFn = cross_entropy,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> float:
+    """Train ``params`` (only those) for ``epochs``; returns the mean batch loss."""
+    if epochs <= 0 or not params:
+        return 0.0
+    opt = optimizer or make_optimizer(params, cfg)
+    model.train()
+    total, count = torch.zeros((), device=x.device), 0
+    with only_trainable(model, params):
+        for _ in range(epochs):
+            for xb, yb in batches(x, y, cfg.batch_size, generator):
+                opt.zero_grad(set_to_none=True)
+                loss = loss_fn(model, xb, yb)
+                loss.backward()
+                opt.step()
+                total += loss.detach()
+                count += 1
+    return float(total) / max(count, 1)
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch_size: int = 512,
+    predict: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) of ``predict`` (default: the model) on x, y."""
+    if y.shape[0] == 0:
+        return 0.0, 0.0
+    model.eval()
+    forward = predict or model
+    loss_sum, correct = torch.zeros((), device=x.device), torch.zeros((), device=x.device)
+    for xb, yb in batches(x, y, batch_size, None):
+        logits = forward(xb)
+        loss_sum += F.cross_entropy(logits, yb, reduction="sum")
+        correct += (logits.argmax(dim=1) == yb).sum()
+    n = y.shape[0]
+    return float(loss_sum) / n, float(correct) / n

@@ -1,0 +1,75 @@
+"""The method registry: one table from the ``method`` config value to
+(split rule, local schedule = client class, aggregation = strategy class,
+model transform). Method modules are imported lazily."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from client_app.base import PFLClient
+from models.backbones import build_backbone
+from models.roles import Roles, SplitRule
+from pfl_data import DataInfo
+from run_config.schema import METHODS, RunConfig
+from strategies.base import PFLStrategy
+
+Transform = Callable[[nn.Module, RunConfig], nn.Module]
+
+
+@dataclass(frozen=True)
+class Method:
+    """A personalised-FL method: which tensors are personal, how a client
+    trains, how the server aggregates."""
+
+    name: str
+    split: SplitRule
+    client: type[PFLClient]
+    strategy: type[PFLStrategy]
+    transform: Transform | None = None
+
+    def build_model(self, cfg: RunConfig, info: DataInfo) -> nn.Module:
+        """The method's model, identical on server and every client (seeded)."""
+        torch.manual_seed(cfg.seed)
+        model: nn.Module = build_backbone(
+            cfg.model, info.input_shape, info.num_classes, cfg.hidden_dim, cfg.pretrained_weights
+        )
+        if self.transform is not None:
+            model = self.transform(model, cfg)
+        return model
+
+    def roles(self, model: nn.Module) -> Roles:
+        return Roles.of(model, self.split)
+
+
+# method name -> module defining METHODS: dict[str, Method]
+_MODULES = {
+    "fedavg": "methods.baselines",
+    "local": "methods.baselines",
+    "fedper": "methods.baselines",
+    "fedrep": "methods.baselines",
+    "fedbn": "methods.baselines",
+    "feddecomp": "methods.feddecomp",
+    "fedcp": "methods.fedcp",
+    "factorized-fl-alpha": "methods.factorized_fl",
+    "factorized-fl-beta": "methods.factorized_fl",
+    "fedfac-static": "methods.fedfac",
+    "fedfac-dynamic": "methods.fedfac",
+    "dualfed": "methods.dualfed",
+}
+assert set(_MODULES) == set(METHODS)
+
+
+def get_method(name: str) -> Method:
+    """The registered method called ``name``."""
+    if name not in _MODULES:
+        raise ValueError(f"unknown method '{name}', expected one of {sorted(_MODULES)}")
+    try:
+        module = importlib.import_module(_MODULES[name])
+    except ModuleNotFoundError as err:
+        raise NotImplementedError(f"method '{name}' is not available: {err}") from err
+    return module.METHODS[name]

@@ -1,0 +1,126 @@
+"""Backbones. Every model exposes ``features`` (input -> D-dim vector) and
+``head`` (D -> classes); ``forward`` is ``head(features(x))``. Methods rely on
+the ``features.`` / ``head.`` name prefixes to split tensors."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torchvision.models import resnet18 as tv_resnet18
+from torchvision.models.resnet import BasicBlock
+
+
+class Backbone(nn.Module):
+    """A feature extractor and a linear head."""
+
+    features: nn.Module
+    head: nn.Linear
+
+    @property
+    def feature_dim(self) -> int:
+        return self.head.in_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+class MLP(Backbone):
+    """One hidden layer (the FedFac simulation study uses m = 200)."""
+
+    def __init__(self, in_dim: int, num_classes: int, hidden: int = 200) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Flatten(), nn.Linear(in_dim, hidden), nn.ReLU())
+        self.head = nn.Linear(hidden, num_classes)
+
+
+class CNN4(Backbone):
+    """FedCP's 4-layer CNN: two conv5x5+ReLU+maxpool blocks, Linear(->512)+ReLU, fc."""
+
+    def __init__(self, in_channels: int, image_size: int, num_classes: int, dim: int = 512) -> None:
+        super().__init__()
+        side = ((image_size - 4) // 2 - 4) // 2
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, 32, 5),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 5),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(64 * side * side, dim),
+            nn.ReLU(),
+        )
+        self.head = nn.Linear(dim, num_classes)
+
+
+class SmallResNet(Backbone):
+    """FedDecomp's ResNet-8 / ResNet-10: a 7x7 stride-2 stem with max-pool (as the
+    reference), then one torchvision BasicBlock per stage."""
+
+    def __init__(self, in_channels: int, num_classes: int, widths: tuple[int, ...]) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [
+            nn.Conv2d(in_channels, widths[0], 7, stride=2, padding=3, bias=False),
+            nn.BatchNorm2d(widths[0]),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(3, stride=2, padding=1),
+        ]
+        prev = widths[0]
+        for i, width in enumerate(widths):
+            stride = 1 if i == 0 else 2
+            down = None
+            if stride != 1 or prev != width:
+                down = nn.Sequential(
+                    nn.Conv2d(prev, width, 1, stride=stride, bias=False), nn.BatchNorm2d(width)
+                )
+            layers.append(BasicBlock(prev, width, stride=stride, downsample=down))
+            prev = width
+        layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Linear(prev, num_classes)
+
+
+class ResNet18(Backbone):
+    """torchvision's ResNet-18 (so ImageNet weights load), fc as the head."""
+
+    def __init__(self, in_channels: int, num_classes: int, weights_path: str = "") -> None:
+        super().__init__()
+        net = tv_resnet18()
+        if weights_path:
+            net.load_state_dict(torch.load(weights_path, map_location="cpu", weights_only=True))
+        if in_channels != 3:
+            net.conv1 = nn.Conv2d(in_channels, 64, 7, stride=2, padding=3, bias=False)
+        dim = net.fc.in_features
+        net.fc = nn.Identity()
+        self.features = nn.Sequential(net, nn.Flatten())
+        self.head = nn.Linear(dim, num_classes)
+
+
+MODEL_NAMES = ("mlp", "cnn4", "resnet8", "resnet10", "resnet18")
+
+
+def build_backbone(
+    name: str,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    hidden: int = 200,
+    weights_path: str = "",
+) -> Backbone:
+    """Build a backbone for inputs of ``input_shape`` (without batch dim)."""
+    if name == "mlp":
+        in_dim = 1
+        for s in input_shape:
+            in_dim *= s
+        return MLP(in_dim, num_classes, hidden)
+    if len(input_shape) != 3:
+        raise ValueError(f"model '{name}' needs image inputs (C, H, W), got shape {input_shape}")
+    channels, size = input_shape[0], input_shape[1]
+    if name == "cnn4":
+        return CNN4(channels, size, num_classes)
+    if name == "resnet8":
+        return SmallResNet(channels, num_classes, (64, 128, 256))
+    if name == "resnet10":
+        return SmallResNet(channels, num_classes, (64, 128, 256, 512))
+    if name == "resnet18":
+        return ResNet18(channels, num_classes, weights_path)
+    raise ValueError(f"unknown model '{name}', expected one of {MODEL_NAMES}")

@@ -1,0 +1,123 @@
+"""Roles of a model's tensors and the wire spec.
+
+A split rule names the *personal* state_dict entries of a model; everything else
+is *shared*. Server and client apply the same rule to the same model, so they
+derive the same ordered wire spec without talking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+SplitRule = Callable[[nn.Module], set[str]]
+"""Returns the names of the personal state_dict entries of a model."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor on the wire. A dimension of -1 may have any length."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    def matches(self, array: np.ndarray) -> str | None:
+        """None if ``array`` fits this spec, else what is wrong."""
+        if str(array.dtype) != self.dtype:
+            return f"'{self.name}' has dtype {array.dtype}, expected {self.dtype}"
+        shape_ok = len(array.shape) == len(self.shape) and all(
+            want in (-1, got) for want, got in zip(self.shape, array.shape)
+        )
+        if not shape_ok:
+            return f"'{self.name}' has shape {tuple(array.shape)}, expected {self.shape}"
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            return f"'{self.name}' has non-finite values"
+        return None
+
+
+@dataclass(frozen=True)
+class Roles:
+    """Shared and personal state_dict entries, in state_dict order."""
+
+    shared: tuple[str, ...]
+    personal: tuple[str, ...]
+
+    @classmethod
+    def of(cls, model: nn.Module, rule: SplitRule) -> Roles:
+        names = list(model.state_dict().keys())
+        personal = rule(model)
+        unknown = personal - set(names)
+        if unknown:
+            raise ValueError(f"split rule names entries not in the model: {sorted(unknown)}")
+        return cls(
+            tuple(n for n in names if n not in personal),
+            tuple(n for n in names if n in personal),
+        )
+
+
+def wire_spec(model: nn.Module, names: Iterable[str]) -> list[TensorSpec]:
+    """The ordered specs of ``names`` in ``model``'s state_dict."""
+    state = model.state_dict()
+    return [
+        TensorSpec(n, tuple(state[n].shape), str(state[n].detach().cpu().numpy().dtype))
+        for n in names
+    ]
+
+
+def get_arrays(model: nn.Module, names: Iterable[str]) -> list[np.ndarray]:
+    """Copies of the named state_dict entries as numpy arrays."""
+    state = model.state_dict()
+    return [state[n].detach().cpu().numpy().copy() for n in names]
+
+
+def set_arrays(model: nn.Module, names: Iterable[str], arrays: Iterable[np.ndarray]) -> None:
+    """Write arrays into the named state_dict entries (in place, no re-allocation)."""
+    state = model.state_dict()
+    with torch.no_grad():
+        for name, array in zip(names, arrays, strict=True):
+            state[name].copy_(torch.as_tensor(array))
+
+
+# ---- split rules shared by several methods -------------------------------------------------
+
+
+def nothing_personal(model: nn.Module) -> set[str]:
+    """FedAvg: every entry is shared."""
+    return set()
+
+
+def everything_personal(model: nn.Module) -> set[str]:
+    """Local: nothing leaves the client."""
+    return set(model.state_dict().keys())
+
+
+def head_personal(model: nn.Module) -> set[str]:
+    """FedPer / FedRep: the classifier head stays on the client."""
+    return {n for n in model.state_dict() if n.startswith("head.")}
+
+
+_BN = (nn.modules.batchnorm._BatchNorm,)
+
+
+def batchnorm_entries(model: nn.Module, running_stats_only: bool = False) -> set[str]:
+    """Names of BatchNorm entries (affine params and running stats)."""
+    out: set[str] = set()
+    for mod_name, module in model.named_modules():
+        if not isinstance(module, _BN):
+            continue
+        prefix = f"{mod_name}." if mod_name else ""
+        for entry in module.state_dict():
+            if running_stats_only and entry in ("weight", "bias"):
+                continue
+            out.add(prefix + entry)
+    return out
+
+
+def bn_personal(model: nn.Module) -> set[str]:
+    """FedBN: BatchNorm layers (affine and running stats) stay on the client."""
+    return batchnorm_entries(model)

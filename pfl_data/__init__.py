@@ -1,0 +1,99 @@
+"""Client data: the FedFac simulation generator and Hugging Face data sets.
+
+``data_info`` tells the server the input shape and class count;
+``load_client_data`` gives one client its train/test tensors, decoded once per
+process and cached (a simulation actor serves many rounds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from pfl_data.synthetic import generate_simulation_study
+from run_config.schema import RunConfig
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    input_shape: tuple[int, ...]
+    num_classes: int
+
+
+@dataclass(frozen=True)
+class ClientData:
+    """One client's tensors: float32 inputs (already normalised), int64 labels."""
+
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+
+    @property
+    def num_train(self) -> int:
+        return int(self.y_train.shape[0])
+
+
+def simulation_study(cfg: RunConfig, num_partitions: int):  # noqa: ANN201 (SimulationStudy)
+    """The generated federation for this config (cached)."""
+    return generate_simulation_study(
+        num_partitions,
+        cfg.sim_samples,
+        cfg.sim_dim,
+        cfg.hidden_dim,
+        cfg.sim_shared_neurons,
+        cfg.sim_shared_covariates,
+        cfg.sim_noise,
+        cfg.seed,
+    )
+
+
+def data_info(cfg: RunConfig, data_path: str = "") -> DataInfo:
+    """Input shape and number of classes of the configured data set."""
+    first_client_path = cfg.client_data_paths.split(",")[0].strip()
+    if cfg.dataset == "synthetic" and not data_path and not first_client_path:
+        return DataInfo((cfg.sim_dim,), 2)
+    from pfl_data.hf import hf_data_info
+
+    return hf_data_info(data_path or first_client_path or cfg.dataset)
+
+
+def split_train_test(
+    x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Seeded shuffle, then the last ``test_fraction`` of samples is the test split."""
+    order = np.random.default_rng(seed).permutation(len(y))
+    n_test = max(1, int(round(test_fraction * len(y)))) if len(y) > 1 else 0
+    tr, te = order[: len(y) - n_test], order[len(y) - n_test :]
+    return x[tr], y[tr], x[te], y[te]
+
+
+def _to_tensors(
+    x_tr: np.ndarray, y_tr: np.ndarray, x_te: np.ndarray, y_te: np.ndarray
+) -> ClientData:
+    return ClientData(
+        torch.as_tensor(x_tr, dtype=torch.float32),
+        torch.as_tensor(y_tr, dtype=torch.int64),
+        torch.as_tensor(x_te, dtype=torch.float32),
+        torch.as_tensor(y_te, dtype=torch.int64),
+    )
+
+
+@lru_cache(maxsize=8)
+def load_client_data(
+    cfg: RunConfig, partition_id: int, num_partitions: int, data_path: str = ""
+) -> ClientData:
+    """One client's data. ``data_path`` (a site's own data in deployment)
+    replaces ``cfg.dataset`` and is used whole, without partitioning."""
+    if not 0 <= partition_id < num_partitions:
+        raise ValueError(f"partition id {partition_id} not in [0, {num_partitions})")
+    if cfg.dataset == "synthetic" and not data_path and not cfg.client_data_paths:
+        study = simulation_study(cfg, num_partitions)
+        x, y = study.features[partition_id], study.labels[partition_id]
+        return _to_tensors(*split_train_test(x, y, cfg.test_fraction, cfg.seed + partition_id))
+    from pfl_data.hf import load_client_arrays
+
+    return _to_tensors(*load_client_arrays(cfg, partition_id, num_partitions, data_path))

@@ -1,0 +1,582 @@
+"""Hugging Face data sets: sources, partitioners and scenarios.
+
+One path for every real data set: a Hugging Face ``datasets.Dataset``, from
+  * a hub name (``datasets.load_dataset(name, split="train")``, needs internet),
+  * a local parquet file or a folder of parquet files,
+  * a local image folder (``imagefolder``: one sub-folder per class, optionally
+    under ``train/`` and ``test/``),
+  * ``sklearn-digits`` (scikit-learn's 8x8 digits, shipped inside the package).
+
+Images are decoded lazily and once per process: a per-source cache holds the
+decoded uint8 rows and only the rows a client asks for are decoded (a
+simulation actor serving many clients fills it up over time).
+
+Partitioners: flwr-datasets where it has them (iid, dirichlet, pathological,
+natural); ``dirichlet-client`` (FedDecomp's protocol) and ``domain``
+(Factorized-FL's domain-heterogeneous scenario) are written by hand.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import threading
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pfl_data import DataInfo, split_train_test
+from run_config.schema import ConfigError, RunConfig
+
+log = logging.getLogger(__name__)
+
+IMAGE_COLUMNS = ("img", "image")
+LABEL_COLUMNS = ("label", "fine_label", "labels")
+SPLIT_COLUMN = "split"
+ROW_COLUMN = "__row__"
+DOMAIN_SHIFTS = ("identity", "grayscale", "rotate90", "colour-shift", "blur", "invert")
+_STATS_ROWS = 2048  # rows used to compute per-channel normalisation statistics
+
+
+# ----------------------------------------------------------------------------- sources
+
+
+@dataclass
+class _Source:
+    """One loaded data set: labels in memory, inputs decoded on demand."""
+
+    name: str
+    labels: np.ndarray  # (n,) int64
+    num_classes: int
+    input_shape: tuple[int, ...]
+    columns: dict[str, np.ndarray]  # other plain columns (split, partition-by ids)
+    ds: Any = None  # datasets.Dataset with undecoded images (image sources)
+    image_column: str | None = None
+    mode: str = "RGB"
+    dense: np.ndarray | None = None  # fully materialised float32 inputs (tabular/digits)
+    mean: np.ndarray | None = None
+    std: np.ndarray | None = None
+    _cache: np.ndarray | None = None  # (n, C, H, W) uint8, decoded rows
+    _done: np.ndarray | None = None  # (n,) bool, which rows are decoded
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def is_image(self) -> bool:
+        return len(self.input_shape) == 3
+
+    def raw(self, idx: np.ndarray) -> np.ndarray:
+        """float32 inputs of rows ``idx`` before normalisation ([0, 1] for images)."""
+        idx = np.asarray(idx, dtype=np.int64)
+        if self.dense is not None:
+            return self.dense[idx]
+        with self._lock:
+            if self._cache is None:
+                self._cache = np.zeros((len(self.labels), *self.input_shape), dtype=np.uint8)
+                self._done = np.zeros(len(self.labels), dtype=bool)
+            todo = np.unique(idx[~self._done[idx]])
+            if len(todo):
+                cells = self.ds.select_columns([self.image_column])[todo.tolist()]
+                for row, cell in zip(todo, cells[self.image_column], strict=True):
+                    self._cache[row] = _decode(cell, self.mode, self.input_shape)
+                self._done[todo] = True
+            return self._cache[idx].astype(np.float32) / 255.0
+
+    def normalise(self, x: np.ndarray) -> np.ndarray:
+        shape = (1, -1, 1, 1) if self.is_image else (1, -1)
+        return ((x - self.mean.reshape(shape)) / self.std.reshape(shape)).astype(np.float32)
+
+
+def _decode(cell: Any, mode: str, shape: tuple[int, ...]) -> np.ndarray:
+    from PIL import Image
+
+    if isinstance(cell, dict):
+        img = (
+            Image.open(io.BytesIO(cell["bytes"])) if cell.get("bytes") else Image.open(cell["path"])
+        )
+    else:
+        img = cell
+    img = img.convert(mode)
+    if img.size != (shape[2], shape[1]):
+        img = img.resize((shape[2], shape[1]), Image.BILINEAR)
+    arr = np.asarray(img, dtype=np.uint8)
+    return arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
+
+
+def _looks_like_path(name: str) -> bool:
+    return (
+        name.startswith(("/", "./", "../", "~"))
+        or name.endswith((".parquet", ".csv", ".arrow"))
+        or name.count("/") > 1
+    )
+
+
+def _load_hf(name: str) -> Any:
+    """The ``datasets.Dataset`` for a hub name or local path; splits become a column."""
+    import datasets
+
+    path = Path(name).expanduser()
+    if path.exists():
+        if path.is_file():
+            if path.suffix != ".parquet":
+                raise ValueError(f"config key 'dataset': {name} is not a .parquet file")
+            dd = datasets.load_dataset("parquet", data_files=str(path))
+        elif any(path.rglob("*.parquet")):
+            files = sorted(str(p) for p in path.rglob("*.parquet"))
+            by_split: dict[str, list[str]] = {}
+            for f in files:
+                rel = Path(f).relative_to(path).as_posix().lower()
+                split = "test" if "test" in rel else "train"
+                by_split.setdefault(split, []).append(f)
+            dd = datasets.load_dataset("parquet", data_files=by_split)
+        else:
+            dd = datasets.load_dataset("imagefolder", data_dir=str(path))
+        return _merge_splits(dd)
+    if _looks_like_path(name):
+        raise FileNotFoundError(
+            f"config key 'dataset': local data set {name!r} does not exist "
+            "(give an existing parquet file, parquet folder or image folder)"
+        )
+    try:
+        return datasets.load_dataset(name, split="train")
+    except Exception as err:  # offline, unknown name, gated...
+        raise RuntimeError(
+            f"config key 'dataset': could not load {name!r} from the Hugging Face hub "
+            f"({type(err).__name__}: {err}). Without internet, pass a local path via "
+            "dataset=<parquet file | parquet folder | image folder> (e.g. "
+            "/work/shared/data/cifar10-dev-12k.parquet) or dataset='sklearn-digits'."
+        ) from err
+
+
+def _merge_splits(dd: Any) -> Any:
+    import datasets
+
+    if isinstance(dd, datasets.Dataset):
+        return dd
+    names = list(dd.keys())
+    if len(names) == 1:
+        return dd[names[0]]
+    parts = []
+    for split in names:
+        part = dd[split]
+        if SPLIT_COLUMN not in part.column_names:
+            part = part.add_column(SPLIT_COLUMN, [split] * len(part))
+        parts.append(part)
+    return datasets.concatenate_datasets(parts)
+
+
+def _digits() -> _Source:
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as err:  # pragma: no cover
+        raise ImportError("dataset='sklearn-digits' needs scikit-learn installed") from err
+    d = load_digits()
+    x = (d.images.astype(np.float32) / 16.0)[:, None]
+    y = d.target.astype(np.int64)
+    return _finish(_Source("sklearn-digits", y, 10, (1, 8, 8), {}, dense=x))
+
+
+def _is_id_column(name: str) -> bool:
+    """Tabular columns that are ids (natural partitions, splits), not features."""
+    n = name.lower()
+    return n in (SPLIT_COLUMN, "id", "client", "user", "writer", "domain") or n.endswith("_id")
+
+
+def _num_classes(ds: Any, label_col: str, labels: np.ndarray) -> int:
+    import datasets
+
+    feat = ds.features[label_col]
+    if isinstance(feat, datasets.ClassLabel):
+        return int(feat.num_classes)
+    return int(labels.max()) + 1 if len(labels) else 0
+
+
+def source_from_dataset(ds: Any, name: str = "<in-memory>") -> _Source:
+    """Wrap an in-memory ``datasets.Dataset`` (image or tabular) as a source."""
+    import datasets
+
+    label_col = next((c for c in LABEL_COLUMNS if c in ds.column_names), None)
+    if label_col is None:
+        raise ValueError(
+            f"config key 'dataset': {name} has no label column (one of {LABEL_COLUMNS}); "
+            f"columns are {ds.column_names}"
+        )
+    labels = np.asarray(ds.with_format("numpy")[label_col]).astype(np.int64)
+    image_col = next(
+        (c for c in IMAGE_COLUMNS if c in ds.column_names),
+        next((c for c, f in ds.features.items() if isinstance(f, datasets.Image)), None),
+    )
+    plain = {}
+    for col in ds.column_names:
+        if col in (label_col, image_col):
+            continue
+        feat = ds.features[col]
+        if isinstance(feat, datasets.Value) or isinstance(feat, datasets.ClassLabel):
+            plain[col] = np.asarray(ds.with_format("numpy")[col])
+    src = _Source(name, labels, _num_classes(ds, label_col, labels), (), {})
+    if image_col is not None:
+        raw = ds.cast_column(image_col, datasets.Image(decode=False))
+        first = raw[0][image_col]
+        from PIL import Image
+
+        img = (
+            Image.open(io.BytesIO(first["bytes"]))
+            if first.get("bytes")
+            else Image.open(first["path"])
+        )
+        mode = "L" if img.mode in ("1", "L", "LA", "I", "I;16", "F") else "RGB"
+        w, h = img.size
+        src.ds, src.image_column, src.mode = raw, image_col, mode
+        src.input_shape = (1 if mode == "L" else 3, h, w)
+        src.columns = plain
+    else:
+        feats = [
+            c
+            for c, v in plain.items()
+            if not _is_id_column(c) and np.issubdtype(v.dtype, np.number)
+        ]
+        if not feats:
+            raise ValueError(f"config key 'dataset': {name} has no image or numeric feature column")
+        src.dense = np.stack([plain[c] for c in feats], axis=1).astype(np.float32)
+        src.input_shape = (len(feats),)
+        src.columns = {c: v for c, v in plain.items() if c not in feats}
+    return _finish(src)
+
+
+def _finish(src: _Source) -> _Source:
+    """Normalisation statistics, computed once over (a fixed sample of) the data set."""
+    n = len(src.labels)
+    rows = np.unique(np.linspace(0, n - 1, min(n, _STATS_ROWS)).astype(np.int64))
+    x = src.raw(rows) if src.is_image else src.dense
+    axes = (0, 2, 3) if src.is_image else (0,)
+    src.mean = x.mean(axis=axes).astype(np.float32)
+    src.std = np.maximum(x.std(axis=axes), 1e-6).astype(np.float32)
+    return src
+
+
+@lru_cache(maxsize=16)
+def load_source(name_or_path: str) -> _Source:
+    """The data set behind a ``dataset`` value or a path (cached per process)."""
+    if name_or_path == "sklearn-digits":
+        return _digits()
+    return source_from_dataset(_load_hf(name_or_path), name_or_path)
+
+
+def hf_data_info(name_or_path: str) -> DataInfo:
+    """Input shape (after the transform) and number of classes of a data set."""
+    src = load_source(name_or_path)
+    return DataInfo(tuple(src.input_shape), src.num_classes)
+
+
+# ----------------------------------------------------------------------------- partitioners
+
+
+def _light_dataset(src: _Source, extra: tuple[str, ...] = ()) -> Any:
+    """Labels, row ids and the named columns only: partitioners never touch images."""
+    import datasets
+
+    cols: dict[str, Any] = {"label": src.labels, ROW_COLUMN: np.arange(len(src.labels))}
+    for c in extra:
+        if c != "label":
+            cols[c] = src.columns[c]
+    return datasets.Dataset.from_dict(cols)
+
+
+def _rows(partitioner: Any, pid: int) -> np.ndarray:
+    return np.asarray(partitioner.load_partition(pid)[ROW_COLUMN], dtype=np.int64)
+
+
+def library_partitions(
+    src: _Source,
+    partitioner: str,
+    num_partitions: int,
+    seed: int,
+    alpha: float = 0.5,
+    classes_per_client: int = 2,
+) -> tuple[np.ndarray, ...]:
+    """Row indices of every partition, from flwr-datasets' partitioners."""
+    from flwr_datasets.partitioner import (
+        DirichletPartitioner,
+        IidPartitioner,
+        PathologicalPartitioner,
+    )
+
+    ds = _light_dataset(src)
+    n = len(src.labels)
+    if partitioner == "iid":
+        part = IidPartitioner(num_partitions)
+        ds = ds.shuffle(seed=seed)  # IidPartitioner shards contiguously
+    elif partitioner == "dirichlet":
+        part = DirichletPartitioner(
+            num_partitions,
+            partition_by="label",
+            alpha=alpha,
+            min_partition_size=max(2, min(10, n // (2 * num_partitions))),
+            self_balancing=False,
+            seed=seed,
+        )
+    elif partitioner == "pathological":
+        part = PathologicalPartitioner(
+            num_partitions,
+            partition_by="label",
+            num_classes_per_partition=classes_per_client,
+            seed=seed,
+        )
+    else:
+        raise ValueError(f"config key 'partitioner': {partitioner!r} is not a library partitioner")
+    part.dataset = ds
+    try:
+        return tuple(_rows(part, i) for i in range(num_partitions))
+    except ValueError as err:
+        key = {"dirichlet": "alpha", "pathological": "classes-per-client"}.get(
+            partitioner, "partitioner"
+        )
+        raise ConfigError(
+            f"config key '{key}': the {partitioner} partition of {n} rows into "
+            f"{num_partitions} clients failed: {err}"
+        ) from err
+
+
+@lru_cache(maxsize=8)
+def _cached_library_partitions(
+    name: str, partitioner: str, num_partitions: int, seed: int, alpha: float, cpc: int
+) -> tuple[np.ndarray, ...]:
+    return library_partitions(load_source(name), partitioner, num_partitions, seed, alpha, cpc)
+
+
+def natural_partition(src: _Source, partition_by: str, partition_id: int) -> np.ndarray:
+    """Rows of the ``partition_id``-th id (sorted) of column ``partition_by``."""
+    from flwr_datasets.partitioner import NaturalIdPartitioner
+
+    if partition_by not in src.columns:
+        raise ConfigError(
+            f"config key 'partition-by': column {partition_by!r} is not in the data set "
+            f"(plain columns: {sorted(src.columns)})"
+        )
+    part = NaturalIdPartitioner(partition_by=partition_by)
+    part.dataset = _light_dataset(src, (partition_by,))
+    if partition_id >= part.num_partitions:
+        raise ConfigError(
+            f"config key 'partition-by': column {partition_by!r} has {part.num_partitions} "
+            f"ids, fewer than partition id {partition_id} + 1 (set num-supernodes to match)"
+        )
+    return _rows(part, partition_id)
+
+
+def dirichlet_client_partitions(
+    labels: np.ndarray,
+    num_classes: int,
+    num_partitions: int,
+    alpha: float,
+    train_per_client: int,
+    test_per_client: int,
+    seed: int,
+) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    """FedDecomp's protocol (its reference code; no library has it, so by hand).
+
+    Client i draws q_i ~ Dir(alpha) over classes, then class counts for its train
+    set (train_per_client) and its test set (test_per_client) from the same q_i.
+    Rows come from per-class pools without replacement across clients; a pool
+    that runs dry is refilled (rows then repeat across clients, logged once).
+    Train and test are disjoint within a client.
+    """
+    rng = np.random.default_rng(seed)
+    classes = [np.flatnonzero(labels == c) for c in range(num_classes)]
+    present = np.array([len(c) > 0 for c in classes])
+    pools = [list(rng.permutation(c)) for c in classes]
+    warned = False
+    out = []
+    for _ in range(num_partitions):
+        q = rng.dirichlet(np.full(num_classes, alpha))
+        q = np.where(present, q, 0.0)
+        q = q / q.sum() if q.sum() > 0 else present / present.sum()
+        n_train = rng.multinomial(train_per_client, q)
+        n_test = rng.multinomial(test_per_client, q)
+        used: set[int] = set()
+        picked: list[list[int]] = [[], []]
+        for c in range(num_classes):
+            need = int(n_train[c] + n_test[c])
+            if need > len(classes[c]):
+                raise ConfigError(
+                    f"config key 'train-per-client': a client needs {need} rows of class {c} "
+                    f"but the data set has {len(classes[c])}; lower train-/test-per-client"
+                )
+            rows: list[int] = []
+            while len(rows) < need:
+                if not pools[c]:
+                    if not warned:
+                        log.warning(
+                            "dirichlet-client: class pools exhausted, rows repeat across clients"
+                        )
+                        warned = True
+                    pools[c] = [int(r) for r in rng.permutation(classes[c]) if int(r) not in used]
+                r = int(pools[c].pop())
+                if r not in used:
+                    used.add(r)
+                    rows.append(r)
+            picked[0] += rows[: n_train[c]]
+            picked[1] += rows[n_train[c] :]
+        out.append((np.array(picked[0], dtype=np.int64), np.array(picked[1], dtype=np.int64)))
+    return tuple(out)
+
+
+def domain_groups(num_classes: int, num_domains: int, seed: int) -> tuple[np.ndarray, ...]:
+    """Disjoint, seeded class subsets, one per domain (classes split evenly)."""
+    if num_domains > num_classes:
+        raise ConfigError(
+            f"config key 'num-domains': {num_domains} domains need at least as many classes, "
+            f"the data set has {num_classes}"
+        )
+    order = np.random.default_rng([seed, 7]).permutation(num_classes)
+    return tuple(np.sort(g) for g in np.array_split(order, num_domains))
+
+
+def domain_partitions(
+    labels: np.ndarray, num_classes: int, num_partitions: int, num_domains: int, seed: int
+) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    """Factorized-FL's domain-heterogeneous scenario.
+
+    Client i belongs to group i % num_domains; each group owns a disjoint subset of
+    the classes, relabelled 0..k-1 by a per-group seeded permutation; the group's
+    rows are split IID over its clients. Returns (rows, new labels) per client.
+    """
+    groups = domain_groups(num_classes, num_domains, seed)
+    out: list[tuple[np.ndarray, np.ndarray]] = [None] * num_partitions  # type: ignore[list-item]
+    for g, cls in enumerate(groups):
+        rng = np.random.default_rng([seed, 11, g])
+        mapping = np.full(num_classes, -1, dtype=np.int64)
+        mapping[cls] = rng.permutation(len(cls))
+        members = list(range(g, num_partitions, num_domains))
+        rows = rng.permutation(np.flatnonzero(np.isin(labels, cls)))
+        for client, chunk in zip(members, np.array_split(rows, max(1, len(members))), strict=False):
+            chunk = np.sort(chunk)
+            out[client] = (chunk, mapping[labels[chunk]])
+    return tuple(out)
+
+
+@lru_cache(maxsize=8)
+def _cached_hand_partitions(name: str, kind: str, num_partitions: int, key: tuple) -> tuple:
+    src = load_source(name)
+    if kind == "dirichlet-client":
+        return dirichlet_client_partitions(src.labels, src.num_classes, num_partitions, *key)
+    return domain_partitions(src.labels, src.num_classes, num_partitions, *key)
+
+
+# ----------------------------------------------------------------------------- scenarios
+
+
+def label_permutation(num_classes: int, seed: int, partition_id: int) -> np.ndarray:
+    """Client ``partition_id``'s own permutation of the label ids (permute-labels)."""
+    return np.random.default_rng([seed, 13, partition_id]).permutation(num_classes)
+
+
+def apply_domain_shift(x: np.ndarray, shift: int) -> np.ndarray:
+    """Images (n, C, H, W) in [0, 1] through fixed transform ``shift`` of DOMAIN_SHIFTS."""
+    import torch
+    from torchvision.transforms.v2 import functional as F
+
+    name = DOMAIN_SHIFTS[shift % len(DOMAIN_SHIFTS)]
+    t = torch.from_numpy(np.ascontiguousarray(x))
+    c = t.shape[1]
+    if name == "grayscale":
+        t = F.rgb_to_grayscale(t, num_output_channels=c) if c == 3 else t
+    elif name == "rotate90":
+        t = torch.rot90(t, 1, dims=(2, 3)) if t.shape[2] == t.shape[3] else F.rotate(t, 90.0)
+    elif name == "colour-shift":
+        perm = [1, 2, 0] if c == 3 else list(range(c))
+        t = F.adjust_brightness(t[:, perm], 1.3)
+    elif name == "blur":
+        k = 3 if min(t.shape[2:]) < 64 else 5
+        t = F.gaussian_blur(t, kernel_size=[k, k], sigma=[1.0, 1.0])
+    elif name == "invert":
+        t = F.invert(t)
+    return t.clamp(0.0, 1.0).numpy().astype(np.float32)
+
+
+def _client_path(cfg: RunConfig, partition_id: int, num_partitions: int) -> str:
+    paths = [p.strip() for p in cfg.client_data_paths.split(",") if p.strip()]
+    if len(paths) < num_partitions:
+        raise ConfigError(
+            f"config key 'client-data-paths': {len(paths)} paths for {num_partitions} clients "
+            "(give one per client, comma-separated)"
+        )
+    return paths[partition_id]
+
+
+def _check_local(path: str, key: str) -> None:
+    if path != "sklearn-digits" and not Path(path).expanduser().exists():
+        raise FileNotFoundError(f"config key '{key}': data path {path!r} does not exist")
+
+
+def load_client_arrays(
+    cfg: RunConfig, partition_id: int, num_partitions: int, data_path: str = ""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One client's (x_train, y_train, x_test, y_test): float32 normalised, int64 labels."""
+    whole = data_path or (
+        _client_path(cfg, partition_id, num_partitions) if cfg.client_data_paths else ""
+    )
+    if whole:
+        _check_local(whole, "client-data-paths" if not data_path else "dataset")
+        src = load_source(whole)
+        rows = np.arange(len(src.labels))
+        tr, te = _split(cfg, src, rows, partition_id, use_split_column=True)
+        y_tr, y_te = src.labels[tr], src.labels[te]
+    else:
+        src = load_source(cfg.dataset)
+        tr, te, y_tr, y_te = _partition(cfg, src, partition_id, num_partitions)
+    x_tr, x_te = src.raw(tr), src.raw(te)
+    if cfg.domain_shift and src.is_image:
+        shift = partition_id % cfg.num_domains
+        x_tr, x_te = apply_domain_shift(x_tr, shift), apply_domain_shift(x_te, shift)
+    if cfg.permute_labels:
+        perm = label_permutation(src.num_classes, cfg.seed, partition_id)
+        y_tr, y_te = perm[y_tr], perm[y_te]
+    return (
+        src.normalise(x_tr),
+        y_tr.astype(np.int64),
+        src.normalise(x_te),
+        y_te.astype(np.int64),
+    )
+
+
+def _split(
+    cfg: RunConfig, src: _Source, rows: np.ndarray, partition_id: int, use_split_column: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """Train and test rows: the ``split`` column when there is one, else the seeded ratio."""
+    split = src.columns.get(SPLIT_COLUMN)
+    if use_split_column and split is not None:
+        values = split[rows].astype(str)
+        if {"train", "test"} <= set(values):
+            return rows[values == "train"], rows[values == "test"]
+    _, tr, _, te = split_train_test(rows, rows, cfg.test_fraction, cfg.seed + partition_id)
+    return tr, te
+
+
+def _partition(
+    cfg: RunConfig, src: _Source, partition_id: int, num_partitions: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(train rows, test rows, train labels, test labels) of one client."""
+    p = cfg.partitioner
+    if p == "dirichlet-client":
+        key = (cfg.alpha, cfg.train_per_client, cfg.test_per_client, cfg.seed)
+        tr, te = _cached_hand_partitions(src.name, p, num_partitions, key)[partition_id]
+        return tr, te, src.labels[tr], src.labels[te]
+    if p == "domain":
+        rows, labels = _cached_hand_partitions(
+            src.name, p, num_partitions, (cfg.num_domains, cfg.seed)
+        )[partition_id]
+        new = np.zeros(len(src.labels), dtype=np.int64)
+        new[rows] = labels
+        tr, te = _split(cfg, src, rows, partition_id, use_split_column=False)
+        return tr, te, new[tr], new[te]
+    if p == "natural":
+        rows = natural_partition(src, cfg.partition_by, partition_id)
+        tr, te = _split(cfg, src, rows, partition_id, use_split_column=True)
+    else:
+        rows = _cached_library_partitions(
+            src.name, p, num_partitions, cfg.seed, cfg.alpha, cfg.classes_per_client
+        )[partition_id]
+        tr, te = _split(cfg, src, rows, partition_id, use_split_column=False)
+    return tr, te, src.labels[tr], src.labels[te]

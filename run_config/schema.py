@@ -1,0 +1,139 @@
+"""The validated run config: read once at the edge, passed down as a typed object.
+
+Every field's alias is the hyphenated key of ``[tool.flwr.app.config]``. A bad
+value fails before any training with a message naming the key.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+METHODS = (
+    "fedavg",
+    "local",
+    "fedper",
+    "fedrep",
+    "fedbn",
+    "feddecomp",
+    "fedcp",
+    "factorized-fl-alpha",
+    "factorized-fl-beta",
+    "fedfac-static",
+    "fedfac-dynamic",
+    "dualfed",
+)
+PARTITIONERS = ("iid", "dirichlet", "dirichlet-client", "pathological", "natural", "domain")
+
+
+class ConfigError(ValueError):
+    """A run config value is invalid; the message names the key."""
+
+
+def _field(default: Any, **kw: Any) -> Any:
+    return Field(default, **kw)
+
+
+class RunConfig(BaseModel):
+    """All run-config keys. Aliases are the hyphenated TOML keys."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+    # what to run
+    method: Literal[METHODS] = "fedavg"  # type: ignore[valid-type]
+    dataset: str = "synthetic"
+    partitioner: Literal[PARTITIONERS] = "iid"  # type: ignore[valid-type]
+    alpha: float = _field(0.5, gt=0)
+    classes_per_client: int = _field(2, alias="classes-per-client", ge=1)
+    partition_by: str = _field("label", alias="partition-by")
+    test_fraction: float = _field(0.2, alias="test-fraction", gt=0, lt=1)
+    train_per_client: int = _field(500, alias="train-per-client", ge=1)
+    test_per_client: int = _field(100, alias="test-per-client", ge=1)
+    permute_labels: bool = _field(False, alias="permute-labels")
+    num_domains: int = _field(4, alias="num-domains", ge=1)
+    domain_shift: bool = _field(False, alias="domain-shift")
+    client_data_paths: str = _field("", alias="client-data-paths")
+    model: Literal["mlp", "cnn4", "resnet8", "resnet10", "resnet18"] = "mlp"
+    hidden_dim: int = _field(200, alias="hidden-dim", ge=1)
+    pretrained_weights: str = _field("", alias="pretrained-weights")
+
+    # schedule
+    num_server_rounds: int = _field(10, alias="num-server-rounds", ge=1)
+    local_epochs: int = _field(1, alias="local-epochs", ge=1)
+    batch_size: int = _field(32, alias="batch-size", ge=1)
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    lr: float = _field(0.05, gt=0)
+    momentum: float = _field(0.0, ge=0, lt=1)
+    weight_decay: float = _field(0.0, alias="weight-decay", ge=0)
+    head_epochs: int = _field(1, alias="head-epochs", ge=1)
+    aggregation: Literal["default", "mean", "weighted"] = "default"
+    fraction_fit: float = _field(1.0, alias="fraction-fit", gt=0, le=1)
+    fraction_evaluate: float = _field(1.0, alias="fraction-evaluate", gt=0, le=1)
+    min_replies: int = _field(1, alias="min-replies", ge=1)
+    seed: int = _field(0, ge=0)
+
+    # where results go
+    output_dir: str = _field("outputs", alias="output-dir")
+    run_name: str = _field("", alias="run-name")
+
+    # the FedFac simulation study generator (the embedded default data set)
+    sim_samples: int = _field(400, alias="sim-samples", ge=10)
+    sim_dim: int = _field(100, alias="sim-dim", ge=2)
+    sim_shared_neurons: float = _field(0.5, alias="sim-shared-neurons", ge=0, le=1)
+    sim_shared_covariates: float = _field(0.4, alias="sim-shared-covariates", ge=0, le=1)
+    sim_noise: float = _field(0.1, alias="sim-noise", ge=0)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> RunConfig:
+        if self.partitioner == "pathological" and self.classes_per_client < 1:
+            raise ValueError("classes-per-client must be >= 1")
+        if self.head_epochs > 1000:
+            raise ValueError("head-epochs is absurdly large")
+        return self
+
+    def key(self, field_name: str) -> str:
+        """The TOML key of a field."""
+        info = type(self).model_fields[field_name]
+        return info.alias or field_name
+
+    def as_dict(self) -> dict[str, Any]:
+        """The config as the hyphenated keys (for results.json)."""
+        return self.model_dump(by_alias=True)
+
+
+def _name_key(loc: tuple[Any, ...]) -> str:
+    if not loc:
+        return "<config>"
+    name = str(loc[0])
+    info = RunConfig.model_fields.get(name)
+    return (info.alias or name) if info else name
+
+
+def parse_run_config(raw: dict[str, Any]) -> RunConfig:
+    """Validate a Flower run config; raise ConfigError naming every bad key."""
+    try:
+        return RunConfig.model_validate(dict(raw))
+    except ValidationError as err:
+        problems = []
+        for e in err.errors():
+            key = _name_key(tuple(e["loc"]))
+            if e["type"] == "extra_forbidden":
+                problems.append(f"unknown config key '{key}'")
+            else:
+                problems.append(f"config key '{key}': {e['msg']} (got {e.get('input')!r})")
+        raise ConfigError("invalid run config: " + "; ".join(problems)) from None
+
+
+def check_against_data(cfg: RunConfig, num_classes: int) -> None:
+    """Checks that need the data set: raise ConfigError naming the key."""
+    if cfg.partitioner == "pathological" and cfg.classes_per_client > num_classes:
+        raise ConfigError(
+            f"config key 'classes-per-client': {cfg.classes_per_client} is more than the "
+            f"{num_classes} classes of the data set"
+        )
+    if cfg.partitioner == "domain" and cfg.num_domains > num_classes:
+        raise ConfigError(
+            f"config key 'num-domains': {cfg.num_domains} domains need at least as many "
+            f"classes, the data set has {num_classes}"
+        )

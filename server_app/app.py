@@ -1,0 +1,56 @@
+"""The ServerApp: validated config -> model -> method -> strategy -> results."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from flwr.common import Context
+from flwr.server import ServerApp, ServerAppComponents, ServerConfig
+
+from methods import get_method
+from models.roles import get_arrays, wire_spec
+from pfl_data import data_info
+from run_config.schema import check_against_data, parse_run_config
+from strategies.results import RunRecorder
+
+log = logging.getLogger("flwr.pflower")
+
+
+def build_server(context: Context, overrides: dict[str, Any] | None = None) -> ServerAppComponents:
+    cfg = parse_run_config({**context.run_config, **(overrides or {})})
+    method = get_method(cfg.method)
+    info = data_info(cfg)
+    check_against_data(cfg, info.num_classes)
+    model = method.build_model(cfg, info)
+    roles = method.roles(model)
+    spec = wire_spec(model, roles.shared)
+    recorder = RunRecorder(cfg)
+    log.info(
+        "%s on %s (%s): %d shared / %d personal tensors; results -> %s",
+        cfg.method,
+        cfg.dataset,
+        cfg.model,
+        len(roles.shared),
+        len(roles.personal),
+        recorder.dir,
+    )
+    strategy = method.strategy(
+        cfg=cfg, spec=spec, initial=get_arrays(model, roles.shared), model=model, recorder=recorder
+    )
+    return ServerAppComponents(
+        strategy=strategy, config=ServerConfig(num_rounds=cfg.num_server_rounds)
+    )
+
+
+def make_server_app(overrides: dict[str, Any] | None = None) -> ServerApp:
+    """A ServerApp whose run config is ``overrides`` over Flower's run config
+    (for ``flwr.simulation.run_simulation``, which takes no run config)."""
+
+    def server_fn(context: Context) -> ServerAppComponents:
+        return build_server(context, overrides)
+
+    return ServerApp(server_fn=server_fn)
+
+
+app = make_server_app()

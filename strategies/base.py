@@ -1,0 +1,315 @@
+"""The one Strategy every method builds on.
+
+It samples clients, sends each its payload, checks every reply against the wire
+spec (count, shape, dtype, finite), rejects bad replies with a logged reason,
+aggregates the rest with the method's rule, counts bytes from the serialized
+payloads and records per-round metrics. Methods override ``aggregate`` (and,
+for per-client aggregation, ``payload_for``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from flwr.common import (
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    NDArrays,
+    Parameters,
+    Scalar,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import Strategy
+from torch import nn
+
+from models.roles import TensorSpec
+from run_config.schema import RunConfig
+from strategies.results import RunRecorder
+
+log = logging.getLogger("flwr.pflower")
+
+CLIENT_KEY = "client-key"
+
+
+@dataclass
+class Reply:
+    """One accepted fit reply."""
+
+    client_key: str
+    arrays: NDArrays
+    num_examples: int
+    metrics: dict[str, Scalar]
+
+
+@dataclass
+class RoundLog:
+    """What the strategy measured in one round, before evaluation completes it."""
+
+    started: float = field(default_factory=time.perf_counter)
+    bytes_down: int = 0
+    bytes_up: int = 0
+    bytes_down_eval: int = 0
+    replies: int = 0
+    rejected: list[str] = field(default_factory=list)
+    failures: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def payload_bytes(parameters: Parameters) -> int:
+    """Bytes of a serialized payload (what travels)."""
+    return sum(len(t) for t in parameters.tensors)
+
+
+def weighted_mean(arrays: list[NDArrays], weights: list[float]) -> NDArrays:
+    """Per-tensor weighted mean, in float64, cast back to each tensor's dtype."""
+    total = float(sum(weights))
+    out = []
+    for tensors in zip(*arrays, strict=True):
+        acc = sum(w * t.astype(np.float64) for w, t in zip(weights, tensors)) / total
+        out.append(acc.astype(tensors[0].dtype))
+    return out
+
+
+class PFLStrategy(Strategy):
+    """Sample-weighted mean of the shared tensors (FedAvg's aggregation)."""
+
+    default_aggregation = "weighted"
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        spec: list[TensorSpec],
+        initial: NDArrays,
+        model: nn.Module,
+        recorder: RunRecorder | None = None,
+    ) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.spec = spec
+        self.model = model  # a template: structure only, never trained here
+        self.global_arrays: NDArrays = [a.copy() for a in initial]
+        self.recorder = recorder
+        self.node_keys: dict[int, str] = {}  # transient node id -> stable client key
+        self.rounds: dict[int, RoundLog] = {}
+        self._encoded: Parameters | None = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(method={self.cfg.method})"
+
+    # ---- payloads --------------------------------------------------------------------------
+
+    @property
+    def aggregation(self) -> str:
+        return (
+            self.default_aggregation if self.cfg.aggregation == "default" else self.cfg.aggregation
+        )
+
+    def set_global(self, arrays: NDArrays) -> None:
+        self.global_arrays = arrays
+        self._encoded = None
+
+    def global_payload(self) -> Parameters:
+        """The global shared tensors, serialized once per round (not per client)."""
+        if self._encoded is None:
+            self._encoded = ndarrays_to_parameters(self.global_arrays)
+        return self._encoded
+
+    def payload_for(self, client_key: str | None, server_round: int) -> Parameters:
+        """What one client receives; per-client aggregation overrides this."""
+        return self.global_payload()
+
+    def fit_config(self, client_key: str | None, server_round: int) -> dict[str, Scalar]:
+        """Per-client instructions sent with the payload (e.g. FedFac's masks)."""
+        return {}
+
+    def expected_spec(self, client_key: str) -> list[TensorSpec]:
+        """The spec a reply must match; the upload spec may differ per method."""
+        return self.spec
+
+    def key_of(self, proxy: ClientProxy) -> str | None:
+        return self.node_keys.get(proxy.node_id)
+
+    # ---- Flower Strategy API ---------------------------------------------------------------
+
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        return self.global_payload()
+
+    def _sample(self, client_manager: ClientManager, fraction: float) -> list[ClientProxy]:
+        available = client_manager.num_available()
+        n = max(1, int(math.ceil(fraction * available)))
+        return client_manager.sample(num_clients=n, min_num_clients=n)
+
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        self.rounds[server_round] = rl = RoundLog()
+        out = []
+        for proxy in self._sample(client_manager, self.cfg.fraction_fit):
+            key = self.key_of(proxy)
+            payload = self.payload_for(key, server_round)
+            rl.bytes_down += payload_bytes(payload)
+            config: dict[str, Scalar] = {"server-round": server_round}
+            config.update(self.fit_config(key, server_round))
+            out.append((proxy, FitIns(payload, config)))
+        return out
+
+    def check_reply(self, client_key: str, arrays: NDArrays, num_examples: int) -> str | None:
+        """None if a reply is acceptable, else the reason to reject it."""
+        spec = self.expected_spec(client_key)
+        if len(arrays) != len(spec):
+            return f"{len(arrays)} tensors, expected {len(spec)}"
+        for s, a in zip(spec, arrays):
+            problem = s.matches(a)
+            if problem:
+                return problem
+        if num_examples <= 0:
+            return f"num_examples is {num_examples}"
+        return None
+
+    def aggregate_fit(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, FitRes]],
+        failures: list[tuple[ClientProxy, FitRes] | BaseException],
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        rl = self.rounds.setdefault(server_round, RoundLog())
+        rl.failures = len(failures)
+        for failure in failures:
+            log.warning("round %d: a client failed: %r", server_round, failure)
+        accepted: list[Reply] = []
+        for proxy, res in results:
+            key = res.metrics.get(CLIENT_KEY)
+            rl.bytes_up += payload_bytes(res.parameters)
+            who = f"client {key!r} (node {proxy.node_id})"
+            if not isinstance(key, str) or not key:
+                reason = "no client-key in its metrics"
+            else:
+                try:
+                    arrays = parameters_to_ndarrays(res.parameters)
+                    reason = self.check_reply(key, arrays, res.num_examples)
+                except Exception as err:  # noqa: BLE001 - undecodable bytes
+                    reason = f"undecodable payload ({type(err).__name__}: {err})"
+            if reason is None:
+                bad = [
+                    k
+                    for k, v in res.metrics.items()
+                    if isinstance(v, float) and not math.isfinite(v)
+                ]
+                if bad:
+                    reason = f"non-finite metrics {bad}"
+            if reason is not None:
+                log.warning("round %d: rejected reply from %s: %s", server_round, who, reason)
+                rl.rejected.append(f"{key}: {reason}")
+                continue
+            self.node_keys[proxy.node_id] = key
+            accepted.append(Reply(key, arrays, int(res.num_examples), dict(res.metrics)))
+        rl.replies = len(accepted)
+        if len(accepted) < self.cfg.min_replies:
+            log.error(
+                "round %d: %d acceptable replies, fewer than min-replies=%d: the round is "
+                "skipped and the global state kept",
+                server_round,
+                len(accepted),
+                self.cfg.min_replies,
+            )
+            return self.global_payload(), {}
+        accepted.sort(key=lambda r: r.client_key)  # order-independent aggregation
+        self.aggregate(server_round, accepted)
+        return self.global_payload(), {"replies": len(accepted)}
+
+    def aggregate(self, server_round: int, replies: list[Reply]) -> None:
+        """Turn the accepted replies into the next global shared tensors."""
+        if not self.spec:
+            return
+        if self.aggregation == "mean":
+            weights = [1.0] * len(replies)
+        else:
+            weights = [float(r.num_examples) for r in replies]
+        self.set_global(weighted_mean([r.arrays for r in replies], weights))
+
+    def configure_evaluate(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        rl = self.rounds.setdefault(server_round, RoundLog())
+        out = []
+        for proxy in self._sample(client_manager, self.cfg.fraction_evaluate):
+            key = self.key_of(proxy)
+            payload = self.payload_for(key, server_round)
+            rl.bytes_down_eval += payload_bytes(payload)
+            config: dict[str, Scalar] = {"server-round": server_round}
+            config.update(self.fit_config(key, server_round))
+            out.append((proxy, EvaluateIns(payload, config)))
+        return out
+
+    def aggregate_evaluate(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, EvaluateRes]],
+        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
+    ) -> tuple[float | None, dict[str, Scalar]]:
+        rl = self.rounds.setdefault(server_round, RoundLog())
+        per_client: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        extras: dict[str, list[float]] = {}
+        for proxy, res in results:
+            key = res.metrics.get(CLIENT_KEY)
+            acc = res.metrics.get("accuracy")
+            if (
+                not isinstance(key, str)
+                or not isinstance(acc, (int, float))
+                or not 0.0 <= float(acc) <= 1.0
+                or res.num_examples <= 0
+            ):
+                log.warning(
+                    "round %d: rejected evaluation from node %d: metrics %r",
+                    server_round,
+                    proxy.node_id,
+                    dict(res.metrics),
+                )
+                continue
+            self.node_keys[proxy.node_id] = key
+            per_client[key] = float(acc)
+            counts[key] = int(res.num_examples)
+            for name, value in res.metrics.items():
+                if name.startswith("accuracy-") and isinstance(value, (int, float)):
+                    extras.setdefault(name, []).append(float(value))
+        if not per_client:
+            log.error("round %d: no usable evaluation replies", server_round)
+            return None, {}
+        keys = sorted(per_client)
+        mean = float(np.mean([per_client[k] for k in keys]))
+        pooled = sum(per_client[k] * counts[k] for k in keys) / sum(counts.values())
+        record: dict[str, Any] = {
+            "round": server_round,
+            "accuracy_mean": mean,
+            "accuracy_pooled": float(pooled),
+            "per_client_accuracy": {k: per_client[k] for k in keys},
+            "bytes_down": rl.bytes_down,
+            "bytes_up": rl.bytes_up,
+            "bytes_down_eval": rl.bytes_down_eval,
+            "seconds": time.perf_counter() - rl.started,
+            "replies": rl.replies,
+            "rejected": rl.rejected,
+            "failures": rl.failures,
+        }
+        for name, values in sorted(extras.items()):
+            record[name.replace("-", "_") + "_mean"] = float(np.mean(values))
+        record.update(rl.extra)
+        if self.recorder is not None:
+            self.recorder.add_round(record)
+        return None, {"accuracy": mean, "accuracy-pooled": float(pooled)}
+
+    def evaluate(
+        self, server_round: int, parameters: Parameters
+    ) -> tuple[float, dict[str, Scalar]] | None:
+        return None  # personalised models are evaluated on the clients only

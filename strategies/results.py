@@ -1,0 +1,140 @@
+"""The results contract: ``<output-dir>/<run-name>/results.json``, ``accuracy.png``
+and a terminal summary, written as rounds complete (a crash keeps what was done)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from run_config.schema import RunConfig
+
+log = logging.getLogger("flwr.pflower")
+
+
+def default_run_name(cfg: RunConfig) -> str:
+    return f"{cfg.method}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+class RunRecorder:
+    """Collects per-round records and writes the results files."""
+
+    def __init__(self, cfg: RunConfig, extra: dict[str, Any] | None = None) -> None:
+        self.cfg = cfg
+        self.run_name = cfg.run_name or default_run_name(cfg)
+        self.dir = Path(cfg.output_dir).expanduser().resolve() / self.run_name
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.rounds: list[dict[str, Any]] = []
+        self.extra: dict[str, Any] = dict(extra or {})
+        self.t0 = time.perf_counter()
+
+    @property
+    def results_path(self) -> Path:
+        return self.dir / "results.json"
+
+    def add_round(self, record: dict[str, Any]) -> None:
+        self.rounds.append(record)
+        total = self.cfg.num_server_rounds
+        log.info(
+            "[%s] round %d/%d  acc(mean) %.4f  acc(pooled) %.4f  up %s  down %s  %.1fs",
+            self.cfg.method,
+            record["round"],
+            total,
+            record["accuracy_mean"],
+            record["accuracy_pooled"],
+            human_bytes(record["bytes_up"]),
+            human_bytes(record["bytes_down"]),
+            record["seconds"],
+        )
+        self.write()
+        if record["round"] >= total:
+            self.finish()
+
+    def summary(self) -> dict[str, Any]:
+        accs = [r["accuracy_mean"] for r in self.rounds]
+        best = max(range(len(accs)), key=accs.__getitem__) if accs else None
+        return {
+            "method": self.cfg.method,
+            "config": self.cfg.as_dict(),
+            "rounds": self.rounds,
+            "best_accuracy_mean": accs[best] if accs else None,
+            "best_round": self.rounds[best]["round"] if accs else None,
+            "final_accuracy_mean": accs[-1] if accs else None,
+            "final_accuracy_pooled": self.rounds[-1]["accuracy_pooled"] if accs else None,
+            "total_bytes_up": sum(r["bytes_up"] for r in self.rounds),
+            "total_bytes_down": sum(r["bytes_down"] for r in self.rounds),
+            "total_seconds": time.perf_counter() - self.t0,
+            **self.extra,
+        }
+
+    def write(self) -> None:
+        tmp = self.results_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.summary(), indent=2, default=_jsonable))
+        os.replace(tmp, self.results_path)
+
+    def finish(self) -> None:
+        self.write()
+        plot_accuracy([self.summary()], self.dir / "accuracy.png")
+        print(summary_table(self.summary()), flush=True)
+        print(f"results: {self.results_path}", flush=True)
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024
+    return f"{n:.1f}GB"
+
+
+def summary_table(summary: dict[str, Any]) -> str:
+    """A short terminal table of one run."""
+    rows = [
+        ("method", summary["method"]),
+        ("rounds", str(len(summary["rounds"]))),
+        (
+            "best accuracy (mean over clients)",
+            f"{summary['best_accuracy_mean']:.4f} (round {summary['best_round']})",
+        ),
+        ("final accuracy (mean over clients)", f"{summary['final_accuracy_mean']:.4f}"),
+        ("final accuracy (pooled)", f"{summary['final_accuracy_pooled']:.4f}"),
+        (
+            "bytes up / down (fit)",
+            f"{human_bytes(summary['total_bytes_up'])} / {human_bytes(summary['total_bytes_down'])}",
+        ),
+        ("wall time", f"{summary['total_seconds']:.1f}s"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    line = "-" * (width + 30)
+    return "\n".join([line, *(f"{k.ljust(width)}  {v}" for k, v in rows), line])
+
+
+def plot_accuracy(summaries: list[dict[str, Any]], path: Path) -> None:
+    """Mean per-client accuracy per round, one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for s in summaries:
+        rounds = [r["round"] for r in s["rounds"]]
+        ax.plot(
+            rounds, [r["accuracy_mean"] for r in s["rounds"]], marker="o", ms=3, label=s["method"]
+        )
+    ax.set_xlabel("round")
+    ax.set_ylabel("accuracy (mean over clients)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
