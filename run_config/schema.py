@@ -84,6 +84,10 @@ class RunConfig(BaseModel):
     sim_shared_covariates: float = _field(0.4, alias="sim-shared-covariates", ge=0, le=1)
     sim_noise: float = _field(0.1, alias="sim-noise", ge=0)
 
+    # FedCP (paper default lambda = 5; lr 0.005 / batch 10 are passed per run)
+    mmd_lambda: float = _field(5.0, alias="mmd-lambda", ge=0)
+    cp_noisy_eval: bool = _field(False, alias="cp-noisy-eval")
+
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:
         if self.partitioner == "pathological" and self.classes_per_client < 1:
