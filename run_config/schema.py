@@ -84,6 +84,14 @@ class RunConfig(BaseModel):
     sim_shared_covariates: float = _field(0.4, alias="sim-shared-covariates", ge=0, le=1)
     sim_noise: float = _field(0.1, alias="sim-noise", ge=0)
 
+    # Factorized-FL (reference defaults, single-domain permuted-label setting)
+    ffl_rank: int = _field(1, alias="ffl-rank", ge=1)
+    ffl_l1: float = _field(5e-4, alias="ffl-l1", ge=0)
+    ffl_mu_threshold: float = _field(5e-4, alias="ffl-mu-threshold", ge=0)
+    ffl_sim_threshold: float = _field(0.0, alias="ffl-sim-threshold", ge=-1, le=1)
+    ffl_min_aggr: int = _field(10, alias="ffl-min-aggr", ge=1)
+    ffl_epsilon: float = _field(1.0, alias="ffl-epsilon", ge=0)
+
     # FedCP (paper default lambda = 5; lr 0.005 / batch 10 are passed per run)
     mmd_lambda: float = _field(5.0, alias="mmd-lambda", ge=0)
     cp_noisy_eval: bool = _field(False, alias="cp-noisy-eval")

@@ -1,0 +1,228 @@
+"""Factorized-FL's model: every conv/linear weight is W = reshape(u v^T + mu).
+
+Linear (O, I): u in R^(I x r), v in R^(r x O), mu in R^(I x O), W = (u v + mu)^T.
+Conv (O, I, kh, kw): u in R^(kh*kw x r) spans the kernel positions, v in
+R^(r x O*I) the (out, in) channel pairs, mu in R^(kh*kw x O*I), and
+W[o, i] = (u v + mu)[:, o*I + i] reshaped to (kh, kw). (The reference code views
+the (kh*kw, O*I) matrix directly as (O, I, kh, kw), which scrambles kernel
+positions with channels; this keeps the paper's meaning of u.)
+
+Built on ``torch.nn.utils.parametrize`` (``module.weight`` stays a tensor of the
+original shape); the state_dict entries are
+``<layer>.parametrizations.weight.original0/1/2`` = u / v / mu. mu starts at
+zero; entries with |mu| < threshold are dropped at evaluation and on the wire.
+
+The wire (``Wire``) is written once here for client and server: beta sends mu as
+(int32 flat indices, float32 values); alpha appends the v of the last layer
+before the head to its upload, for similarity matching only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.utils import parametrize
+
+from models.roles import TensorSpec, batchnorm_entries
+from run_config.schema import RunConfig
+
+U, V, MU = (f".parametrizations.weight.original{i}" for i in range(3))
+IDX, VAL = "#idx", "#val"
+
+
+class FactorizedWeight(nn.Module):
+    """The parametrization (u, v, mu) -> W for one layer."""
+
+    def __init__(self, shape: tuple[int, ...], rank: int, threshold: float) -> None:
+        super().__init__()
+        self.shape = tuple(shape)
+        self.rank = rank
+        self.threshold = threshold
+
+    def factor_dims(self) -> tuple[int, int]:
+        """(rows of u, columns of v): (I, O) for linear, (kh*kw, O*I) for conv."""
+        if len(self.shape) == 2:
+            out_dim, in_dim = self.shape
+            return in_dim, out_dim
+        out_dim, in_dim, *kernel = self.shape
+        return int(np.prod(kernel)), out_dim * in_dim
+
+    def forward(self, u: torch.Tensor, v: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            mu = mu.masked_fill(mu.abs() < self.threshold, 0.0)
+        full = u @ v + mu
+        if len(self.shape) == 2:
+            return full.t()
+        return full.t().reshape(self.shape)
+
+    def right_inverse(self, weight: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Fresh factors (called once, at registration). The paper is silent on
+        the init; the reference uses Xavier-uniform on u (rows x r) and v (r x cols)."""
+        rows, cols = self.factor_dims()
+        u = torch.empty(rows, self.rank, dtype=weight.dtype, device=weight.device)
+        v = torch.empty(self.rank, cols, dtype=weight.dtype, device=weight.device)
+        nn.init.xavier_uniform_(u)
+        nn.init.xavier_uniform_(v)
+        return u, v, torch.zeros(rows, cols, dtype=weight.dtype, device=weight.device)
+
+
+_FACTORIZABLE = (nn.Linear, nn.Conv2d)
+
+
+def factorize(model: nn.Module, cfg: RunConfig) -> nn.Module:
+    """The method transform: factorize every Linear/Conv2d weight in place.
+    BatchNorm is left alone; biases stay as they are."""
+    targets = [m for m in model.modules() if isinstance(m, _FACTORIZABLE)]
+    for module in targets:
+        weight = module.weight
+        parametrize.register_parametrization(
+            module,
+            "weight",
+            FactorizedWeight(tuple(weight.shape), cfg.ffl_rank, cfg.ffl_mu_threshold),
+            unsafe=True,  # right_inverse returns three tensors of other shapes
+        )
+    return model
+
+
+def factorized_layers(model: nn.Module) -> dict[str, nn.Module]:
+    """Factorized layers by name, in registration order."""
+    return {
+        name: m
+        for name, m in model.named_modules()
+        if parametrize.is_parametrized(m, "weight")
+        and isinstance(m.parametrizations.weight[0], FactorizedWeight)
+    }
+
+
+def mu_l1(model: nn.Module) -> torch.Tensor:
+    """sum |mu| over every factorized layer, differentiable (the reference sums
+    detached state_dict copies, so its penalty has no gradient)."""
+    terms = [
+        m.parametrizations.weight.original2.abs().sum() for m in factorized_layers(model).values()
+    ]
+    return torch.stack(terms).sum()
+
+
+def to_sparse(mu: np.ndarray, threshold: float) -> tuple[np.ndarray, np.ndarray]:
+    """(flat int32 indices, float32 values) of the entries |mu| >= threshold."""
+    flat = mu.reshape(-1)
+    idx = np.flatnonzero(np.abs(flat) >= threshold).astype(np.int32)
+    return idx, flat[idx].astype(np.float32)
+
+
+def from_sparse(idx: np.ndarray, val: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Dense float32 array of ``shape`` with ``val`` at flat ``idx``."""
+    dense = np.zeros(int(np.prod(shape)), dtype=np.float32)
+    dense[idx] = val
+    return dense.reshape(shape)
+
+
+def matching_layer(model: nn.Module) -> str:
+    """The last factorized layer before the head (shortcut projections skipped);
+    its v is the client's matching vector."""
+    body = [n for n in factorized_layers(model) if n.startswith("features.")]
+    main_path = [n for n in body if "downsample" not in n]
+    if not main_path:
+        raise ValueError("Factorized-FL needs a factorized layer in model.features")
+    return main_path[-1]
+
+
+# ---- split rules ---------------------------------------------------------------------------
+
+
+def alpha_personal(model: nn.Module) -> set[str]:
+    """alpha: v and mu of every layer, the head, BN running stats stay local."""
+    factors = {n + s for n in factorized_layers(model) for s in (V, MU)}
+    head = {n for n in model.state_dict() if n.startswith("head.")}
+    return factors | head | batchnorm_entries(model, running_stats_only=True)
+
+
+def beta_personal(model: nn.Module) -> set[str]:
+    """beta: only the head and BN running stats stay local."""
+    head = {n for n in model.state_dict() if n.startswith("head.")}
+    return head | batchnorm_entries(model, running_stats_only=True)
+
+
+# ---- the wire --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Wire:
+    """How the shared tensors travel, both ways, plus alpha's matching vector."""
+
+    shared: tuple[str, ...]
+    shapes: dict[str, tuple[int, ...]]
+    sparse: frozenset[str]  # shared mu entries, sent as (indices, values)
+    match: str  # state_dict name of the matching v
+    match_extra: bool  # alpha: v is personal and appended to the upload
+    threshold: float
+
+    @classmethod
+    def of(cls, model: nn.Module, shared: tuple[str, ...], cfg: RunConfig) -> Wire:
+        state = model.state_dict()
+        match = matching_layer(model) + V
+        return cls(
+            shared=tuple(shared),
+            shapes={n: tuple(state[n].shape) for n in (*shared, match)},
+            sparse=frozenset(n for n in shared if n.endswith(MU)),
+            match=match,
+            match_extra=match not in shared,
+            threshold=cfg.ffl_mu_threshold,
+        )
+
+    def down_spec(self) -> list[TensorSpec]:
+        """What the server sends (the encoded shared tensors)."""
+        out = []
+        for n in self.shared:
+            if n in self.sparse:
+                out += [TensorSpec(n + IDX, (-1,), "int32"), TensorSpec(n + VAL, (-1,), "float32")]
+            else:
+                out.append(TensorSpec(n, self.shapes[n], "float32"))
+        return out
+
+    def up_spec(self) -> list[TensorSpec]:
+        """What a client sends: the encoded shared tensors (+ alpha's matching v)."""
+        extra = [TensorSpec(self.match, (int(np.prod(self.shapes[self.match])),), "float32")]
+        return self.down_spec() + (extra if self.match_extra else [])
+
+    def encode(self, dense: list[np.ndarray]) -> list[np.ndarray]:
+        """Dense shared arrays (in ``shared`` order) -> wire arrays."""
+        out: list[np.ndarray] = []
+        for n, a in zip(self.shared, dense, strict=True):
+            out += list(to_sparse(a, self.threshold)) if n in self.sparse else [a]
+        return out
+
+    def decode(self, arrays: list[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray | None]:
+        """Wire arrays -> (dense shared arrays, matching vector or None)."""
+        dense, i = [], 0
+        for n in self.shared:
+            if n in self.sparse:
+                dense.append(from_sparse(arrays[i], arrays[i + 1], self.shapes[n]))
+                i += 2
+            else:
+                dense.append(arrays[i])
+                i += 1
+        if self.match_extra:
+            match = arrays[i] if i < len(arrays) else None
+        else:
+            match = dense[self.shared.index(self.match)].reshape(-1)
+        return dense, match
+
+    def check_sparse(self, arrays: list[np.ndarray]) -> str | None:
+        """None if every (indices, values) pair is consistent, else the problem."""
+        specs = self.down_spec()
+        for j, s in enumerate(specs):
+            if not s.name.endswith(IDX):
+                continue
+            idx, val = arrays[j], arrays[j + 1]
+            size = int(np.prod(self.shapes[s.name[: -len(IDX)]]))
+            if idx.shape != val.shape:
+                return f"'{s.name}' has {idx.size} indices for {val.size} values"
+            if idx.size and (idx.min() < 0 or idx.max() >= size):
+                return f"'{s.name}' has indices outside [0, {size})"
+            if np.unique(idx).size != idx.size:
+                return f"'{s.name}' has repeated indices"
+        return None

@@ -1,0 +1,118 @@
+"""Factorized-FL's aggregation: similarity-matched, one aggregate per client.
+
+For each reporting client k: s_ki = cosine(v_k, v_i) of the matching vectors
+(s_kk = 1), keep the clients with s >= tau, at least ``ffl-min-aggr`` of the most
+similar (k itself always first), weights softmax(epsilon * s) over the kept
+ones; k's next payload is that weighted mean of the kept clients' shared tensors.
+Every aggregate of a round is built from that round's decoded replies, which are
+never written to (the reference overwrites its store while iterating).
+Clients that did not report keep their last aggregate; a client never seen gets
+the global payload (the initial tensors, then the sample-weighted mean of the
+latest round).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.common import NDArrays, Parameters, ndarrays_to_parameters
+from torch import nn
+
+from models.factorized_fl import IDX, Wire
+from models.roles import TensorSpec
+from run_config.schema import RunConfig
+from strategies.base import PFLStrategy, Reply, RoundLog, weighted_mean
+from strategies.results import RunRecorder
+
+
+def cosine_matrix(vectors: np.ndarray) -> np.ndarray:
+    """Pairwise cosine similarity of the rows, diagonal set to 1."""
+    v = vectors.astype(np.float64)
+    norms = np.linalg.norm(v, axis=1, keepdims=True)
+    unit = v / np.maximum(norms, 1e-12)
+    sim = unit @ unit.T
+    np.fill_diagonal(sim, 1.0)
+    return np.clip(sim, -1.0, 1.0)
+
+
+def matching_weights(
+    sim_row: np.ndarray, self_index: int, tau: float, min_aggr: int, epsilon: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(indices of the kept clients, their softmax(epsilon * s) weights) for one row.
+
+    Kept: the clients with s >= tau, or the ``min_aggr`` most similar if fewer
+    pass; the client itself (s = 1) always, ranked first on ties.
+    """
+    n = sim_row.shape[0]
+    order = sorted(range(n), key=lambda i: (-sim_row[i], i != self_index))
+    passing = int(np.sum(sim_row >= tau))
+    keep = np.array(order[: min(n, max(passing, min_aggr, 1))])
+    logits = epsilon * sim_row[keep]
+    w = np.exp(logits - logits.max())  # scipy.special.softmax would do the same; numpy suffices
+    return keep, w / w.sum()
+
+
+class FactorizedFLStrategy(PFLStrategy):
+    """Per-client similarity-weighted aggregation over the Factorized-FL wire."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        spec: list[TensorSpec],
+        initial: NDArrays,
+        model: nn.Module,
+        recorder: RunRecorder | None = None,
+    ) -> None:
+        super().__init__(cfg, spec, initial, model, recorder)
+        self.wire = Wire.of(model, tuple(s.name for s in spec), cfg)
+        self.set_global(self.wire.encode(initial))
+        self.spec = self.wire.down_spec()
+        self.payloads: dict[str, Parameters] = {}  # stable client key -> its aggregate
+
+    def payload_for(self, client_key: str | None, server_round: int) -> Parameters:
+        if client_key is not None and client_key in self.payloads:
+            return self.payloads[client_key]
+        return self.global_payload()
+
+    def expected_spec(self, client_key: str) -> list[TensorSpec]:
+        return self.wire.up_spec()
+
+    def check_reply(self, client_key: str, arrays: NDArrays, num_examples: int) -> str | None:
+        return super().check_reply(client_key, arrays, num_examples) or self.wire.check_sparse(
+            arrays
+        )
+
+    def aggregate(self, server_round: int, replies: list[Reply]) -> None:
+        decoded = [self.wire.decode(r.arrays) for r in replies]
+        dense = [d for d, _ in decoded]
+        sim = cosine_matrix(np.stack([m for _, m in decoded]))
+        cfg = self.cfg
+        new: dict[str, Parameters] = {}
+        kept_counts = []
+        for k, reply in enumerate(replies):
+            keep, w = matching_weights(
+                sim[k], k, cfg.ffl_sim_threshold, cfg.ffl_min_aggr, cfg.ffl_epsilon
+            )
+            kept_counts.append(len(keep))
+            mine = weighted_mean([dense[i] for i in keep], list(w))
+            new[reply.client_key] = ndarrays_to_parameters(self.wire.encode(mine))
+        self.payloads.update(new)  # only after every aggregate of the round is built
+        sizes = [float(r.num_examples) for r in replies]
+        self.set_global(self.wire.encode(weighted_mean(dense, sizes)))
+        keys = [r.client_key for r in replies]
+        if self.wire.sparse:  # beta: the fraction of mu entries actually sent
+            total = sum(int(np.prod(self.wire.shapes[n])) for n in self.wire.sparse)
+            sent = [
+                sum(a.size for s, a in zip(self.spec, r.arrays) if s.name.endswith(IDX))
+                for r in replies
+            ]
+            self.rounds.setdefault(server_round, RoundLog()).extra["ffl_mu_density"] = float(
+                np.mean(sent) / total
+            )
+        off_diag = sim[~np.eye(len(keys), dtype=bool)]
+        self.rounds.setdefault(server_round, RoundLog()).extra.update(
+            {
+                "ffl_kept_mean": float(np.mean(kept_counts)),
+                "ffl_similarity_mean": float(off_diag.mean()) if off_diag.size else 1.0,
+                "ffl_similarity": {"clients": keys, "matrix": np.round(sim, 4).tolist()},
+            }
+        )
