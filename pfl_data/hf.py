@@ -139,15 +139,43 @@ def _load_hf(name: str) -> Any:
             f"config key 'dataset': local data set {name!r} does not exist "
             "(give an existing parquet file, parquet folder or image folder)"
         )
+    hint = (
+        "Without internet, pass a local path via dataset=<parquet file | parquet folder | "
+        "image folder> (e.g. /work/shared/data/cifar10-dev-12k.parquet) or "
+        "dataset='sklearn-digits' (or set HF_HUB_OFFLINE=1 to use a copy already cached)."
+    )
+    if not datasets.config.HF_HUB_OFFLINE and not _hub_reachable():
+        raise RuntimeError(
+            f"config key 'dataset': {name!r} is not a local path and the Hugging Face hub "
+            f"cannot be reached. {hint}"
+        )
     try:
         return datasets.load_dataset(name, split="train")
     except Exception as err:  # offline, unknown name, gated...
         raise RuntimeError(
             f"config key 'dataset': could not load {name!r} from the Hugging Face hub "
-            f"({type(err).__name__}: {err}). Without internet, pass a local path via "
-            "dataset=<parquet file | parquet folder | image folder> (e.g. "
-            "/work/shared/data/cifar10-dev-12k.parquet) or dataset='sklearn-digits'."
+            f"({type(err).__name__}: {err}). {hint}"
         ) from err
+
+
+def _hub_reachable() -> bool:
+    """Fast check (DNS only) so that an offline machine fails at once, not after retries."""
+    import socket
+    from urllib.parse import urlparse
+
+    host = urlparse(datasets_endpoint()).hostname or "huggingface.co"
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError:
+        return False
+    return True
+
+
+def datasets_endpoint() -> str:
+    """The hub endpoint the ``datasets`` library talks to."""
+    import datasets
+
+    return str(getattr(datasets.config, "HF_ENDPOINT", "https://huggingface.co"))
 
 
 def _merge_splits(dd: Any) -> Any:
@@ -178,6 +206,13 @@ def _digits() -> _Source:
     return _finish(_Source("sklearn-digits", y, 10, (1, 8, 8), {}, dense=x))
 
 
+def _column(ds: Any, col: str) -> np.ndarray:
+    """A plain column as numpy, through Arrow (no per-row formatting)."""
+    arr = ds.with_format("arrow")[col]
+    arr = arr.combine_chunks() if hasattr(arr, "combine_chunks") else arr
+    return np.asarray(arr.to_numpy(zero_copy_only=False))
+
+
 def _is_id_column(name: str) -> bool:
     """Tabular columns that are ids (natural partitions, splits), not features."""
     n = name.lower()
@@ -203,7 +238,7 @@ def source_from_dataset(ds: Any, name: str = "<in-memory>") -> _Source:
             f"config key 'dataset': {name} has no label column (one of {LABEL_COLUMNS}); "
             f"columns are {ds.column_names}"
         )
-    labels = np.asarray(ds.with_format("numpy")[label_col]).astype(np.int64)
+    labels = _column(ds, label_col).astype(np.int64)
     image_col = next(
         (c for c in IMAGE_COLUMNS if c in ds.column_names),
         next((c for c, f in ds.features.items() if isinstance(f, datasets.Image)), None),
@@ -214,7 +249,7 @@ def source_from_dataset(ds: Any, name: str = "<in-memory>") -> _Source:
             continue
         feat = ds.features[col]
         if isinstance(feat, datasets.Value) or isinstance(feat, datasets.ClassLabel):
-            plain[col] = np.asarray(ds.with_format("numpy")[col])
+            plain[col] = _column(ds, col)
     src = _Source(name, labels, _num_classes(ds, label_col, labels), (), {})
     if image_col is not None:
         raw = ds.cast_column(image_col, datasets.Image(decode=False))
@@ -285,7 +320,7 @@ def _light_dataset(src: _Source, extra: tuple[str, ...] = ()) -> Any:
 
 
 def _rows(partitioner: Any, pid: int) -> np.ndarray:
-    return np.asarray(partitioner.load_partition(pid)[ROW_COLUMN], dtype=np.int64)
+    return _column(partitioner.load_partition(pid), ROW_COLUMN).astype(np.int64)
 
 
 def library_partitions(
@@ -322,6 +357,8 @@ def library_partitions(
             num_partitions,
             partition_by="label",
             num_classes_per_partition=classes_per_client,
+            # client i surely gets class i % C, so every class is used when N >= C
+            class_assignment_mode="first-deterministic",
             seed=seed,
         )
     else:

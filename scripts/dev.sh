@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Set-up and the two everyday commands, on a fresh machine:
+#   bash scripts/dev.sh run [flwr run options]   # the main job (offline, embedded default data)
+#   bash scripts/dev.sh test                     # lint, format check and the whole test suite
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${VENV:-.venv}"
+
+setup() {
+    if [ ! -x "$VENV/bin/python" ]; then
+        python3 -m venv "$VENV"
+    fi
+    if ! "$VENV/bin/python" -c "import flwr, torch, torchvision, pfl_data" 2>/dev/null \
+        || [ pyproject.toml -nt "$VENV/.installed" ]; then
+        "$VENV/bin/pip" install -q --upgrade pip
+        "$VENV/bin/pip" install -q -e ".[dev]"
+        touch "$VENV/.installed"
+    fi
+}
+
+case "${1:-}" in
+    run)
+        shift
+        setup
+        # flwr 1.39 would otherwise install the app's dependencies into a fresh
+        # environment per run (needs the internet); this environment already has them.
+        export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
+        export PATH="$PWD/$VENV/bin:$PATH"
+        exec flwr run . --stream "$@"
+        ;;
+    test)
+        shift
+        setup
+        "$VENV/bin/ruff" check .
+        "$VENV/bin/ruff" format --check .
+        exec "$VENV/bin/python" -m pytest -q -rs "$@"
+        ;;
+    *)
+        echo "usage: bash scripts/dev.sh run|test [args]" >&2
+        exit 2
+        ;;
+esac

@@ -1,0 +1,99 @@
+"""Test helpers: build a method's client and strategy without Flower's runtime."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from flwr.common import (
+    Code,
+    Context,
+    FitRes,
+    Parameters,
+    RecordDict,
+    Status,
+    ndarrays_to_parameters,
+)
+from flwr.server.client_proxy import ClientProxy
+
+from client_app.app import pick_device
+from client_app.base import PFLClient
+from client_app.state import ContextStore
+from methods import get_method
+from models.roles import get_arrays, wire_spec
+from pfl_data import data_info, load_client_data
+from run_config.schema import RunConfig, parse_run_config
+from strategies.base import PFLStrategy
+
+SMALL = {"sim-samples": 120, "hidden-dim": 32, "sim-dim": 20}
+
+
+def config(**overrides: Any) -> RunConfig:
+    raw = dict(SMALL)
+    raw.update({k.replace("_", "-"): v for k, v in overrides.items()})
+    return parse_run_config(raw)
+
+
+def make_client(
+    cfg: RunConfig, partition_id: int = 0, num_partitions: int = 4, context: Context | None = None
+) -> tuple[PFLClient, Context]:
+    method = get_method(cfg.method)
+    model = method.build_model(cfg, data_info(cfg))
+    context = context or Context(0, partition_id, {}, RecordDict(), {})
+    data = load_client_data(cfg, partition_id, num_partitions)
+    client = method.client(
+        model,
+        method.roles(model),
+        data,
+        cfg,
+        ContextStore(context),
+        pick_device("cpu"),
+        f"client-{partition_id}",
+    )
+    return client, context
+
+
+def make_strategy(cfg: RunConfig) -> PFLStrategy:
+    method = get_method(cfg.method)
+    model = method.build_model(cfg, data_info(cfg))
+    roles = method.roles(model)
+    return method.strategy(
+        cfg=cfg,
+        spec=wire_spec(model, roles.shared),
+        initial=get_arrays(model, roles.shared),
+        model=model,
+        recorder=None,
+    )
+
+
+class FakeProxy(ClientProxy):
+    """A client proxy that is never called (the strategy only reads node_id)."""
+
+    def __init__(self, node_id: int) -> None:
+        super().__init__(str(node_id))
+        self.node_id = node_id
+
+    def get_properties(self, *a: Any, **k: Any) -> Any:
+        raise NotImplementedError
+
+    def get_parameters(self, *a: Any, **k: Any) -> Any:
+        raise NotImplementedError
+
+    def fit(self, *a: Any, **k: Any) -> Any:
+        raise NotImplementedError
+
+    def evaluate(self, *a: Any, **k: Any) -> Any:
+        raise NotImplementedError
+
+    def reconnect(self, *a: Any, **k: Any) -> Any:
+        raise NotImplementedError
+
+
+def fit_res(
+    arrays: list[np.ndarray] | Parameters,
+    key: str,
+    num_examples: int = 10,
+    metrics: dict[str, Any] | None = None,
+) -> FitRes:
+    params = arrays if isinstance(arrays, Parameters) else ndarrays_to_parameters(arrays)
+    return FitRes(Status(Code.OK, ""), params, num_examples, {"client-key": key, **(metrics or {})})

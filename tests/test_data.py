@@ -1,0 +1,322 @@
+"""The Hugging Face data path: sources, partitioners and scenarios."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+from PIL import Image
+
+from pfl_data import data_info, load_client_data
+from pfl_data.hf import (
+    DOMAIN_SHIFTS,
+    apply_domain_shift,
+    dirichlet_client_partitions,
+    domain_groups,
+    domain_partitions,
+    hf_data_info,
+    label_permutation,
+    library_partitions,
+    load_client_arrays,
+    load_source,
+    natural_partition,
+    source_from_dataset,
+)
+from run_config.schema import ConfigError, RunConfig, parse_run_config
+
+CIFAR_DEV = (
+    Path(__file__).resolve().parents[1].parent / "shared" / "data" / "cifar10-dev-12k.parquet"
+)
+
+
+def _tabular(n: int = 600, num_classes: int = 10, seed: int = 0, **extra) -> datasets.Dataset:
+    rng = np.random.default_rng(seed)
+    cols = {
+        "f0": rng.standard_normal(n).astype(np.float32),
+        "f1": rng.standard_normal(n).astype(np.float32),
+        "label": np.arange(n) % num_classes,
+    }
+    cols.update(extra)
+    return datasets.Dataset.from_dict(cols)
+
+
+def _png(arr: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def image_parquet(tmp_path_factory) -> str:
+    """200 random 8x8 RGB images, 4 classes, HF Image struct, written as parquet."""
+    rng = np.random.default_rng(0)
+    imgs = [
+        {"bytes": _png(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)), "path": None}
+        for _ in range(200)
+    ]
+    feats = datasets.Features(
+        {"img": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b", "c", "d"])}
+    )
+    ds = datasets.Dataset.from_dict(
+        {"img": imgs, "label": [i % 4 for i in range(200)]}, features=feats
+    )
+    path = tmp_path_factory.mktemp("img") / "tiny.parquet"
+    ds.to_parquet(str(path))
+    return str(path)
+
+
+# ------------------------------------------------------------------ library partitioners
+
+
+@pytest.mark.parametrize("kind", ["iid", "dirichlet", "pathological"])
+def test_library_partitioners_deterministic_and_complete(kind):
+    src = source_from_dataset(_tabular(1000))
+    a = library_partitions(src, kind, 10, seed=3, alpha=0.5, classes_per_client=3)
+    b = library_partitions(src, kind, 10, seed=3, alpha=0.5, classes_per_client=3)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    rows = np.concatenate(a)
+    assert len(rows) == 1000 and len(np.unique(rows)) == 1000
+    c = library_partitions(src, kind, 10, seed=4, alpha=0.5, classes_per_client=3)
+    assert any(not np.array_equal(x, y) for x, y in zip(a, c, strict=True))
+
+
+def test_pathological_classes_per_client():
+    src = source_from_dataset(_tabular(1000))
+    for rows in library_partitions(src, "pathological", 8, seed=0, classes_per_client=2):
+        assert len(np.unique(src.labels[rows])) <= 2
+
+
+# ------------------------------------------------------------------ dirichlet-client
+
+
+def test_dirichlet_client_exact_sizes_and_disjoint():
+    labels = np.arange(5000) % 10
+    parts = dirichlet_client_partitions(labels, 10, 6, 0.5, 50, 10, seed=1)
+    again = dirichlet_client_partitions(labels, 10, 6, 0.5, 50, 10, seed=1)
+    seen = []
+    for (tr, te), (tr2, te2) in zip(parts, again, strict=True):
+        assert len(tr) == 50 and len(te) == 10
+        assert not set(tr) & set(te)
+        assert np.array_equal(tr, tr2) and np.array_equal(te, te2)
+        seen += list(tr) + list(te)
+    assert len(set(seen)) == len(seen)  # pools large enough: no repeats across clients
+    # train and test drawn with the same class proportions (same dominant class mostly)
+    tr, te = parts[0]
+    assert set(labels[te]) <= set(range(10))
+
+
+def test_dirichlet_client_refills_pools(caplog):
+    labels = np.arange(200) % 4
+    with caplog.at_level("WARNING"):
+        parts = dirichlet_client_partitions(labels, 4, 10, 1.0, 30, 5, seed=0)
+    assert sum("rows repeat" in r.message for r in caplog.records) == 1
+    for tr, te in parts:
+        assert len(tr) == 30 and len(te) == 5 and not set(tr) & set(te)
+
+
+def test_dirichlet_client_end_to_end(image_parquet):
+    cfg = RunConfig(
+        dataset=image_parquet,
+        partitioner="dirichlet-client",
+        train_per_client=20,
+        test_per_client=5,
+    )
+    x_tr, y_tr, x_te, y_te = load_client_arrays(cfg, 1, 4)
+    assert x_tr.shape == (20, 3, 8, 8) and x_te.shape == (5, 3, 8, 8)
+    assert x_tr.dtype == np.float32 and y_tr.dtype == np.int64
+
+
+# ------------------------------------------------------------------ natural ids
+
+
+def test_natural_partitioner_with_split_column(tmp_path):
+    n = 120
+    ds = _tabular(
+        n,
+        4,
+        writer_id=[f"w{i % 3}" for i in range(n)],
+        split=["test" if i % 5 == 0 else "train" for i in range(n)],
+    )
+    path = tmp_path / "nat.parquet"
+    ds.to_parquet(str(path))
+    src = load_source(str(path))
+    rows = natural_partition(src, "writer_id", 1)
+    assert set(src.columns["writer_id"][rows]) == {"w1"}  # sorted ids: w0, w1, w2
+    cfg = RunConfig(dataset=str(path), partitioner="natural", partition_by="writer_id")
+    x_tr, y_tr, x_te, y_te = load_client_arrays(cfg, 1, 3)
+    assert len(y_tr) + len(y_te) == 40
+    assert len(y_te) == 8  # the split column decides, not test-fraction (0.2 * 40 = 8 too)
+    cfg = cfg.model_copy(update={"test_fraction": 0.5})
+    assert len(load_client_arrays(cfg, 1, 3)[3]) == 8
+    assert x_tr.shape[1] == 2  # id and split columns are not features
+    with pytest.raises(ConfigError, match="partition-by"):
+        load_client_arrays(cfg, 3, 4)
+
+
+# ------------------------------------------------------------------ scenarios
+
+
+def test_permute_labels_bijection_per_client():
+    perms = [label_permutation(10, 0, i) for i in range(5)]
+    for p in perms:
+        assert sorted(p) == list(range(10))
+    assert len({tuple(p) for p in perms}) == 5
+    assert np.array_equal(label_permutation(10, 0, 2), perms[2])
+
+
+def test_permute_labels_end_to_end(image_parquet):
+    base = RunConfig(dataset=image_parquet, partitioner="iid", seed=2)
+    perm = base.model_copy(update={"permute_labels": True})
+    for pid in range(3):
+        _, y, _, _ = load_client_arrays(base, pid, 3)
+        _, yp, _, _ = load_client_arrays(perm, pid, 3)
+        mapping = {}
+        for a, b in zip(y, yp, strict=True):
+            assert mapping.setdefault(a, b) == b  # a function of the original label
+        assert len(set(mapping.values())) == len(mapping)  # injective
+
+
+def test_domain_groups_disjoint_classes():
+    labels = np.arange(2000) % 10
+    groups = domain_groups(10, 4, seed=0)
+    assert sorted(np.concatenate(groups)) == list(range(10))
+    parts = domain_partitions(labels, 10, 8, 4, seed=0)
+    for g in range(4):
+        cls = set(groups[g])
+        members = [parts[i] for i in range(g, 8, 4)]
+        for rows, new in members:
+            assert set(labels[rows]) <= cls
+            assert set(new) <= set(range(len(cls)))
+        assert not set(members[0][0]) & set(members[1][0])  # IID split within the group
+    for g1 in range(4):
+        for g2 in range(g1 + 1, 4):
+            assert not set(labels[parts[g1][0]]) & set(labels[parts[g2][0]])
+    with pytest.raises(ConfigError, match="num-domains"):
+        domain_groups(3, 4, seed=0)
+
+
+def test_domain_partitioner_end_to_end(image_parquet):
+    cfg = RunConfig(dataset=image_parquet, partitioner="domain", num_domains=2)
+    ys = [np.concatenate([a[1], a[3]]) for a in (load_client_arrays(cfg, i, 4) for i in range(4))]
+    assert all(set(y) <= {0, 1} for y in ys)
+
+
+def test_domain_shift_transforms():
+    x = np.random.default_rng(0).random((2, 3, 8, 8), dtype=np.float32)
+    outs = [apply_domain_shift(x, i) for i in range(len(DOMAIN_SHIFTS))]
+    assert np.allclose(outs[0], x)
+    for o in outs:
+        assert o.shape == x.shape and o.dtype == np.float32
+    assert np.allclose(outs[5], 1 - x)
+    assert np.allclose(outs[1][:, 0], outs[1][:, 1])  # grayscale
+
+
+def test_client_data_paths_whole(image_parquet, tmp_path):
+    other = tmp_path / "other.parquet"
+    _tabular(50).to_parquet(str(other))
+    cfg = RunConfig(client_data_paths=f"{image_parquet},{image_parquet}", test_fraction=0.25)
+    cd = load_client_data(cfg, 1, 2)
+    assert cd.x_train.shape == (150, 3, 8, 8) and cd.y_test.shape == (50,)
+    assert data_info(cfg).input_shape == (3, 8, 8)
+    with pytest.raises(ConfigError, match="client-data-paths"):
+        load_client_arrays(cfg, 2, 3)
+    whole = load_client_arrays(RunConfig(), 0, 5, data_path=str(other))
+    assert len(whole[1]) + len(whole[3]) == 50
+
+
+# ------------------------------------------------------------------ sources and errors
+
+
+def test_missing_local_path_names_dataset_key():
+    cfg = RunConfig(dataset="/nonexistent/dir/data.parquet")
+    with pytest.raises(FileNotFoundError, match="'dataset'"):
+        load_client_arrays(cfg, 0, 2)
+    with pytest.raises(FileNotFoundError, match="'dataset'"):
+        load_client_arrays(RunConfig(), 0, 2, data_path="/nonexistent/site")
+
+
+def test_offline_hub_name_gives_clear_error(monkeypatch):
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True, raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(RuntimeError, match="local path via dataset="):
+        hf_data_info("surely-not-cached-org/surely-not-a-dataset")
+
+
+def test_unreachable_hub_fails_fast(monkeypatch):
+    import pfl_data.hf as hf
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hf, "_hub_reachable", lambda: False)
+    with pytest.raises(RuntimeError, match="local path via dataset="):
+        hf_data_info("someorg/some-dataset")
+
+
+def test_image_folder_with_splits(tmp_path):
+    rng = np.random.default_rng(1)
+    for split, n in (("train", 6), ("test", 2)):
+        for cls in ("cat", "dog"):
+            d = tmp_path / split / cls
+            d.mkdir(parents=True)
+            for i in range(n):
+                Image.fromarray(rng.integers(0, 256, (12, 10, 3), dtype=np.uint8)).save(
+                    d / f"{i}.png"
+                )
+    info = hf_data_info(str(tmp_path))
+    assert info.input_shape == (3, 12, 10) and info.num_classes == 2
+    _, y_tr, _, y_te = load_client_arrays(RunConfig(), 0, 1, data_path=str(tmp_path))
+    assert len(y_tr) == 12 and len(y_te) == 4
+
+
+def test_new_config_keys_validate_and_name_key():
+    cfg = parse_run_config({"num-domains": 3, "domain-shift": True, "client-data-paths": "a,b"})
+    assert cfg.num_domains == 3 and cfg.domain_shift and cfg.client_data_paths == "a,b"
+    with pytest.raises(ConfigError, match="num-domains"):
+        parse_run_config({"num-domains": 0})
+    with pytest.raises(ConfigError, match="domain-shift"):
+        parse_run_config({"domain-shift": "maybe"})
+
+
+def test_sklearn_digits():
+    info = hf_data_info("sklearn-digits")
+    assert info.input_shape == (1, 8, 8) and info.num_classes == 10
+    x_tr, y_tr, x_te, y_te = load_client_arrays(
+        RunConfig(dataset="sklearn-digits", partitioner="dirichlet", alpha=0.5), 0, 5
+    )
+    assert x_tr.shape[1:] == (1, 8, 8) and abs(float(x_tr.mean())) < 1.0
+
+
+def test_idx_converter(tmp_path):
+    import gzip
+    import struct
+
+    from pfl_data.convert_idx import convert
+
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", 30), ("t10k", 10)):
+        imgs = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
+        labs = (np.arange(n) % 10).astype(np.uint8)
+        with gzip.open(tmp_path / f"{prefix}-images-idx3-ubyte.gz", "wb") as f:
+            f.write(struct.pack(">HBB3I", 0, 8, 3, n, 28, 28) + imgs.tobytes())
+        with gzip.open(tmp_path / f"{prefix}-labels-idx1-ubyte.gz", "wb") as f:
+            f.write(struct.pack(">HBBI", 0, 8, 1, n) + labs.tobytes())
+    out = tmp_path / "fm.parquet"
+    assert convert(tmp_path, out) == 40
+    assert hf_data_info(str(out)).input_shape == (1, 28, 28)
+    _, y_tr, _, y_te = load_client_arrays(RunConfig(), 0, 1, data_path=str(out))
+    assert len(y_tr) == 30 and len(y_te) == 10  # the split column from the file names
+
+
+@pytest.mark.slow
+def test_cifar_dev_file_loads():
+    if not CIFAR_DEV.exists():
+        pytest.skip(f"CIFAR dev file not present at {CIFAR_DEV}")
+    info = hf_data_info(str(CIFAR_DEV))
+    assert info.input_shape == (3, 32, 32) and info.num_classes == 10
+    cfg = RunConfig(dataset=str(CIFAR_DEV), partitioner="dirichlet", alpha=0.5)
+    x_tr, y_tr, x_te, y_te = load_client_arrays(cfg, 0, 20)
+    assert x_tr.shape[1:] == (3, 32, 32) and x_tr.dtype == np.float32
+    assert y_tr.max() < 10 and len(y_tr) + len(y_te) > 0
