@@ -1,0 +1,23 @@
+"""FedSplit / FedFac (METHODS.md section 4): an element-level split of the layers
+in ``fa-layers`` by factor analysis, static (FA once) or dynamic (FA every round).
+
+Split rule: no whole tensor is personal; the per-element split lives in the
+strategy (FA) and travels as a mask. Schedule: plain local training of the whole
+model. Aggregation: sample-weighted mean of the shared elements. The paper trains
+with Adam, lr 1e-3: run with ``optimizer="adam" lr=0.001``.
+"""
+
+from __future__ import annotations
+
+from client_app.fedfac import FedFacClient
+from methods import Method
+from models.roles import nothing_personal
+from strategies.fedfac import FedFacStrategy
+
+METHODS = {
+    m.name: m
+    for m in (
+        Method("fedfac-static", nothing_personal, FedFacClient, FedFacStrategy),
+        Method("fedfac-dynamic", nothing_personal, FedFacClient, FedFacStrategy),
+    )
+}

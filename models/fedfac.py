@@ -1,0 +1,80 @@
+"""FedFac's element-level split: which state_dict entries belong to the hidden
+elements (neurons / channels) of the layers in Lambda, and how the per-layer
+personal mask travels in a Flower config (packed bits)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+from torch import nn
+
+_SPLITTABLE = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+_BN = (nn.modules.batchnorm._BatchNorm,)
+
+MASK_KEY = "fa-personal:"  # + layer name -> packed bits, 1 = personal element
+
+
+def parse_layers(spec: str) -> list[str]:
+    """``fa-layers``: comma-separated module names (empty items ignored)."""
+    return [s.strip() for s in spec.split(",") if s.strip()]
+
+
+def element_entries(model: nn.Module, layers: list[str]) -> dict[str, list[str]]:
+    """For each layer in Lambda, the state_dict entries indexed by its elements on
+    dim 0: the layer's weight (incoming row / filter) and bias, and the affine pair
+    and running statistics of a BatchNorm that directly follows it."""
+    modules = dict(model.named_modules())
+    order = list(modules)
+    out: dict[str, list[str]] = {}
+    for layer in layers:
+        module = modules.get(layer)
+        if not isinstance(module, _SPLITTABLE):
+            kinds = sorted(n for n, m in modules.items() if isinstance(m, _SPLITTABLE))
+            raise ValueError(
+                f"config key 'fa-layers': '{layer}' is not a Linear/Conv module of this "
+                f"model; splittable modules: {kinds}"
+            )
+        size = module.weight.shape[0]
+        entries = [f"{layer}.weight"] + ([f"{layer}.bias"] if module.bias is not None else [])
+        for name in order[order.index(layer) + 1 :]:
+            nxt = modules[name]
+            if isinstance(nxt, _SPLITTABLE):
+                break
+            if isinstance(nxt, _BN) and nxt.num_features == size:
+                entries += [
+                    f"{name}.{e}"
+                    for e, t in nxt.state_dict().items()
+                    if t.dim() >= 1 and t.shape[0] == size
+                ]
+                break
+        out[layer] = entries
+    return out
+
+
+def layer_sizes(model: nn.Module, layers: list[str]) -> dict[str, int]:
+    """Number of hidden elements of each layer."""
+    modules = dict(model.named_modules())
+    return {layer: int(modules[layer].weight.shape[0]) for layer in layers}
+
+
+def pack_mask(mask: np.ndarray) -> bytes:
+    """A boolean mask as packed bits (what travels in a config)."""
+    return np.packbits(np.asarray(mask, dtype=bool)).tobytes()
+
+
+def unpack_mask(data: bytes, size: int) -> np.ndarray:
+    """Inverse of ``pack_mask`` for a layer of ``size`` elements."""
+    return np.unpackbits(np.frombuffer(data, dtype=np.uint8), count=size).astype(bool)
+
+
+def array_to_bytes(array: np.ndarray) -> bytes:
+    """An array as .npy bytes (no pickle), for a config or metrics value."""
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
+    return buf.getvalue()
+
+
+def bytes_to_array(data: bytes) -> np.ndarray:
+    """Inverse of ``array_to_bytes``."""
+    return np.load(io.BytesIO(data), allow_pickle=False)

@@ -1,0 +1,92 @@
+"""Iterated principal-factor analysis (METHODS.md section 4, paper Section 4.1).
+
+Hand-written with numpy on purpose: ``factor_analyzer``'s ``method="principal"``
+is one non-iterated principal-components fit (SVD of the standardised data), not
+the iterated principal-factor method the paper describes, and sklearn's
+``FactorAnalysis`` is maximum likelihood. The whole method is ~30 lines of
+``numpy.linalg.eigh``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class FactorResult:
+    """The fit of one layer: loadings A (d x G), communalities nu (d,), G, iterations."""
+
+    loadings: np.ndarray
+    communalities: np.ndarray
+    num_factors: int
+    iterations: int
+
+
+def correlation(z: np.ndarray) -> np.ndarray:
+    """Correlation matrix of the columns of ``z`` after standardisation. A constant
+    column (zero variance) correlates with nothing and has unit variance."""
+    z = np.asarray(z, dtype=np.float64)
+    centred = z - z.mean(axis=0)
+    std = centred.std(axis=0)
+    std[std == 0] = 1.0
+    standard = centred / std
+    r = standard.T @ standard / z.shape[0]
+    np.fill_diagonal(r, 1.0)
+    return r
+
+
+def num_factors(eigenvalues: np.ndarray, kappa: float) -> int:
+    """G = the smallest m >= 1 with sum_{j<=m} gamma_j / sum_j gamma_j >= kappa
+    (eigenvalues in descending order; m counts from 1, no off-by-one)."""
+    gamma = np.clip(np.sort(eigenvalues)[::-1], 0.0, None)
+    share = np.cumsum(gamma) / max(gamma.sum(), 1e-300)
+    return int(np.searchsorted(share, kappa - 1e-12) + 1)
+
+
+def _top_loadings(r: np.ndarray, g: int) -> np.ndarray:
+    """sqrt(gamma) u for the top-``g`` eigenpairs (negative eigenvalues count as 0)."""
+    gamma, u = np.linalg.eigh(r)
+    order = np.argsort(gamma)[::-1][:g]
+    return u[:, order] * np.sqrt(np.clip(gamma[order], 0.0, None))
+
+
+def principal_factors(
+    z: np.ndarray, kappa: float = 0.85, tol: float = 1e-6, max_iter: int = 200
+) -> FactorResult:
+    """Iterated principal-factor fit of the columns of ``z`` (samples x variables).
+
+    R = corr(z); G from kappa on R's eigenvalues; A from the top-G eigenpairs of R
+    as sqrt(gamma) u; then Psi = diag(R - A A^T), refactor R - Psi, until Psi
+    stops changing. Communalities are clipped to [0, 1] each step (a Heywood case
+    would otherwise make a uniqueness negative).
+    """
+    r = correlation(z)
+    g = num_factors(np.linalg.eigvalsh(r), kappa)
+    a = _top_loadings(r, g)
+    psi = np.clip(1.0 - (a**2).sum(axis=1), 0.0, 1.0)
+    iterations = 0
+    for iterations in range(1, max_iter + 1):  # noqa: B007 - reported
+        reduced = r.copy()
+        np.fill_diagonal(reduced, 1.0 - psi)
+        a = _top_loadings(reduced, g)
+        new_psi = np.clip(1.0 - (a**2).sum(axis=1), 0.0, 1.0)
+        done = np.max(np.abs(new_psi - psi)) < tol
+        psi = new_psi
+        if done:
+            break
+    return FactorResult(a, 1.0 - psi, g, iterations)
+
+
+def shared_elements(communalities: np.ndarray, quantile: float) -> np.ndarray:
+    """True where nu_j >= tau, tau the ``quantile`` of nu (elements are shared)."""
+    tau = np.quantile(communalities, quantile)
+    return communalities >= tau
+
+
+def layer_matrix(per_client: list[np.ndarray]) -> np.ndarray:
+    """Z for one layer: element j's flattened incoming weights z_kj, stacked over
+    the K clients into column chi_j; shape (K * d_in, d_l)."""
+    columns = [w.reshape(w.shape[0], -1).T for w in per_client]  # each (d_in, d_l)
+    return np.concatenate(columns, axis=0)

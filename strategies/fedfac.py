@@ -1,0 +1,290 @@
+"""FedFac's aggregation (METHODS.md section 4): per-element split of the layers in
+Lambda by factor analysis, sample-weighted mean of the shared elements only.
+
+Static: the first round uploads every element of the Lambda layers, the server
+runs FA once and fixes the split; later rounds upload only the shared elements.
+Dynamic: every round uploads every element of the Lambda layers, FA runs on that
+round's uploads and decides which elements are averaged. Personal elements of
+the global arrays are never written (they keep the initial values a new client
+starts from). ``fa-split`` = true | oracle | random imposes a fixed split instead
+(simulation study). The mask of personal elements travels with every payload.
+
+New clients (paper Section 3.2): the last ``new-clients`` partitions
+(``client-<i>``) never train. They are evaluated as LocalTrain (shared params in,
+personal elements trained locally) or, in the final round, Ensemble: an explicit
+prediction round in which the held-out clients' test inputs go to the trained
+clients and the mean of their personalised predictions comes back; personal
+weights never leave a client.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from flwr.common import (
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    NDArrays,
+    Parameters,
+    Scalar,
+)
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from threadpoolctl import threadpool_limits
+from torch import nn
+
+from models.fedfac import (
+    MASK_KEY,
+    array_to_bytes,
+    bytes_to_array,
+    element_entries,
+    layer_sizes,
+    pack_mask,
+    parse_layers,
+)
+from models.roles import TensorSpec
+from run_config.schema import RunConfig
+from strategies.base import CLIENT_KEY, PFLStrategy, Reply, RoundLog, payload_bytes
+from strategies.factor_analysis import layer_matrix, principal_factors, shared_elements
+from strategies.results import RunRecorder
+
+log = logging.getLogger("flwr.pflower")
+
+HELD_OUT = "fa-held-out"
+
+
+class FedFacStrategy(PFLStrategy):
+    """Element-level shared/personal split of the Lambda layers, by FA."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        spec: list[TensorSpec],
+        initial: NDArrays,
+        model: nn.Module,
+        recorder: RunRecorder | None = None,
+    ) -> None:
+        super().__init__(cfg, spec, initial, model, recorder)
+        self.dynamic = cfg.method == "fedfac-dynamic"
+        layers = parse_layers(cfg.fa_layers)
+        self.entries = element_entries(model, layers)
+        self.sizes = layer_sizes(model, layers)
+        self.position = {s.name: i for i, s in enumerate(spec)}
+        self.layer_of = {e: layer for layer, es in self.entries.items() for e in es}
+        # the current split: layer -> True where the element is shared; None before FA
+        self.shared: dict[str, np.ndarray] | None = None
+        self.full_upload = True  # this round's uploads carry every Lambda element
+        self.num_clients = 0
+        self.held_out: set[str] = set()
+        self.ensemble_inputs: dict[str, int] = {}
+
+    # ---- the split --------------------------------------------------------------------------
+
+    def fixed_split(self) -> dict[str, np.ndarray]:
+        """``fa-split`` = true | oracle | random: a split imposed from round 1."""
+        cfg = self.cfg
+        if cfg.fa_split == "random":
+            rng = np.random.default_rng(cfg.seed + 7)
+            out = {}
+            for layer, size in self.sizes.items():
+                mask = np.zeros(size, dtype=bool)
+                mask[rng.permutation(size)[: int(round((1 - cfg.fa_quantile) * size))]] = True
+                out[layer] = mask
+            return out
+        from pfl_data import simulation_study
+
+        if cfg.dataset != "synthetic" or list(self.sizes.values()) != [cfg.hidden_dim]:
+            raise ValueError(
+                f"fa-split={cfg.fa_split} needs the simulation study: dataset=synthetic, an "
+                "MLP and fa-layers naming its hidden layer only"
+            )
+        study = simulation_study(cfg, self.num_clients)
+        layer = next(iter(self.sizes))
+        if cfg.fa_split == "true":
+            return {layer: study.shared_neurons.copy()}
+        # oracle: FA on the teacher's true incoming weights of the training clients
+        trained = self.num_clients - cfg.new_clients
+        fit = self.factor_analysis(list(study.teacher_weights[:trained]))
+        return {layer: shared_elements(fit.communalities, cfg.fa_quantile)}
+
+    def factor_analysis(self, per_client: list[np.ndarray]):  # noqa: ANN201 (FactorResult)
+        # one BLAS thread: the simulated clients share the machine's cores
+        with threadpool_limits(1):
+            return principal_factors(layer_matrix(per_client), self.cfg.fa_kappa, tol=1e-5)
+
+    def run_fa(self, server_round: int, replies: list[Reply]) -> None:
+        """FA per Lambda layer on this round's full uploads -> the new split."""
+        new, factors = {}, {}
+        for layer in self.entries:
+            i = self.position[f"{layer}.weight"]
+            per_client = [r.arrays[i].astype(np.float64) for r in replies]
+            if self.cfg.fa_input == "updates":
+                # the change from the global copy the round started from
+                per_client = [w - self.global_arrays[i] for w in per_client]
+            fit = self.factor_analysis(per_client)
+            new[layer] = shared_elements(fit.communalities, self.cfg.fa_quantile)
+            factors[layer] = fit.num_factors
+        extra = self.rounds[server_round].extra
+        if self.shared is not None:
+            changed = sum(int((new[k] != self.shared[k]).sum()) for k in new)
+            extra["fa_changed_fraction"] = changed / sum(self.sizes.values())
+        extra["fa_num_factors"] = factors
+        self.shared = new
+
+    # ---- payloads ---------------------------------------------------------------------------
+
+    def fit_config(self, client_key: str | None, server_round: int) -> dict[str, Scalar]:
+        config: dict[str, Scalar] = {"fa-full-upload": self.full_upload}
+        if self.held_out:
+            config[HELD_OUT] = ",".join(sorted(self.held_out))
+        if self.shared is not None:
+            for layer, shared in self.shared.items():
+                config[MASK_KEY + layer] = pack_mask(~shared)
+        return config
+
+    def expected_spec(self, client_key: str) -> list[TensorSpec]:
+        if self.full_upload or self.shared is None:
+            return self.spec
+        out = []
+        for s in self.spec:
+            layer = self.layer_of.get(s.name)
+            if layer is None:
+                out.append(s)
+            else:
+                n = int(self.shared[layer].sum())
+                out.append(TensorSpec(s.name, (n, *s.shape[1:]), s.dtype))
+        return out
+
+    def _start(self, client_manager: ClientManager) -> None:
+        if self.num_clients:
+            return
+        self.num_clients = client_manager.num_available()
+        n = self.cfg.new_clients
+        if n >= self.num_clients:
+            raise ValueError(
+                f"config key 'new-clients': {n} held out of {self.num_clients} clients "
+                "leaves none to train"
+            )
+        self.held_out = {f"client-{i}" for i in range(self.num_clients - n, self.num_clients)}
+        if self.cfg.fa_split != "fa":
+            self.shared = self.fixed_split()
+
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        self._start(client_manager)
+        # dynamic: FA every round needs every element; static: only until the split is fixed
+        self.full_upload = self.dynamic or self.shared is None
+        pairs = super().configure_fit(server_round, parameters, client_manager)
+        kept = []
+        for proxy, ins in pairs:
+            if self.key_of(proxy) in self.held_out:  # known new client: no training
+                self.rounds[server_round].bytes_down -= payload_bytes(ins.parameters)
+            else:
+                kept.append((proxy, ins))
+        return kept
+
+    def aggregate_fit(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, FitRes]],
+        failures: list[tuple[ClientProxy, FitRes] | BaseException],
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        trained = []
+        for proxy, res in results:
+            if res.metrics.get(HELD_OUT):  # a new client declined to train (first round)
+                self.node_keys[proxy.node_id] = str(res.metrics.get(CLIENT_KEY))
+            else:
+                trained.append((proxy, res))
+        return super().aggregate_fit(server_round, trained, failures)
+
+    # ---- aggregation ------------------------------------------------------------------------
+
+    def aggregate(self, server_round: int, replies: list[Reply]) -> None:
+        if self.full_upload and (self.dynamic or self.shared is None):
+            self.run_fa(server_round, replies)
+        assert self.shared is not None
+        if self.aggregation == "mean":
+            weights = np.ones(len(replies))
+        else:
+            weights = np.array([float(r.num_examples) for r in replies])
+        weights = weights / weights.sum()
+        out = []
+        for i, current in enumerate(self.global_arrays):
+            layer = self.layer_of.get(self.spec[i].name)
+            if layer is None:
+                parts = [r.arrays[i] for r in replies]
+            else:
+                mask = self.shared[layer]
+                parts = [r.arrays[i][mask] if self.full_upload else r.arrays[i] for r in replies]
+            mean = sum(w * p.astype(np.float64) for w, p in zip(weights, parts))
+            if layer is None:
+                out.append(mean.astype(current.dtype))
+            else:
+                new = current.copy()  # personal elements keep their global value
+                new[self.shared[layer]] = mean.astype(current.dtype)
+                out.append(new)
+        self.set_global(out)
+        extra = self.rounds[server_round].extra
+        total = sum(self.sizes.values())
+        extra["fa_shared_fraction"] = sum(int(m.sum()) for m in self.shared.values()) / total
+        extra["fa_shared_mask"] = {k: m.astype(int).tolist() for k, m in self.shared.items()}
+
+    # ---- evaluation: trained clients as usual, new clients apart ----------------------------
+
+    def aggregate_evaluate(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, EvaluateRes]],
+        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
+    ) -> tuple[float | None, dict[str, Scalar]]:
+        new = [(p, r) for p, r in results if r.metrics.get(HELD_OUT)]
+        trained = [(p, r) for p, r in results if not r.metrics.get(HELD_OUT)]
+        extra = self.rounds.setdefault(server_round, RoundLog()).extra
+        if new and self.cfg.new_client_mode == "localtrain":
+            accs = [float(r.metrics["accuracy"]) for _, r in new]
+            extra["accuracy_new_clients"] = float(np.mean(accs))
+        last = server_round == self.cfg.num_server_rounds
+        if new and trained and self.cfg.new_client_mode == "ensemble" and last:
+            accs = self.prediction_round(server_round, [p for p, _ in new], [p for p, _ in trained])
+            extra["accuracy_new_clients"] = float(np.mean(accs))
+        if new:
+            extra["new_client_mode"] = self.cfg.new_client_mode
+        return super().aggregate_evaluate(server_round, trained, failures)
+
+    def prediction_round(
+        self, server_round: int, new: list[ClientProxy], trained: list[ClientProxy]
+    ) -> list[float]:
+        """Ensemble for new clients: their test inputs go to every trained client,
+        which answers with its personalised model's class probabilities; each new
+        client scores the mean of those probabilities."""
+        empty = Parameters(tensors=[], tensor_type="numpy.ndarray")
+        payload = self.global_payload()
+        config = self.fit_config(None, server_round)
+
+        def call(proxy: ClientProxy, params: Parameters, extra: dict[str, Scalar]) -> EvaluateRes:
+            return proxy.evaluate(EvaluateIns(params, {**config, **extra}), None, server_round)
+
+        accs = []
+        with ThreadPoolExecutor() as pool:
+            for proxy in new:
+                inputs = call(proxy, empty, {"fa-phase": "inputs"}).metrics["fa-inputs"]
+                replies = list(
+                    pool.map(
+                        lambda p, x=inputs: call(
+                            p, payload, {"fa-phase": "predict", "fa-inputs": x}
+                        ),
+                        trained,
+                    )
+                )
+                probs = np.mean([bytes_to_array(r.metrics["fa-probs"]) for r in replies], axis=0)
+                scored = call(
+                    proxy, empty, {"fa-phase": "score", "fa-probs": array_to_bytes(probs)}
+                )
+                accs.append(float(scored.metrics["accuracy"]))
+        log.info("round %d: ensemble accuracy of new clients %s", server_round, accs)
+        return accs
