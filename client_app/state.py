@@ -44,7 +44,8 @@ class ContextStore:
 
     def save(self, arrays: dict[str, np.ndarray]) -> None:
         self.context.state[_RECORD] = ArrayRecord(
-            array_dict={k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()}
+            # np.require keeps 0-d entries (BN num_batches_tracked) 0-d; ascontiguousarray would not
+            array_dict={k: Array(np.require(v, requirements="C")) for k, v in arrays.items()}
         )
 
 

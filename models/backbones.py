@@ -4,10 +4,15 @@ the ``features.`` / ``head.`` name prefixes to split tensors."""
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
+from torchvision.models import ResNet18_Weights
 from torchvision.models import resnet18 as tv_resnet18
 from torchvision.models.resnet import BasicBlock
+
+log = logging.getLogger("flwr.pflower")
 
 
 class Backbone(nn.Module):
@@ -80,13 +85,30 @@ class SmallResNet(Backbone):
         self.head = nn.Linear(prev, num_classes)
 
 
+def _load_imagenet(net: nn.Module) -> None:
+    """torchvision's ImageNet weights (downloaded, or from torch's hub cache);
+    offline, the random init is kept and the log says so."""
+    try:
+        net.load_state_dict(ResNet18_Weights.IMAGENET1K_V1.get_state_dict(progress=False))
+        log.info("resnet18: loaded torchvision's ImageNet weights")
+    except Exception as err:  # noqa: BLE001 - offline or blocked: any failure means the same
+        log.warning(
+            "resnet18: ImageNet weights unavailable (%s: %s); using RANDOM INIT. Pass a local "
+            "weight file as 'pretrained-weights' to use pretrained weights offline.",
+            type(err).__name__,
+            err,
+        )
+
+
 class ResNet18(Backbone):
     """torchvision's ResNet-18 (so ImageNet weights load), fc as the head."""
 
     def __init__(self, in_channels: int, num_classes: int, weights_path: str = "") -> None:
         super().__init__()
         net = tv_resnet18()
-        if weights_path:
+        if weights_path == "imagenet":
+            _load_imagenet(net)
+        elif weights_path:
             net.load_state_dict(torch.load(weights_path, map_location="cpu", weights_only=True))
         if in_channels != 3:
             net.conv1 = nn.Conv2d(in_channels, 64, 7, stride=2, padding=3, bias=False)

@@ -84,6 +84,12 @@ class RunConfig(BaseModel):
     sim_shared_covariates: float = _field(0.4, alias="sim-shared-covariates", ge=0, le=1)
     sim_noise: float = _field(0.1, alias="sim-noise", ge=0)
 
+    # DualFed (paper: tau = 0.2; lambda = 40 as the reference's PACS run with tau = 0.2)
+    supcon_lambda: float = _field(40.0, alias="supcon-lambda", ge=0)
+    supcon_temperature: float = _field(0.2, alias="supcon-temperature", gt=0)
+    dual_schedule: Literal["stagewise", "simultaneous"] = _field("stagewise", alias="dual-schedule")
+    projector_hidden: int = _field(256, alias="projector-hidden", ge=1)
+
     # Factorized-FL (reference defaults, single-domain permuted-label setting)
     ffl_rank: int = _field(1, alias="ffl-rank", ge=1)
     ffl_l1: float = _field(5e-4, alias="ffl-l1", ge=0)

@@ -1,0 +1,130 @@
+"""DualFed's local schedule and its three-way score.
+
+Stage-wise (the paper's default): stage 1 trains encoder, projector and personal
+classifier with CE(h_p(u)) + lambda * SupCon(u), the global classifier frozen;
+stage 2 trains only the global classifier with CE(h_s(z)) on z computed once
+under no_grad with the encoder frozen (eval mode, so its BN statistics stay
+untouched too). A fresh optimizer per stage. ``dual-schedule=simultaneous`` trains
+every parameter on the sum of both stages' losses for ``local-epochs``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from flwr.common import Scalar
+from pytorch_metric_learning.losses import SupConLoss
+from torch import nn
+
+from client_app.base import PFLClient
+from client_app.train import evaluate, train_epochs
+from models.dualfed import DualFedModel
+
+
+def supcon_loss(temperature: float) -> SupConLoss:
+    """Single-view supervised contrastive loss (Khosla et al.; DualFed eq. 7).
+
+    pytorch-metric-learning's SupConLoss is that loss: cosine similarity (u is
+    L2-normalised), positives = other samples of the anchor's class, denominator =
+    every sample but the anchor, averaged over anchors that have a positive.
+    Called as ``loss(u, labels)``.
+    """
+    return SupConLoss(temperature=temperature)
+
+
+@torch.no_grad()
+def encode(model: DualFedModel, x: torch.Tensor, batch_size: int = 512) -> torch.Tensor:
+    """z = f(x) in eval mode, batched, without gradients."""
+    was_training = model.features.training
+    model.features.eval()
+    try:
+        return torch.cat(
+            [model.features(x[i : i + batch_size]) for i in range(0, len(x), batch_size)]
+        )
+    finally:
+        model.features.train(was_training)
+
+
+class DualFedClient(PFLClient):
+    """Stage-wise (or simultaneous) training of the dual-branch model."""
+
+    model: DualFedModel
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.supcon = supcon_loss(self.cfg.supcon_temperature)
+
+    def _main_params(self) -> list[nn.Parameter]:
+        m = self.model
+        return [*m.features.parameters(), *m.projector.parameters(), *m.personal_head.parameters()]
+
+    def _main_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """CE(h_p(u)) + lambda * SupCon(u)."""
+        if x.shape[0] < 2:  # BatchNorm1d cannot train on one sample: skip a 1-sample tail batch
+            return model.personal_head.weight.sum() * 0.0
+        u = model.projector(model.features(x))
+        ce = F.cross_entropy(model.personal_head(u), y)
+        return ce + self.cfg.supcon_lambda * self.supcon(u, y)
+
+    def stage1(self, generator: torch.Generator) -> float:
+        """Encoder, projector and h_p for ``local-epochs``; h_s frozen."""
+        m, cfg = self.model, self.cfg
+        return train_epochs(
+            m,
+            self._main_params(),
+            self.x_train,
+            self.y_train,
+            cfg.local_epochs,
+            cfg,
+            generator,
+            self._main_loss,
+        )
+
+    def stage2(self, generator: torch.Generator) -> float:
+        """h_s alone for ``local-epochs`` on z = f(x) computed once, f frozen."""
+        m, cfg = self.model, self.cfg
+        z = encode(m, self.x_train)  # train_epochs over the head module sees z as its input
+        return train_epochs(
+            m.head, list(m.head.parameters()), z, self.y_train, cfg.local_epochs, cfg, generator
+        )
+
+    def simultaneous(self, generator: torch.Generator) -> float:
+        """Every parameter on CE(h_p(u)) + lambda * SupCon(u) + CE(h_s(z))."""
+        m, cfg = self.model, self.cfg
+
+        def joint(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            if x.shape[0] < 2:
+                return model.personal_head.weight.sum() * 0.0
+            z = model.features(x)
+            u = model.projector(z)
+            ce = F.cross_entropy(model.personal_head(u), y) + F.cross_entropy(model.head(z), y)
+            return ce + cfg.supcon_lambda * self.supcon(u, y)
+
+        params = self._main_params() + list(m.head.parameters())
+        return train_epochs(
+            m, params, self.x_train, self.y_train, cfg.local_epochs, cfg, generator, joint
+        )
+
+    def local_train(self, config: dict[str, Scalar], generator: torch.Generator) -> dict[str, Any]:
+        if self.cfg.dual_schedule == "simultaneous":
+            return {"train-loss": self.simultaneous(generator)}
+        main_loss = self.stage1(generator)  # each train_epochs call makes a fresh optimizer
+        return {"train-loss": main_loss, "global-head-loss": self.stage2(generator)}
+
+    def score(self) -> tuple[float, dict[str, Scalar]]:
+        """Combined (h_p + h_s), global-only (h_s) and personal-only (h_p) accuracy."""
+        m = self.model
+        m.eval()
+        z = encode(m, self.x_test)
+        loss, acc = evaluate(
+            m, z, self.y_test, predict=lambda zb: m.personal_logits(zb) + m.head(zb)
+        )
+        _, acc_global = evaluate(m, z, self.y_test, predict=m.head)
+        _, acc_personal = evaluate(m, z, self.y_test, predict=m.personal_logits)
+        return loss, {
+            "accuracy": acc,
+            "accuracy-global": acc_global,
+            "accuracy-personal": acc_personal,
+        }

@@ -1,0 +1,217 @@
+"""DualFed: the SupCon loss, the stage-wise schedule, what travels, end to end."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from client_app.dualfed import DualFedClient, supcon_loss
+from methods import get_method
+from models.dualfed import DualFedModel
+from models.roles import get_arrays, set_arrays
+from pfl_data import ClientData, DataInfo
+from run_config.schema import parse_run_config
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self.arrays: dict[str, np.ndarray] | None = None
+
+    def load(self) -> dict[str, np.ndarray] | None:
+        return self.arrays
+
+    def save(self, arrays: dict[str, np.ndarray]) -> None:
+        self.arrays = {k: v.copy() for k, v in arrays.items()}
+
+
+def eq7(u: torch.Tensor, labels: torch.Tensor, tau: float) -> float:
+    """DualFed eq. 7 written out as loops (every anchor has a positive here)."""
+    u = F.normalize(u.double(), dim=1)
+    n, total = len(labels), 0.0
+    for i in range(n):
+        denom = sum(math.exp(float(u[i] @ u[a]) / tau) for a in range(n) if a != i)
+        pos = [j for j in range(n) if j != i and labels[j] == labels[i]]
+        total += -sum(float(u[i] @ u[j]) / tau - math.log(denom) for j in pos) / len(pos)
+    return total / n
+
+
+def test_supcon_matches_a_hand_computed_case():
+    # two classes on two orthogonal directions (lengths differ: u is L2-normalised);
+    # each anchor: one positive at cosine 1, two negatives at cosine 0, so the loss is
+    # -(1/tau - log(e^(1/tau) + 2)) for every anchor
+    u = torch.tensor([[2.0, 0.0], [1.0, 0.0], [0.0, 3.0], [0.0, 1.0]])
+    y = torch.tensor([0, 0, 1, 1])
+    for tau in (1.0, 0.5, 0.2):
+        want = math.log(math.exp(1 / tau) + 2) - 1 / tau
+        assert float(supcon_loss(tau)(u, y)) == pytest.approx(want, rel=1e-5)
+
+
+def test_supcon_matches_equation_7_on_random_features():
+    g = torch.Generator().manual_seed(0)
+    u = torch.randn(12, 5, generator=g)
+    y = torch.tensor([0, 1, 2] * 4)
+    assert float(supcon_loss(0.2)(u, y)) == pytest.approx(eq7(u, y, 0.2), rel=1e-4)
+
+
+def test_supcon_lower_for_clustered_than_shuffled_features():
+    g = torch.Generator().manual_seed(1)
+    y = torch.arange(4).repeat_interleave(16)
+    centres = torch.randn(4, 32, generator=g) * 3
+    u = centres[y] + 0.3 * torch.randn(64, 32, generator=g)
+    shuffled = y[torch.randperm(64, generator=g)]
+    loss = supcon_loss(0.2)
+    assert float(loss(u, y)) < 0.5 * float(loss(u, shuffled))
+
+
+# ---- the client ------------------------------------------------------------------------------
+
+
+def make_client(schedule: str = "stagewise") -> tuple[DualFedClient, DualFedModel]:
+    """A DualFed client on resnet8 (has BN in the encoder) over small random images."""
+    cfg = parse_run_config(
+        {
+            "method": "dualfed",
+            "model": "resnet8",
+            "dual-schedule": schedule,
+            "lr": 0.05,
+            "momentum": 0.5,
+            "batch-size": 16,
+            "projector-hidden": 32,
+            "supcon-lambda": 1.0,
+        }
+    )
+    method = get_method("dualfed")
+    model = method.build_model(cfg, DataInfo((3, 16, 16), 4))
+    g = torch.Generator().manual_seed(3)
+    data = ClientData(
+        torch.randn(48, 3, 16, 16, generator=g),
+        torch.arange(4).repeat(12),
+        torch.randn(16, 3, 16, 16, generator=g),
+        torch.arange(4).repeat(4),
+    )
+    client = DualFedClient(
+        model, method.roles(model), data, cfg, MemoryStore(), torch.device("cpu"), "c0"
+    )
+    return client, model
+
+
+def snapshot(model: torch.nn.Module, prefix: str = "") -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in model.state_dict().items() if k.startswith(prefix)}
+
+
+def changed(before: dict[str, torch.Tensor], model: torch.nn.Module) -> set[str]:
+    after = model.state_dict()
+    return {k for k, v in before.items() if not torch.equal(v, after[k])}
+
+
+def test_stage1_trains_main_branch_and_leaves_global_head_untouched():
+    client, model = make_client()
+    before = snapshot(model)
+    client.stage1(torch.Generator().manual_seed(0))
+    moved = changed(before, model)
+    assert not {k for k in moved if k.startswith("head.")}
+    for prefix in ("features.", "projector.", "personal_head."):
+        assert any(k.startswith(prefix) for k in moved), prefix
+
+
+def test_stage2_trains_only_the_global_head():
+    client, model = make_client()
+    client.stage1(torch.Generator().manual_seed(0))
+    before = snapshot(model)
+    client.stage2(torch.Generator().manual_seed(1))
+    # encoder weights and BN statistics, projector and personal head: all unchanged
+    assert changed(before, model) == {"head.weight", "head.bias"}
+
+
+def test_simultaneous_schedule_trains_everything():
+    client, model = make_client("simultaneous")
+    before = snapshot(model)
+    metrics = client.local_train({}, torch.Generator().manual_seed(0))
+    moved = changed(before, model)
+    for prefix in ("features.", "projector.", "personal_head.", "head."):
+        assert any(k.startswith(prefix) for k in moved), prefix
+    assert "global-head-loss" not in metrics
+
+
+def test_projector_personal_head_and_bn_stats_never_travel_but_survive():
+    client, model = make_client()
+    roles = client.roles
+    stats = [k for k in model.state_dict() if k.endswith(("running_mean", "running_var"))]
+    encoder_affine = "features.1.weight"  # the stem BatchNorm's scale
+    assert stats and encoder_affine in roles.shared
+    for name in roles.shared:
+        assert not name.startswith(("projector.", "personal_head."))
+        assert not name.endswith(("running_mean", "running_var", "num_batches_tracked"))
+    assert set(stats) <= set(roles.personal)
+
+    upload, _, _ = client.fit(client.get_parameters({}), {"server-round": 1})
+    assert [a.shape for a in upload] == [model.state_dict()[n].shape for n in roles.shared]
+    personal_after_fit = {n: client.store.arrays[n] for n in roles.personal}
+
+    # a new global model arrives; the client's own projector/head/BN stats are restored
+    foreign = [np.full_like(a, 0.5) for a in upload]
+    set_arrays(model, roles.personal, [np.zeros_like(v) for v in personal_after_fit.values()])
+    _, _, metrics = client.evaluate(foreign, {})
+    for name, value in zip(roles.personal, get_arrays(model, roles.personal)):
+        np.testing.assert_array_equal(value, personal_after_fit[name])
+    for name, value in zip(roles.shared, get_arrays(model, roles.shared)):
+        assert np.all(value == 0.5), name
+    assert {"accuracy", "accuracy-global", "accuracy-personal"} <= set(metrics)
+
+
+def test_score_reports_the_three_heads():
+    client, model = make_client()
+    with torch.no_grad():
+        model.personal_head.weight.zero_()
+        model.personal_head.bias.copy_(torch.tensor([0.0, 0.0, 0.0, 100.0]))
+    _, metrics = client.score()
+    assert metrics["accuracy-personal"] == pytest.approx(0.25)  # always predicts class 3
+    assert metrics["accuracy"] == pytest.approx(0.25)  # the huge bias dominates the sum
+    z = model.features.eval()(client.x_test)
+    want_global = float((model.head(z).argmax(1) == client.y_test).float().mean())
+    assert metrics["accuracy-global"] == pytest.approx(want_global)
+
+
+def test_imagenet_weights_offline_fall_back_to_random_init_with_a_log(monkeypatch, caplog):
+    from torchvision.models import ResNet18_Weights
+
+    from models.backbones import build_backbone
+
+    def offline(*args, **kwargs):
+        raise OSError("no network")
+
+    monkeypatch.setattr(type(ResNet18_Weights.IMAGENET1K_V1), "get_state_dict", offline)
+    with caplog.at_level("WARNING", logger="flwr.pflower"):
+        model = build_backbone("resnet18", (3, 32, 32), 10, weights_path="imagenet")
+    assert "RANDOM INIT" in caplog.text
+    assert model.head.in_features == 512
+
+
+@pytest.mark.slow
+def test_end_to_end_on_default_data(tmp_path):
+    from server_app.simulate import simulate
+
+    results = simulate(
+        {
+            "method": "dualfed",
+            "num-server-rounds": 2,
+            "supcon-lambda": 1.0,
+            "output-dir": str(tmp_path),
+            "run-name": "dualfed",
+        },
+        3,
+    )
+    rounds = results["rounds"]
+    assert len(rounds) == 2
+    last = rounds[-1]
+    for key in ("accuracy_mean", "accuracy_global_mean", "accuracy_personal_mean"):
+        assert 0.0 <= last[key] <= 1.0
+    assert last["replies"] == 3 and not last["rejected"]
+    # only the encoder and the global head travel: 100*200 + 200 + 200*2 + 2 float32 values
+    shared_bytes = 4 * (100 * 200 + 200 + 200 * 2 + 2)
+    assert shared_bytes * 3 <= last["bytes_up"] < shared_bytes * 3 * 1.1
+    assert last["accuracy_mean"] > 0.6
