@@ -1,0 +1,294 @@
+"""FedFac: factor analysis, the element-level split on the wire, new clients, e2e."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from flwr.common import parameters_to_ndarrays
+
+from client_app.fedfac import HELD_OUT, FedFacClient
+from methods import get_method
+from models.fedfac import MASK_KEY, array_to_bytes, bytes_to_array, element_entries, unpack_mask
+from models.roles import get_arrays, wire_spec
+from pfl_data import data_info, load_client_data
+from run_config.schema import parse_run_config
+from strategies.base import Reply
+from strategies.factor_analysis import (
+    correlation,
+    layer_matrix,
+    num_factors,
+    principal_factors,
+    shared_elements,
+)
+from strategies.fedfac import FedFacStrategy
+
+# ---- factor analysis -----------------------------------------------------------------------
+
+
+def planted(n: int = 2000, shared: int = 12, noise_cols: int = 12, seed: int = 0) -> np.ndarray:
+    """Columns 0..shared-1 load on two common factors; the rest are pure noise."""
+    rng = np.random.default_rng(seed)
+    f = rng.standard_normal((n, 2))
+    loadings = rng.uniform(0.7, 1.0, (2, shared)) * rng.choice([-1, 1], (2, shared))
+    common = f @ loadings + 0.3 * rng.standard_normal((n, shared))
+    return np.concatenate([common, rng.standard_normal((n, noise_cols))], axis=1) * rng.uniform(
+        0.1, 10, shared + noise_cols
+    )
+
+
+def test_fa_recovers_a_planted_shared_block():
+    z = planted()
+    fit = principal_factors(z, kappa=0.5)
+    shared = shared_elements(fit.communalities, 0.5)
+    assert shared[:12].all() and not shared[12:].any()
+    assert fit.communalities[:12].min() > 0.7 and fit.communalities[12:].mean() < 0.1
+
+
+def test_communalities_in_unit_interval_and_scale_free():
+    z = planted(seed=3)
+    for kappa in (0.3, 0.6, 0.9, 0.99):
+        nu = principal_factors(z, kappa).communalities
+        assert ((nu >= 0) & (nu <= 1)).all()
+    # standardisation: rescaling a column changes nothing
+    scaled = z * np.arange(1, z.shape[1] + 1)
+    a = principal_factors(z, 0.6).communalities
+    b = principal_factors(scaled, 0.6).communalities
+    np.testing.assert_allclose(a, b, atol=1e-8)
+
+
+def test_num_factors_follows_kappa_without_off_by_one():
+    gamma = np.array([5.0, 3.0, 1.0, 1.0])  # cumulative shares 0.5, 0.8, 0.9, 1.0
+    assert num_factors(gamma, 0.5) == 1
+    assert num_factors(gamma, 0.51) == 2
+    assert num_factors(gamma, 0.8) == 2
+    assert num_factors(gamma, 0.85) == 3
+    assert num_factors(gamma, 1.0) == 4
+    z = planted(seed=1)
+    gs = [principal_factors(z, k).num_factors for k in (0.2, 0.5, 0.8, 0.95)]
+    assert gs == sorted(gs) and gs[0] < gs[-1]
+    assert gs[-1] == num_factors(np.linalg.eigvalsh(correlation(z)), 0.95)
+
+
+def test_layer_matrix_stacks_clients_per_element():
+    w = [np.arange(6.0).reshape(3, 2), 10 + np.arange(6.0).reshape(3, 2)]  # 3 elements, d_in 2
+    z = layer_matrix(w)
+    assert z.shape == (4, 3)
+    np.testing.assert_array_equal(z[:, 1], [2, 3, 12, 13])
+
+
+# ---- the split on the wire ------------------------------------------------------------------
+
+
+def make(method: str = "fedfac-dynamic", num: int = 4, **over):
+    cfg = parse_run_config({"method": method, "train-per-client": 50, **over})
+    m = get_method(method)
+    info = data_info(cfg)
+    model = m.build_model(cfg, info)
+    roles = m.roles(model)
+    strategy = FedFacStrategy(
+        cfg, wire_spec(model, roles.shared), get_arrays(model, roles.shared), model
+    )
+    strategy.num_clients = num
+    return cfg, m, model, roles, strategy
+
+
+class MemStore:
+    def __init__(self):
+        self.state = None
+
+    def load(self):
+        return self.state
+
+    def save(self, arrays):
+        self.state = {k: v.copy() for k, v in arrays.items()}
+
+
+def client(cfg, m, key: int, num: int = 4) -> FedFacClient:
+    model = m.build_model(cfg, data_info(cfg))
+    data = load_client_data(cfg, key, num)
+    return FedFacClient(
+        model, m.roles(model), data, cfg, MemStore(), torch.device("cpu"), f"client-{key}"
+    )
+
+
+def test_element_entries_cover_weight_bias_and_bn():
+    cfg, m, model, *_ = make()
+    assert element_entries(model, ["features.1"]) == {
+        "features.1": ["features.1.weight", "features.1.bias"]
+    }
+    from models.backbones import build_backbone
+
+    net = build_backbone("resnet8", (3, 32, 32), 10)
+    e = element_entries(net, ["features.0"])["features.0"]
+    assert (
+        e[0] == "features.0.weight" and "features.1.weight" in e and "features.1.running_var" in e
+    )
+    with pytest.raises(ValueError, match="fa-layers"):
+        element_entries(model, ["features.2"])
+
+
+def test_personal_elements_never_aggregated_and_mask_matches_split():
+    cfg, m, model, roles, strategy = make()
+    rng = np.random.default_rng(0)
+    initial = [a.copy() for a in strategy.global_arrays]
+    replies = [
+        Reply(
+            f"client-{k}",
+            [a + rng.standard_normal(a.shape).astype(a.dtype) for a in initial],
+            10 * (k + 1),
+            {},
+        )
+        for k in range(4)
+    ]
+    strategy.rounds[1] = __import__("strategies.base", fromlist=["RoundLog"]).RoundLog()
+    strategy.full_upload = True
+    strategy.aggregate(1, replies)
+    shared = strategy.shared["features.1"]
+    assert shared.sum() == 100  # quantile 0.5 of 200 neurons
+    i = strategy.position["features.1.weight"]
+    g = strategy.global_arrays[i]
+    np.testing.assert_array_equal(g[~shared], initial[i][~shared])  # untouched
+    w = np.array([10, 20, 30, 40]) / 100
+    expect = sum(wk * r.arrays[i][shared].astype(np.float64) for wk, r in zip(w, replies))
+    np.testing.assert_allclose(g[shared], expect, rtol=1e-5)
+    # the head (outside Lambda) is fully averaged
+    h = strategy.position["head.weight"]
+    np.testing.assert_allclose(
+        g_h := strategy.global_arrays[h],
+        sum(wk * r.arrays[h] for wk, r in zip(w, replies)),
+        rtol=1e-5,
+    )
+    assert not np.allclose(g_h, initial[h])
+    # the mask in the payload config is exactly the server's split
+    config = strategy.fit_config("client-0", 2)
+    np.testing.assert_array_equal(unpack_mask(config[MASK_KEY + "features.1"], 200), ~shared)
+
+
+def test_static_uploads_only_shared_elements_after_fa():
+    cfg, m, model, roles, strategy = make("fedfac-static")
+    strategy.shared = {"features.1": np.arange(200) % 4 == 0}  # 50 shared
+    strategy.full_upload = False
+    c = client(cfg, m, 0)
+    config = {**strategy.fit_config("client-0", 2), "server-round": 2}
+    arrays, n, _ = c.fit(parameters_to_ndarrays(strategy.global_payload()), config)
+    assert strategy.check_reply("client-0", arrays, n) is None
+    i = strategy.position["features.1.weight"]
+    assert arrays[i].shape == (50, 100)
+    # the personal rows never left: they are exactly the client's kept values
+    kept = c.store.state["fedfac.local.features.1.weight"]
+    np.testing.assert_array_equal(arrays[i], kept[np.arange(200) % 4 == 0])
+
+
+def test_personal_values_survive_a_change_of_split():
+    cfg, m, model, roles, strategy = make()
+    c = client(cfg, m, 1)
+    i = roles.shared.index("features.1.weight")
+    glob = parameters_to_ndarrays(strategy.global_payload())
+    config = {"server-round": 1, "fa-full-upload": True}
+    own, _, _ = c.fit(glob, config)  # trains, keeps its own values
+    a = np.zeros(200, dtype=bool)
+    a[:100] = True  # split A: first half personal
+    b = np.zeros(200, dtype=bool)
+    b[50:150] = True  # split B: overlaps A on 50..99
+    fresh = [x + 1.0 for x in glob]  # a new global, different from everything local
+    from models.fedfac import pack_mask
+
+    c.restore_personal()
+    c.receive(fresh, {MASK_KEY + "features.1": pack_mask(a)})
+    w = c.model.state_dict()["features.1.weight"].numpy()
+    np.testing.assert_array_equal(w[a], own[i][a])
+    np.testing.assert_array_equal(w[~a], fresh[i][~a])
+    # the split changes: newly personal rows 100..149 come back as the client's own too
+    c.restore_personal()
+    c.receive(fresh, {MASK_KEY + "features.1": pack_mask(b)})
+    w = c.model.state_dict()["features.1.weight"].numpy()
+    np.testing.assert_array_equal(w[b], own[i][b])
+    np.testing.assert_array_equal(w[~b], fresh[i][~b])
+    assert c.personal["features.1"].tolist() == b.tolist()
+
+
+def test_new_client_localtrain_and_ensemble_predict():
+    cfg, m, model, roles, strategy = make(new_clients=1, local_epochs=2, optimizer="adam", lr=0.01)
+    strategy.shared = {"features.1": np.arange(200) < 100}
+    config = {**strategy.fit_config(None, 2), HELD_OUT: "client-3", "server-round": 2}
+    glob = parameters_to_ndarrays(strategy.global_payload())
+    new = client(cfg, m, 3)
+    # a new client never trains with the federation
+    arrays, _, metrics = new.fit(glob, config)
+    assert arrays == [] and metrics[HELD_OUT] == 1
+    # LocalTrain: shared rows as received, personal rows trained, a real accuracy
+    loss, n, metrics = new.evaluate(glob, config)
+    assert metrics[HELD_OUT] == 1 and 0.0 <= metrics["accuracy"] <= 1.0 and n == new.y_test.shape[0]
+    w = new.model.state_dict()["features.1.weight"].numpy()
+    i = roles.shared.index("features.1.weight")
+    np.testing.assert_array_equal(w[:100], glob[i][:100])  # shared: as received
+    assert not np.allclose(w[100:], glob[i][100:])  # personal: trained
+    assert new.store.state is None  # nothing kept
+    # Ensemble: inputs out, probabilities from trained clients, mean scored
+    _, _, m1 = new.evaluate([], {**config, "fa-phase": "inputs"})
+    x = bytes_to_array(m1["fa-inputs"])
+    assert x.shape == tuple(new.x_test.shape)
+    probs = []
+    for k in range(3):
+        c = client(cfg, m, k)
+        c.fit(glob, {**config, "fa-full-upload": True})
+        _, _, mk = c.evaluate(glob, {**config, "fa-phase": "predict", "fa-inputs": m1["fa-inputs"]})
+        p = bytes_to_array(mk["fa-probs"])
+        assert p.shape == (x.shape[0], 2)
+        np.testing.assert_allclose(p.sum(axis=1), 1, rtol=1e-5)
+        probs.append(p)
+    mean = np.mean(probs, axis=0)
+    _, _, ms = new.evaluate([], {**config, "fa-phase": "score", "fa-probs": array_to_bytes(mean)})
+    expect = float((mean.argmax(1) == new.y_test.numpy()).mean())
+    assert ms["accuracy"] == pytest.approx(expect)
+
+
+def test_fixed_splits_true_oracle_random():
+    cfg, m, model, roles, strategy = make(fa_split="true", num=10)
+    from pfl_data import simulation_study
+
+    truth = simulation_study(cfg, 10).shared_neurons
+    np.testing.assert_array_equal(strategy.fixed_split()["features.1"], truth)
+    cfg, m, model, roles, strategy = make(fa_split="oracle", num=10)
+    assert (strategy.fixed_split()["features.1"] == truth).mean() > 0.95
+    cfg, m, model, roles, strategy = make(fa_split="random", num=10)
+    r = strategy.fixed_split()["features.1"]
+    assert r.sum() == 100 and 0.3 < (r == truth).mean() < 0.7
+
+
+# ---- end to end --------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["fedfac-static", "fedfac-dynamic"])
+def test_end_to_end(tmp_path, method):
+    from server_app.simulate import simulate
+
+    mode = "ensemble" if method == "fedfac-static" else "localtrain"
+    r = simulate(
+        {
+            "method": method,
+            "num-server-rounds": 3,
+            "optimizer": "adam",
+            "lr": 0.001,
+            "new-clients": 1,
+            "new-client-mode": mode,
+            "output-dir": str(tmp_path),
+            "run-name": method,
+        },
+        4,
+    )
+    rounds = r["rounds"]
+    assert len(rounds) == 3 and all(not x["rejected"] for x in rounds)
+    assert set(rounds[-1]["per_client_accuracy"]) == {"client-0", "client-1", "client-2"}
+    assert rounds[-1]["accuracy_mean"] > 0.6
+    assert all(x["fa_shared_fraction"] == 0.5 for x in rounds)
+    assert 0.0 <= rounds[-1]["accuracy_new_clients"] <= 1.0
+    assert rounds[-1]["new_client_mode"] == mode
+    if method == "fedfac-static":
+        masks = [x["fa_shared_mask"]["features.1"] for x in rounds]
+        assert masks[0] == masks[1] == masks[2]
+        assert rounds[1]["bytes_up"] < rounds[0]["bytes_up"]  # personal rows stay home
+    else:
+        assert "fa_changed_fraction" in rounds[1]
