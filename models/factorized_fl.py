@@ -59,14 +59,24 @@ class FactorizedWeight(nn.Module):
         return full.t().reshape(self.shape)
 
     def right_inverse(self, weight: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Fresh factors (called once, at registration). The paper is silent on
-        the init; the reference uses Xavier-uniform on u (rows x r) and v (r x cols)."""
+        """Fresh factors (called once, at registration, with the layer's default
+        init). The paper is silent on the init; the reference draws u (rows x r)
+        and v (r x cols) Xavier-uniform, which makes u v^T 2-7x smaller than the
+        layer's default init; without BatchNorm (cnn4) that net does not train.
+        So the Xavier factors are scaled (both by the same factor) until u v^T
+        has the standard deviation of the default-initialised weight."""
         rows, cols = self.factor_dims()
         u = torch.empty(rows, self.rank, dtype=weight.dtype, device=weight.device)
         v = torch.empty(self.rank, cols, dtype=weight.dtype, device=weight.device)
         nn.init.xavier_uniform_(u)
         nn.init.xavier_uniform_(v)
-        return u, v, torch.zeros(rows, cols, dtype=weight.dtype, device=weight.device)
+        with torch.no_grad():
+            scale = (weight.std() / (u @ v).std().clamp_min(1e-12)).sqrt()
+        return (
+            u * scale,
+            v * scale,
+            torch.zeros(rows, cols, dtype=weight.dtype, device=weight.device),
+        )
 
 
 _FACTORIZABLE = (nn.Linear, nn.Conv2d)
