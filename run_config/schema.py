@@ -84,6 +84,17 @@ class RunConfig(BaseModel):
     sim_shared_covariates: float = _field(0.4, alias="sim-shared-covariates", ge=0, le=1)
     sim_noise: float = _field(0.1, alias="sim-noise", ge=0)
 
+    # FedFac (METHODS.md section 4); the paper trains with optimizer=adam, lr=0.001
+    fa_layers: str = _field("features.1", alias="fa-layers")
+    fa_quantile: float = _field(0.5, alias="fa-quantile", ge=0, le=1)
+    fa_kappa: float = _field(0.85, alias="fa-kappa", gt=0, le=1)
+    fa_input: Literal["weights", "updates"] = _field("weights", alias="fa-input")
+    fa_split: Literal["fa", "true", "oracle", "random"] = _field("fa", alias="fa-split")
+    new_clients: int = _field(0, alias="new-clients", ge=0)
+    new_client_mode: Literal["localtrain", "ensemble"] = _field(
+        "localtrain", alias="new-client-mode"
+    )
+
     # DualFed (paper: tau = 0.2; lambda = 40 as the reference's PACS run with tau = 0.2)
     supcon_lambda: float = _field(40.0, alias="supcon-lambda", ge=0)
     supcon_temperature: float = _field(0.2, alias="supcon-temperature", gt=0)
