@@ -383,6 +383,20 @@ def available_methods() -> list[str]:
     return ok
 
 
+def _merge_manifests(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The union of two runs' grids (same preset and rounds), in first-seen order."""
+    merged = dict(new)
+    for key in ("commands", "methods", "seeds"):
+        merged[key] = list(dict.fromkeys([*old.get(key, []), *new[key]]))
+    merged["seeds"] = sorted(merged["seeds"])
+    names = {s["name"] for s in new["settings"]}
+    merged["settings"] = [
+        *new["settings"],
+        *(s for s in old.get("settings", []) if s["name"] not in names),
+    ]
+    return merged
+
+
 def run_preset(
     preset: Preset,
     methods: list[str],
@@ -404,7 +418,7 @@ def run_preset(
     manifest = {
         "preset": preset.name,
         "description": preset.description,
-        "command": command,
+        "commands": [command],
         "methods": methods,
         "seeds": seeds,
         "rounds": rounds,
@@ -415,7 +429,12 @@ def run_preset(
         "common": preset.common,
     }
     (runs / preset.name).mkdir(parents=True, exist_ok=True)
-    (runs / preset.name / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    path = runs / preset.name / MANIFEST
+    if path.exists():  # a run of part of the grid adds to the report, it does not shrink it
+        old = json.loads(path.read_text())
+        if old.get("rounds") == rounds:
+            manifest = _merge_manifests(old, manifest)
+    path.write_text(json.dumps(manifest, indent=2))
     done: dict[str, list[str]] = {"ran": [], "skipped": [], "failed": []}
     t_start = time.perf_counter()
     prepared: set[str] = set()
@@ -576,7 +595,7 @@ def preset_section(runs: Path, manifest: dict[str, Any], out: Path) -> list[str]
         manifest["description"],
         "",
         "```",
-        manifest["command"],
+        *(manifest.get("commands") or [manifest.get("command", "")]),
         "```",
         "",
     ]

@@ -13,6 +13,7 @@ from benchmarks.harness import (
     PRESETS,
     Cell,
     Setting,
+    _merge_manifests,
     is_complete,
     make_cells,
     run_preset,
@@ -76,6 +77,21 @@ def test_complete_needs_every_round_and_the_same_config(tmp_path):
     changed: Cell = make_cells(PRESETS["tiny"], ["fedavg"], [0], 3, tmp_path)[0]
     changed.config["lr"] = 0.123  # a changed preset must rerun the cell
     assert not is_complete(changed)
+
+
+def test_a_partial_run_adds_to_the_report_grid():
+    old = {
+        "commands": ["a"],
+        "methods": ["fedavg", "local"],
+        "seeds": [1],
+        "settings": [{"name": "s1"}, {"name": "s2"}],
+    }
+    new = {"commands": ["b"], "methods": ["fedrep"], "seeds": [0], "settings": [{"name": "s1"}]}
+    merged = _merge_manifests(old, new)
+    assert merged["commands"] == ["a", "b"]
+    assert merged["methods"] == ["fedavg", "local", "fedrep"]
+    assert merged["seeds"] == [0, 1]
+    assert [s["name"] for s in merged["settings"]] == ["s1", "s2"]
 
 
 @pytest.mark.slow
