@@ -194,3 +194,14 @@ def test_end_to_end_completes_improves_and_records_pir(tmp_path) -> None:  # noq
     shared_bytes = sum(a.nbytes for a in get_arrays(model, roles.shared))
     assert rounds[0]["bytes_up"] >= 3 * shared_bytes
     assert rounds[0]["bytes_up"] < 3 * shared_bytes + 3 * model.head.weight.numel() * 4
+
+
+def test_wraps_resnet18_with_its_fc_as_heads() -> None:
+    cfg = RunConfig(method="fedcp", model="resnet18")
+    model = METHOD.build_model(cfg, DataInfo((3, 32, 32), 10))
+    assert model.feature_dim == 512 and model.global_head.weight.shape == (10, 512)
+    model.eval()
+    x = torch.randn(2, 3, 32, 32)
+    assert model(x).shape == (2, 10)
+    assert torch.equal(model(x), model(x))
+    assert METHOD.roles(model).personal == ("head.weight", "head.bias")
