@@ -36,14 +36,16 @@ def cfg_of(**kw: object) -> RunConfig:
     return parse_run_config({**SMALL, **{k.replace("_", "-"): v for k, v in kw.items()}})
 
 
-def client_of(cfg: RunConfig, info: DataInfo, key: str = "client-0") -> PFLClient:
+def client_of(
+    cfg: RunConfig, info: DataInfo, key: str = "client-0", context: Context | None = None
+) -> PFLClient:
     """A method's real client on a few random samples of ``info``'s shape."""
     method = get_method(cfg.method)
     model = method.build_model(cfg, info)
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(8, *info.input_shape, generator=gen)
     y = torch.randint(0, info.num_classes, (8,), generator=gen)
-    store = ContextStore(Context(0, 0, {}, RecordDict(), {}))
+    store = ContextStore(context or Context(0, 0, {}, RecordDict(), {}))
     return method.client(
         model, method.roles(model), ClientData(x, y, x, y), cfg, store, torch.device("cpu"), key
     )
@@ -179,6 +181,25 @@ def test_alpha_upload_is_a_small_fraction_of_fedavg_bytes() -> None:
     fedavg = client_of(cfg_of(model="cnn4"), CIFAR)
     down = payload_bytes(strat.payload_for(None, 1))
     assert down / payload_bytes(ndarrays_to_parameters(fedavg.upload({}))) < 0.003
+
+
+def test_alpha_personal_v_and_mu_survive_and_only_the_matching_v_travels() -> None:
+    cfg = cfg_of(method="factorized-fl-alpha")
+    info = data_info(cfg)
+    context = Context(0, 0, {}, RecordDict(), {})
+    client = client_of(cfg, info, context=context)
+    strat = strategy_of(cfg, info)
+    start = parameters_to_ndarrays(strat.payload_for(None, 1))
+    sent, _, _ = client.fit(start, {"server-round": 1})
+    personal = dict(zip(client.roles.personal, get_arrays(client.model, client.roles.personal)))
+    assert len(sent) == len(client.roles.shared) + 1  # shared tensors + the matching v
+    np.testing.assert_array_equal(sent[-1], personal[strat.wire.match].reshape(-1))
+    factors = [n for n in personal if n.endswith((V, MU))]
+    assert factors and not set(factors) & set(client.roles.shared)
+    again = client_of(cfg, info, context=context)  # a fresh client on the same store
+    again.evaluate(start, {})
+    for name in factors:
+        np.testing.assert_array_equal(get_arrays(again.model, [name])[0], personal[name])
 
 
 def test_beta_reply_roundtrip_and_bad_sparse_rejected() -> None:
