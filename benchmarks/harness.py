@@ -30,7 +30,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 CIFAR10_DEV = "/work/shared/data/cifar10-dev-12k.parquet"
 FASHION_IDX = "/usr/share/datasets/fashion-mnist"
-FASHION_PARQUET = "outputs/data/fashion-mnist.parquet"
+FASHION_PARQUET = str(REPO / "outputs" / "data" / "fashion-mnist.parquet")
 BASELINES = ("fedavg", "local", "fedper", "fedrep", "fedbn")
 MANIFEST = "harness.json"
 
@@ -381,12 +381,12 @@ def _cell_main(spec_json: str) -> None:
 
 def prepare_data(setting: Setting) -> None:
     """Build a data set a setting needs, once."""
-    if setting.needs == "fashion-mnist" and not (REPO / FASHION_PARQUET).exists():
+    if setting.needs == "fashion-mnist" and not Path(FASHION_PARQUET).exists():
         if not Path(FASHION_IDX).exists():
             raise SystemExit(
                 f"{setting.name} needs Fashion-MNIST: apt-get install -y dataset-fashion-mnist"
             )
-        (REPO / FASHION_PARQUET).parent.mkdir(parents=True, exist_ok=True)
+        Path(FASHION_PARQUET).parent.mkdir(parents=True, exist_ok=True)
         subprocess.run(
             [sys.executable, "-m", "pfl_data.convert_idx", FASHION_IDX, FASHION_PARQUET],
             cwd=REPO,
