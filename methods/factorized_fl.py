@@ -1,6 +1,12 @@
 """Factorized-FL (NeurIPS 2022): both variants share the rank-1 factorized model
 and the similarity-matched per-client aggregation; they differ in the split rule
-(alpha shares u, beta shares u, v and sparse mu)."""
+(alpha shares u, beta shares u, v and sparse mu).
+
+Config defaults (``ffl-*``) are the reference's single-domain permuted-label
+values (rank 1, l1 = mu threshold = 5e-4, tau 0, epsilon 1, min-aggr 10); for
+the domain-heterogeneous scenario (``partitioner=domain permute-labels=true``)
+the reference uses ``ffl-sim-threshold=0.95 ffl-epsilon=20 ffl-min-aggr=4``.
+Local schedule: see ``client_app.factorized_fl`` for the reference optimiser."""
 
 from __future__ import annotations
 
