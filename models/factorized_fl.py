@@ -144,7 +144,9 @@ def matching_layer(model: nn.Module) -> str:
 
 
 def alpha_personal(model: nn.Module) -> set[str]:
-    """alpha: v and mu of every layer, the head, BN running stats stay local."""
+    """alpha: v and mu of every layer, the head, BN running stats stay local;
+    u, the layer biases and BN affine travel (the reference's 'u' mode
+    aggregates everything but v and mu; the paper is silent on biases)."""
     factors = {n + s for n in factorized_layers(model) for s in (V, MU)}
     head = {n for n in model.state_dict() if n.startswith("head.")}
     return factors | head | batchnorm_entries(model, running_stats_only=True)
