@@ -84,6 +84,17 @@ class RunConfig(BaseModel):
     sim_shared_covariates: float = _field(0.4, alias="sim-shared-covariates", ge=0, le=1)
     sim_noise: float = _field(0.1, alias="sim-noise", ge=0)
 
+    # FedDecomp (paper defaults: CIFAR-10's best R_c = R_l = 0.6, E_lora = 2)
+    rank_basis: Literal["min", "out"] = _field("min", alias="rank-basis")
+    conv_rank_ratio: float = _field(0.6, alias="conv-rank-ratio", gt=0, le=1)
+    linear_rank_ratio: float = _field(0.6, alias="linear-rank-ratio", gt=0, le=1)
+    linear_rank_abs: int = _field(0, alias="linear-rank-abs", ge=0)
+    lora_epochs: int = _field(2, alias="lora-epochs", ge=0)
+    decomp_schedule: Literal["alternating", "simultaneous"] = _field(
+        "alternating", alias="decomp-schedule"
+    )
+    decomp_reverse: bool = _field(False, alias="decomp-reverse")
+
     # FedFac (METHODS.md section 4); the paper trains with optimizer=adam, lr=0.001
     fa_layers: str = _field("features.1", alias="fa-layers")
     fa_quantile: float = _field(0.5, alias="fa-quantile", ge=0, le=1)
@@ -119,6 +130,20 @@ class RunConfig(BaseModel):
             raise ValueError("classes-per-client must be >= 1")
         if self.head_epochs > 1000:
             raise ValueError("head-epochs is absurdly large")
+        return self
+
+    @model_validator(mode="after")
+    def _feddecomp_checks(self) -> RunConfig:
+        if (
+            self.method == "feddecomp"
+            and self.decomp_schedule == "alternating"
+            and self.lora_epochs > self.local_epochs
+        ):
+            raise ValueError(
+                f"config key 'lora-epochs' ({self.lora_epochs}) must be <= 'local-epochs' "
+                f"({self.local_epochs}): a FedDecomp round is lora-epochs on tau, then "
+                "local-epochs - lora-epochs on sigma (the paper uses local-epochs = 5)"
+            )
         return self
 
     def key(self, field_name: str) -> str:
