@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import copy
 import logging
+import random
 from functools import lru_cache
 from typing import Any
 
 import torch
 from flwr.client import Client, ClientApp
-from flwr.common import Context
+from flwr.clientapp.typing import ClientAppCallable
+from flwr.common import Context, Message, MessageType
 from torch import nn
 
 from client_app.state import ContextStore, DiskStore, PersonalStore
@@ -65,13 +67,38 @@ def build_client(context: Context, overrides: dict[str, Any] | None = None) -> C
     return client.to_client()
 
 
+class InjectedDropout(RuntimeError):
+    """A fault injected by ``dropout-rate`` (simulation of a vanishing client)."""
+
+
+def dropped_out(rate: float, seed: int, server_round: str, site: str) -> bool:
+    """Whether this client drops out of this round: seeded, so reproducible."""
+    if rate <= 0:
+        return False
+    return random.Random(f"{seed}/{server_round}/{site}").random() < rate
+
+
 def make_client_app(overrides: dict[str, Any] | None = None) -> ClientApp:
     """A ClientApp whose run config is ``overrides`` over Flower's run config."""
+
+    def dropout_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+        # Raising here sends Flower's own error reply: the server sees a failure,
+        # exactly as for a crashed client, and the client's state is untouched.
+        if msg.metadata.message_type == MessageType.TRAIN:
+            cfg = parse_run_config({**context.run_config, **(overrides or {})})
+            site = str(
+                context.node_config.get("site", "") or context.node_config.get("partition-id", 0)
+            )
+            if dropped_out(cfg.dropout_rate, cfg.seed, msg.metadata.group_id, site):
+                raise InjectedDropout(
+                    f"client {site} dropped out (dropout-rate={cfg.dropout_rate})"
+                )
+        return call_next(msg, context)
 
     def client_fn(context: Context) -> Client:
         return build_client(context, overrides)
 
-    return ClientApp(client_fn=client_fn)
+    return ClientApp(client_fn=client_fn, mods=[dropout_mod])
 
 
 app = make_client_app()

@@ -39,7 +39,10 @@ def build_server(context: Context, overrides: dict[str, Any] | None = None) -> S
         cfg=cfg, spec=spec, initial=get_arrays(model, roles.shared), model=model, recorder=recorder
     )
     return ServerAppComponents(
-        strategy=strategy, config=ServerConfig(num_rounds=cfg.num_server_rounds)
+        strategy=strategy,
+        config=ServerConfig(
+            num_rounds=cfg.num_server_rounds, round_timeout=cfg.round_timeout or None
+        ),
     )
 
 

@@ -70,6 +70,17 @@ def payload_bytes(parameters: Parameters) -> int:
     return sum(len(t) for t in parameters.tensors)
 
 
+def failure_reason(failure: object) -> str:
+    """One line of a failure (Flower wraps client errors in long tracebacks)."""
+    if isinstance(failure, tuple):
+        proxy, res = failure
+        return f"node {proxy.node_id}: status {res.status.code.name} {res.status.message}"
+    text = str(failure)
+    if "Message: " in text:
+        text = text.rsplit("Message: ", 1)[1]
+    return text.split("\\n")[0].split("\n")[0].strip("'>) ")[:300]
+
+
 def weighted_mean(arrays: list[NDArrays], weights: list[float]) -> NDArrays:
     """Per-tensor weighted mean, in float64, cast back to each tensor's dtype."""
     total = float(sum(weights))
@@ -172,6 +183,8 @@ class PFLStrategy(Strategy):
             problem = s.matches(a)
             if problem:
                 return problem
+            if a.dtype.kind == "f" and a.size and float(np.abs(a).max()) > self.cfg.max_abs_value:
+                return f"'{s.name}' has |value| {float(np.abs(a).max()):.3g} > max-abs-value"
         if num_examples <= 0:
             return f"num_examples is {num_examples}"
         return None
@@ -185,7 +198,7 @@ class PFLStrategy(Strategy):
         rl = self.rounds.setdefault(server_round, RoundLog())
         rl.failures = len(failures)
         for failure in failures:
-            log.warning("round %d: a client failed: %r", server_round, failure)
+            log.warning("round %d: a client failed: %s", server_round, failure_reason(failure))
         accepted: list[Reply] = []
         for proxy, res in results:
             key = res.metrics.get(CLIENT_KEY)
