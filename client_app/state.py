@@ -84,6 +84,7 @@ class DiskStore:
                 err,
             )
             return None
+        log.info("restored personal state from %s (sha256 %s)", self.path, stored)
         return arrays
 
     def save(self, arrays: dict[str, np.ndarray]) -> None:

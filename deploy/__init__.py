@@ -1,0 +1,1 @@
+"""Deployment helpers: the per-site SuperNode launcher and the demo PKI script."""

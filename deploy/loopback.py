@@ -1,0 +1,310 @@
+"""A real Flower deployment on this machine's loopback, for tests and benchmarks.
+
+One SuperLink and any number of SuperNodes as separate processes (gRPC, optionally
+TLS and SuperNode authentication), driven through the ``flwr`` CLI exactly as an
+operator would. Every process is started here, owned here, and killed by pid
+(with its descendants: Flower's SuperExec, ServerApp and ClientApp processes) in
+``close()``. Each process gets its own ``FLWR_HOME``; nothing touches ``~/.flwr``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from deploy.site import node_config
+
+BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parent.parent
+CERTS_SCRIPT = Path(__file__).resolve().parent / "make_certs.sh"
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free TCP ports on 127.0.0.1."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def descendants(pid: int) -> list[int]:
+    """All live descendants of ``pid`` (children first found, then theirs)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+@dataclass
+class Proc:
+    """One process this harness started, with its log file."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+@dataclass
+class LoopbackFederation:
+    """SuperLink + SuperNodes on 127.0.0.1 under ``root`` (logs, homes, certificates)."""
+
+    root: Path
+    tls: bool = False
+    auth: bool = False
+    procs: list[Proc] = field(default_factory=list)
+    nodes: dict[str, Proc] = field(default_factory=dict)  # for callers' bookkeeping
+
+    def __post_init__(self) -> None:
+        if self.auth and not self.tls:
+            raise ValueError("SuperNode authentication needs TLS (Flower refuses otherwise)")
+        self.root = Path(self.root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.http_port, self.fleet_port = free_ports(2)
+        self.pki = self.root / "pki"
+        self.cli_home = self.root / "home" / "cli"
+
+    # ---- environment -------------------------------------------------------------------------
+
+    def env(self, home: Path) -> dict[str, str]:
+        home.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env.update(
+            FLWR_HOME=str(home),
+            PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",  # flower-superexec, flwr-*app
+            FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",  # offline: no `uv sync`
+            FLWR_TELEMETRY_ENABLED="0",
+            FLWR_DISABLE_UPDATE_CHECK="1",
+            PYTHONUNBUFFERED="1",
+        )
+        return env
+
+    def make_certs(self, sites: list[str]) -> None:
+        """The demo CA, the SuperLink certificate and a key pair per site."""
+        subprocess.run(
+            ["bash", str(CERTS_SCRIPT), str(self.pki), "--nodes", ",".join(sites)],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+
+    def key(self, site: str) -> Path:
+        return self.pki / "keys" / site
+
+    def _spawn(self, name: str, cmd: list[str], home: Path) -> Proc:
+        log = self.root / f"{name}.log"
+        with open(log, "ab") as out:
+            popen = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env(home), cwd=self.root
+            )
+        proc = Proc(name, popen, log)
+        self.procs.append(proc)
+        return proc
+
+    # ---- SuperLink ---------------------------------------------------------------------------
+
+    def start_superlink(self) -> Proc:
+        cmd = [
+            str(BIN / "flower-superlink"),
+            "--port",
+            str(self.http_port),
+            "--fleet-api-address",
+            f"127.0.0.1:{self.fleet_port}",
+            "--disable-runtime-dependency-installation",
+        ]
+        if self.tls:
+            cmd += [
+                "--ssl-ca-certfile",
+                str(self.pki / "ca.crt"),
+                "--ssl-certfile",
+                str(self.pki / "server.pem"),
+                "--ssl-keyfile",
+                str(self.pki / "server.key"),
+            ]
+        else:
+            cmd.append("--insecure")
+        if self.auth:
+            cmd.append("--enable-supernode-auth")
+        proc = self._spawn("superlink", cmd, self.root / "home" / "superlink")
+        self._write_cli_config()
+        self.wait_for(lambda: "Uvicorn running on" in proc.text(), 60, "SuperLink start", proc)
+        return proc
+
+    def _write_cli_config(self) -> None:
+        conn: dict[str, Any] = {"address": f"127.0.0.1:{self.http_port}"}
+        if self.tls:
+            conn["root-certificates"] = str(self.pki / "ca.crt")
+        else:
+            conn["insecure"] = True
+        config = {"superlink": {"default": "loopback", "loopback": conn}}
+        self.cli_home.mkdir(parents=True, exist_ok=True)
+        (self.cli_home / "config.toml").write_text(tomli_w.dumps(config))
+
+    # ---- the flwr CLI ------------------------------------------------------------------------
+
+    def flwr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(BIN / "flwr"), *args],
+            capture_output=True,
+            text=True,
+            env=self.env(self.cli_home),
+            cwd=self.root,
+            timeout=timeout,
+        )
+
+    @staticmethod
+    def _json(out: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+        start = out.stdout.find("{")
+        if start < 0:
+            raise RuntimeError(f"flwr printed no JSON:\n{out.stdout}\n{out.stderr}")
+        return json.loads(out.stdout[start:])
+
+    def register(self, site: str) -> int:
+        """``flwr supernode register`` of the site's public key; returns the node id."""
+        out = self.flwr(
+            "supernode", "register", str(self.key(site)) + ".pub", "loopback", "--format", "json"
+        )
+        reply = self._json(out)
+        if not reply.get("success"):
+            raise RuntimeError(f"registering {site} failed: {out.stdout}{out.stderr}")
+        return int(reply["node-id"])
+
+    def run(self, run_config: dict[str, Any], app: Path = REPO) -> int:
+        """``flwr run`` of ``app`` with these run-config overrides; returns the run id."""
+        overrides = self.root / f"run-config-{time.monotonic_ns()}.toml"
+        overrides.write_text(tomli_w.dumps(run_config))
+        out = self.flwr(
+            "run", str(app), "loopback", "--run-config", str(overrides), "--format", "json"
+        )
+        reply = self._json(out)
+        if not reply.get("success"):
+            raise RuntimeError(f"flwr run failed: {out.stdout}{out.stderr}")
+        return int(reply["run-id"])
+
+    def status(self, run_id: int) -> str:
+        out = self.flwr("list", "--run-id", str(run_id), "--format", "json")
+        return str(self._json(out)["runs"][0]["status"])
+
+    def wait_run(self, run_id: int, timeout: float) -> str:
+        """Poll until the run finishes; returns its final status (e.g. finished:completed)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status = self.status(run_id)
+            if status.startswith("finished"):
+                return status
+            time.sleep(2)
+        raise TimeoutError(f"run {run_id} did not finish in {timeout:.0f}s:\n{self.tail()}")
+
+    # ---- SuperNodes --------------------------------------------------------------------------
+
+    def start_supernode(
+        self,
+        site: str,
+        partition_id: int,
+        num_partitions: int,
+        state_dir: Path,
+        key: Path | None = None,
+        name: str | None = None,
+    ) -> Proc:
+        (runtime_port,) = free_ports(1)
+        values: dict[str, str | int] = {
+            "site": site,
+            "state-dir": str(state_dir),
+            "partition-id": partition_id,
+            "num-partitions": num_partitions,
+        }
+        cmd = [
+            str(BIN / "flower-supernode"),
+            "--superlink",
+            f"127.0.0.1:{self.fleet_port}",
+            "--port",
+            str(runtime_port),
+            "--node-config",
+            node_config(values),
+        ]
+        if self.tls:
+            cmd += ["--root-certificates", str(self.pki / "ca.crt")]
+        else:
+            cmd.append("--insecure")
+        if key is not None:
+            cmd += ["--auth-supernode-private-key", str(key)]
+        name = name or f"supernode-{site}"
+        return self._spawn(name, cmd, self.root / "home" / name)
+
+    def wait_for(self, cond: Any, timeout: float, what: str, proc: Proc | None = None) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if cond():
+                return
+            if proc is not None and not proc.alive():
+                raise RuntimeError(f"{proc.name} exited while waiting for {what}:\n{proc.text()}")
+            time.sleep(0.5)
+        raise TimeoutError(f"timed out ({timeout:.0f}s) waiting for {what}:\n{self.tail()}")
+
+    # ---- teardown ----------------------------------------------------------------------------
+
+    def stop(self, proc: Proc, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
+        """Stop one process and everything it started (by pid)."""
+        family = descendants(proc.popen.pid)
+        if proc.alive():
+            proc.popen.send_signal(sig)
+            try:
+                proc.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                proc.popen.wait(timeout=10)
+        for pid in family:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def close(self) -> None:
+        """Kill every process started here (SuperNodes first), whatever state it is in."""
+        for proc in reversed(self.procs):
+            try:
+                self.stop(proc, signal.SIGTERM, timeout=5)
+            except Exception:  # noqa: BLE001 - teardown must reach every process
+                proc.popen.kill()
+
+    def tail(self, lines: int = 30) -> str:
+        return "\n".join(
+            f"--- {p.name} ---\n" + "\n".join(p.text().splitlines()[-lines:]) for p in self.procs
+        )
+
+    def __enter__(self) -> LoopbackFederation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

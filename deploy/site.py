@@ -1,0 +1,116 @@
+"""Start one site's SuperNode against a remote SuperLink.
+
+    python -m deploy.site --superlink superlink.example.org:9092 --site hospital-a \\
+        --data-path /data/site --device cuda:0 --state-dir /var/lib/pflower \\
+        --root-certificates ca.crt --auth-key keys/hospital-a
+
+Builds the ``flower-supernode`` command line (the site's identity, data, device
+and state directory go into the node config, which the ClientApp reads), prints
+it, and replaces this process with it (``--dry-run`` only prints). A thin
+wrapper on purpose: every flag maps one-to-one to a ``flower-supernode`` flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import sys
+from collections.abc import Sequence
+
+
+def node_config(values: dict[str, str | int]) -> str:
+    """The ``--node-config`` string: TOML strings in double quotes, ints as they are."""
+    parts = []
+    for key, value in values.items():
+        if isinstance(value, int):
+            parts.append(f"{key}={value}")
+            continue
+        # Flower splits the string with a regex that does not honour escapes
+        if any(c in value for c in '"\\\n'):
+            raise ValueError(
+                f"node config value for {key!r} may not contain a quote, \\ or newline"
+            )
+        parts.append(f'{key}="{value}"')
+    return " ".join(parts)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m deploy.site", description=__doc__.split("\n")[0])
+    p.add_argument("--superlink", required=True, help="SuperLink Fleet API, HOST:PORT (9092)")
+    p.add_argument("--site", required=True, help="stable site identity (keys personal state)")
+    p.add_argument("--data-path", default="", help="this site's own data (file or directory)")
+    p.add_argument("--device", default="", help="torch device, e.g. cuda:0 (default: auto)")
+    p.add_argument(
+        "--state-dir", required=True, help="where personal tensors persist between rounds"
+    )
+    p.add_argument("--partition-id", type=int, help="demo only: a partition of a shared data set")
+    p.add_argument("--num-partitions", type=int, help="demo only: with --partition-id")
+    sec = p.add_argument_group("security")
+    sec.add_argument("--root-certificates", help="CA certificate that signed the SuperLink's")
+    sec.add_argument("--auth-key", help="this site's ECDSA private key (OpenSSH format)")
+    sec.add_argument(
+        "--insecure", action="store_true", help="plain-text gRPC; must be asked for explicitly"
+    )
+    p.add_argument(
+        "--runtime-port",
+        type=int,
+        default=9094,
+        help="the SuperNode's local Runtime API port (one per SuperNode on a host)",
+    )
+    p.add_argument("--max-wait-time", type=float, help="give up reconnecting after N seconds")
+    p.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
+    p.add_argument("extra", nargs="*", help="after --: passed to flower-supernode unchanged")
+    args = p.parse_args(argv)
+    if args.insecure == bool(args.root_certificates):
+        p.error("give exactly one of --root-certificates (TLS) or --insecure")
+    if args.auth_key and args.insecure:
+        p.error("--auth-key needs TLS (--root-certificates), Flower refuses it over --insecure")
+    if (args.partition_id is None) != (args.num_partitions is None):
+        p.error("--partition-id and --num-partitions go together")
+    return args
+
+
+def supernode_executable() -> str:
+    """``flower-supernode`` beside this interpreter (a venv), else from PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), "flower-supernode")
+    return beside if os.path.exists(beside) else shutil.which("flower-supernode") or beside
+
+
+def supernode_command(args: argparse.Namespace) -> list[str]:
+    """The ``flower-supernode`` argv for these launcher arguments."""
+    values: dict[str, str | int] = {"site": args.site, "state-dir": args.state_dir}
+    if args.data_path:
+        values["data-path"] = args.data_path
+    if args.device:
+        values["device"] = args.device
+    if args.partition_id is not None:
+        values["partition-id"] = args.partition_id
+        values["num-partitions"] = args.num_partitions
+    cmd = [supernode_executable(), "--superlink", args.superlink]
+    if args.insecure:
+        cmd.append("--insecure")
+    else:
+        cmd += ["--root-certificates", args.root_certificates]
+    if args.auth_key:
+        cmd += ["--auth-supernode-private-key", args.auth_key]
+    cmd += ["--port", str(args.runtime_port)]
+    if args.max_wait_time is not None:
+        cmd += ["--max-wait-time", str(args.max_wait_time)]
+    cmd += ["--node-config", node_config(values)]
+    return cmd + list(args.extra)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    cmd = supernode_command(args)
+    print(shlex.join(cmd), flush=True)
+    if args.dry_run:
+        return
+    os.makedirs(args.state_dir, exist_ok=True)
+    os.execvp(cmd[0], cmd)  # the SuperNode takes over this process (signals, exit code)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

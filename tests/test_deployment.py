@@ -1,0 +1,337 @@
+"""Real deployment on loopback: SuperLink + SuperNodes over gRPC, TLS, SuperNode
+authentication, restart-safe personal state, the client boundary, a Ray cluster.
+
+Both deployments (plain and secure) are started once per module and run in the
+background while the in-process tests run; all processes are started by the
+test, bounded in time and killed by pid in the fixture's teardown.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import ray
+from flwr.client import ClientApp
+from flwr.common import (
+    Context,
+    EvaluateIns,
+    FitIns,
+    Message,
+    MessageType,
+    Metadata,
+    RecordDict,
+    parameters_to_ndarrays,
+)
+from flwr.compat.common.recorddict_compat import (
+    evaluateins_to_recorddict,
+    fitins_to_recorddict,
+    recorddict_to_fitres,
+)
+
+import methods
+from client_app.app import build_client
+from deploy.loopback import BIN, LoopbackFederation, descendants, free_ports
+from deploy.site import main as site_main
+from models.roles import Roles
+from server_app.app import build_server
+from server_app.simulate import simulate
+from strategies.base import PFLStrategy
+
+pytestmark = pytest.mark.slow
+
+SITES = ["site-a", "site-b", "site-c"]
+ROUNDS = 3
+RUN_TIMEOUT = 900  # seconds; a loaded 2-core machine needs ~1 min a round, an idle one ~10 s
+SMALL = {"sim-samples": 120, "hidden-dim": 32, "sim-dim": 20}
+
+
+def _run_config(root: Path, method: str) -> dict[str, Any]:
+    return {
+        "method": method,
+        "num-server-rounds": ROUNDS,
+        "output-dir": str(root / "out"),
+        "run-name": "deploy",
+    }
+
+
+def _results(root: Path) -> dict[str, Any] | None:
+    path = root / "out" / "deploy" / "results.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _rounds_done(root: Path) -> int:
+    res = _results(root)
+    return len(res["rounds"]) if res else 0
+
+
+def _state_file(root: Path, site: str) -> Path:
+    return root / f"state-{site}" / "deploy" / f"{site}.npz"
+
+
+@pytest.fixture(scope="module")
+def federations(tmp_path_factory: pytest.TempPathFactory):
+    """Start a plain (insecure) and a secure (TLS + SuperNode auth) loopback
+    deployment, 3 SuperNodes each, and submit one 3-round run to each."""
+    plain = LoopbackFederation(tmp_path_factory.mktemp("plain"))
+    secure = LoopbackFederation(tmp_path_factory.mktemp("secure"), tls=True, auth=True)
+    try:
+        secure.make_certs([*SITES, "intruder"])
+        plain.start_superlink()
+        secure.start_superlink()
+        node_ids = {site: secure.register(site) for site in SITES}
+        for fed in (plain, secure):
+            fed.nodes = {
+                site: fed.start_supernode(
+                    site,
+                    i,
+                    len(SITES),
+                    fed.root / f"state-{site}",
+                    key=fed.key(site) if fed.auth else None,
+                )
+                for i, site in enumerate(SITES)
+            }
+        # a key the SuperLink never registered
+        secure.intruder = secure.start_supernode(
+            "intruder", 0, len(SITES), secure.root / "state-intruder", key=secure.key("intruder")
+        )
+        for fed in (plain, secure):
+            for site, proc in fed.nodes.items():
+                fed.wait_for(lambda p=proc: "SuperNode ID" in p.text(), 120, site, proc)
+        plain.run_id = plain.run(_run_config(plain.root, "fedper"))
+        secure.run_id = secure.run(_run_config(secure.root, "fedper"))
+        secure.node_ids = node_ids
+        yield {"plain": plain, "secure": secure}
+    finally:
+        secure.close()
+        plain.close()
+
+
+# ---- what leaves a client: captured by a client mod, for every registered method ----------
+
+
+def _importable_methods() -> list[str]:
+    """Every registry entry whose module exists (new methods are picked up as they land)."""
+    return sorted(n for n, mod in methods._MODULES.items() if importlib.util.find_spec(mod))
+
+
+@pytest.mark.parametrize("method", _importable_methods())
+def test_only_the_shared_spec_leaves_the_client(method: str, tmp_path: Path) -> None:
+    cfg = {**SMALL, "method": method, "output-dir": str(tmp_path), "run-name": "wire"}
+    cfg["local-epochs"] = 2  # some schedules have phases (FedDecomp: lora-epochs <= local-epochs)
+    strategy = build_server(Context(0, 0, {}, RecordDict(), {}), cfg).strategy
+    outgoing: list[Message] = []
+
+    def capture(msg: Message, ctx: Context, call_next: Any) -> Message:
+        reply = call_next(msg, ctx)
+        outgoing.append(reply)  # exactly what the SuperNode would send back
+        return reply
+
+    app = ClientApp(client_fn=lambda ctx: build_client(ctx, cfg), mods=[capture])
+    node = {"partition-id": 1, "num-partitions": 3, "site": "site-b"}
+    ctx = Context(1, 7, node, RecordDict(), {})
+    payload = strategy.payload_for(None, 1)
+    fit_config = {"server-round": 1, **strategy.fit_config(None, 1)}
+    for message_type, content in (
+        (MessageType.TRAIN, fitins_to_recorddict(FitIns(payload, fit_config), True)),
+        (MessageType.EVALUATE, evaluateins_to_recorddict(EvaluateIns(payload, fit_config), True)),
+    ):
+        meta = Metadata(1, "m", 1, 7, "", "1", time.time(), 3600.0, message_type)
+        app(Message(content=content, metadata=meta), ctx)  # as the SuperNode delivers it
+    train, evaluate = outgoing
+
+    # The upload spec names model tensors only (an encoding may split one: 'name#idx'); a
+    # method without its own upload spec sends exactly the shared tensors. (Factorized-FL
+    # uploads v^{L-1} for similarity matching, dynamic FedFac whole Lambda layers for factor
+    # analysis: their papers' protocols, declared in their strategies' expected_spec.)
+    roles = Roles.of(strategy.model, methods.get_method(method).split)
+    spec = strategy.expected_spec("site-b")
+    assert {s.name.split("#")[0] for s in spec} <= set(roles.shared) | set(roles.personal)
+    if type(strategy).expected_spec is PFLStrategy.expected_spec:
+        assert [s.name for s in spec] == list(roles.shared)
+
+    fit = recorddict_to_fitres(train.content, keep_input=True)
+    sent = parameters_to_ndarrays(fit.parameters)
+    assert len(sent) == len(spec)
+    for s, array in zip(spec, sent):
+        assert s.matches(array) is None, s.matches(array)
+    wire = sum(len(t) for t in fit.parameters.tensors)
+    assert wire <= sum(a.nbytes for a in sent) + 200 * len(sent)  # tensor bytes + headers only
+    assert fit.metrics["client-key"] == "site-b"
+    for key, value in fit.metrics.items():  # metrics are scalars, no smuggled tensors
+        assert isinstance(value, (int, float, bool, str)), (key, type(value))
+        assert not isinstance(value, str) or len(value) < 256, key
+    # an evaluation reply carries no tensors at all
+    assert not evaluate.content.array_records
+
+
+# ---- the per-site launcher -------------------------------------------------------------------
+
+
+def test_site_launcher_builds_the_supernode_command(capsys: pytest.CaptureFixture[str]) -> None:
+    site_main(
+        [
+            "--superlink=10.1.2.3:9092",
+            "--site=hospital-a",
+            "--data-path=/data/site",
+            "--device=cuda:0",
+            "--state-dir=/var/lib/pflower",
+            "--root-certificates=ca.crt",
+            "--auth-key=keys/hospital-a",
+            "--dry-run",
+        ]
+    )
+    line = capsys.readouterr().out.strip()
+    assert "flower-supernode --superlink 10.1.2.3:9092 --root-certificates ca.crt" in line
+    assert "--auth-supernode-private-key keys/hospital-a" in line
+    assert "--insecure" not in line
+    assert (
+        """'site="hospital-a" state-dir="/var/lib/pflower" data-path="/data/site" """
+        """device="cuda:0"'""" in line
+    )
+    with pytest.raises(SystemExit):  # neither TLS nor an explicit --insecure
+        site_main(["--superlink=h:1", "--site=a", "--state-dir=s", "--dry-run"])
+    with pytest.raises(SystemExit):  # authentication over plain text is refused
+        site_main(["--superlink=h:1", "--site=a", "--state-dir=s", "--insecure", "--auth-key=k"])
+
+
+# ---- Ray: the simulation joins an existing cluster --------------------------------------------
+
+
+def test_simulation_joins_an_existing_ray_cluster(tmp_path: Path) -> None:
+    (port,) = free_ports(1)
+    temp = Path(f"/tmp/pflr{port}")  # Ray's socket paths must stay short
+    head = subprocess.Popen(
+        [
+            str(BIN / "ray"),
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            "--node-ip-address=127.0.0.1",
+            "--num-cpus=2",
+            "--num-gpus=0",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+            f"--temp-dir={temp}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    address = f"127.0.0.1:{port}"
+    try:
+        if ray.is_initialized():
+            ray.shutdown()
+        deadline = time.monotonic() + 120
+        while not list(temp.glob("session_*/logs/gcs_server.out")):
+            assert head.poll() is None and time.monotonic() < deadline, "Ray head did not start"
+            time.sleep(1)
+        cfg = {
+            **SMALL,
+            "method": "fedper",
+            "num-server-rounds": 2,
+            "output-dir": str(tmp_path),
+            "run-name": "ray",
+        }
+        results = simulate(cfg, 2, ray_init_args={"address": address})
+        assert [r["round"] for r in results["rounds"]] == [1, 2]
+        assert sorted(results["rounds"][-1]["per_client_accuracy"]) == ["client-0", "client-1"]
+        ray.shutdown()
+        # The cluster numbers its drivers: the simulation was job 1 on this head, so a
+        # new driver is job 2 (a simulation that had started its own Ray would leave 1).
+        ray.init(address=address, logging_level="ERROR")
+        assert int(ray.get_runtime_context().get_job_id(), 16) == 2
+        assert ray.cluster_resources().get("CPU") == 2.0
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        family = descendants(head.pid)
+        head.send_signal(signal.SIGTERM)  # `ray start --block` stops the processes it started
+        try:
+            head.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            head.kill()
+        for pid in family:  # never `ray stop`: it would stop other users' Ray on this machine
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+# ---- the deployments --------------------------------------------------------------------------
+
+
+def test_secure_supernode_restart_restores_personal_state(federations) -> None:
+    fed: LoopbackFederation = federations["secure"]
+    fed.wait_for(lambda: _rounds_done(fed.root) >= 1, RUN_TIMEOUT, "round 1 (secure)")
+    path = _state_file(fed.root, "site-b")
+    with np.load(path) as saved:
+        digest = str(saved["__sha256__"])
+        head = {k: saved[k] for k in saved.files if k != "__sha256__"}
+    assert set(head) == {"head.weight", "head.bias"}
+
+    old = fed.nodes["site-b"]
+    old_id = re.search(r"SuperNode ID: (\d+)", old.text()).group(1)
+    fed.stop(old, signal.SIGTERM)  # the site goes down (its ClientApp with it)
+    assert not old.alive()
+    new = fed.start_supernode(
+        "site-b", 1, len(SITES), fed.root / "state-site-b", key=fed.key("site-b"), name="b-again"
+    )
+    fed.nodes["site-b"] = new
+    fed.wait_for(lambda: "restored personal state" in new.text(), RUN_TIMEOUT, "restore", new)
+    # the registered key gives the restarted SuperNode its old identity back ...
+    assert re.search(r"SuperNode ID: (\d+)", new.text()).group(1) == old_id
+    assert int(old_id) == fed.node_ids["site-b"]
+    # ... and its first ClientApp restored exactly the tensors saved before the kill
+    first = re.search(r"restored personal state from (\S+) \(sha256 (\w+)\)", new.text())
+    assert Path(first.group(1)) == path and first.group(2) == digest
+
+    assert fed.wait_run(fed.run_id, RUN_TIMEOUT) == "finished:completed"
+    res = _results(fed.root)
+    assert [r["round"] for r in res["rounds"]] == [1, 2, 3]
+    assert "site-b" in res["rounds"][-1]["per_client_accuracy"]
+    with np.load(path) as after:  # training went on from the restored head
+        assert not np.array_equal(after["head.weight"], head["head.weight"])
+
+
+def test_secure_deployment_refuses_an_unregistered_supernode(federations) -> None:
+    fed: LoopbackFederation = federations["secure"]
+    assert fed.wait_run(fed.run_id, RUN_TIMEOUT) == "finished:completed"
+    fed.wait_for(lambda: not fed.intruder.alive(), 120, "the intruder to be refused")
+    assert fed.intruder.popen.returncode != 0
+    assert "SuperNode ID" not in fed.intruder.text()
+    assert "Failed to activate SuperNode" in fed.intruder.text()
+    superlink = next(p for p in fed.procs if p.name == "superlink").text()
+    assert "No SuperNode found with the given public key" in superlink
+    assert "https://127.0.0.1" in superlink  # TLS on the SuperLink's HTTP API
+    res = _results(fed.root)
+    assert sorted(res["rounds"][-1]["per_client_accuracy"]) == SITES
+    listed = fed.flwr("supernode", "list", "loopback", "--format", "json").stdout
+    assert all(str(i) in listed for i in fed.node_ids.values())
+
+
+def test_plain_deployment_completes_and_keeps_personal_state_on_each_site(federations) -> None:
+    fed: LoopbackFederation = federations["plain"]
+    assert fed.wait_run(fed.run_id, RUN_TIMEOUT) == "finished:completed"
+    res = _results(fed.root)
+    assert [r["round"] for r in res["rounds"]] == [1, 2, 3]
+    assert all(r["replies"] == 3 and not r["rejected"] for r in res["rounds"])
+    assert sorted(res["rounds"][-1]["per_client_accuracy"]) == SITES
+    heads = []
+    for site in SITES:
+        with np.load(_state_file(fed.root, site)) as z:
+            assert sorted(k for k in z.files if k != "__sha256__") == ["head.bias", "head.weight"]
+            heads.append(z["head.weight"])
+    # personal heads are per site (each trained on its own partition)
+    assert not np.array_equal(heads[0], heads[1]) and not np.array_equal(heads[1], heads[2])
+    # and the shared body was aggregated: bytes went both ways every round
+    assert all(r["bytes_up"] > 0 and r["bytes_down"] > 0 for r in res["rounds"])
