@@ -228,6 +228,32 @@ def cifar_part(out: Path) -> list[dict]:
     return rows
 
 
+USAGE = """## Using FedFac
+
+`method = "fedfac-dynamic"` (FA every round, the paper's recommendation) or
+`"fedfac-static"` (FA once, after the first round of local training; the split is
+then fixed and later uploads carry only the shared elements). Run with the
+paper's optimizer: `optimizer = "adam"`, `lr = 0.001`.
+
+| key | default | meaning |
+|---|---|---|
+| `fa-layers` | `features.1` | Lambda: comma-separated Linear/Conv module names (the MLP's hidden layer by default; `features.7` is cnn4's 512-unit Linear). A following BatchNorm's affine pair and statistics go with each channel. |
+| `fa-quantile` | 0.5 | tau_l as a quantile of the communalities: elements with nu >= tau are shared |
+| `fa-kappa` | 0.85 | G = smallest m whose cumulative eigenvalue share of R reaches kappa |
+| `fa-input` | `weights` | FA on the uploaded incoming weights, or `updates` (upload minus the round's global) |
+| `fa-split` | `fa` | `true` / `oracle` / `random`: impose a fixed split (simulation study; `true`/`oracle` need the synthetic data and an MLP) |
+| `new-clients` | 0 | the last N partitions (`client-<i>`) are held out: they never train and are scored apart (`accuracy_new_clients` in the round record) |
+| `new-client-mode` | `localtrain` | `localtrain`: every evaluation, the new client takes the shared elements and trains only its personal ones for `local-epochs` (from the never-aggregated initial values), nothing kept. `ensemble`: after the last round the server runs an explicit prediction round: the new client's test inputs go to every trained client, each answers with its personalised model's class probabilities, and the new client scores their mean. Personal weights never leave a client; the new client's inputs do (it asked for predictions). |
+
+Per-round records add `fa_shared_fraction`, `fa_shared_mask` (1 = shared, per
+layer), `fa_num_factors` (G) and, after the first FA, `fa_changed_fraction`.
+FA is the iterated principal-factor method, hand-written in numpy
+(`strategies/factor_analysis.py`): `factor_analyzer`'s `principal` method is a
+single non-iterated principal-components fit. Unlike the reference code the
+loadings are sqrt(gamma) u and G counts from 1 (no off-by-one). In the
+strategy the iteration stops when Psi moves less than 1e-4 or after 100 steps.
+"""
+
 COMMAND = "flock /tmp/pflower-bench.lock python -m benchmarks.fedfac_study --part all"
 
 
@@ -366,9 +392,7 @@ def write_report(runs: Path) -> None:
         fig.savefig(DOCS / "fedfac-cifar10.png", dpi=110)
         plt.close(fig)
         lines += ["", "![cifar10](fedfac-cifar10.png)", ""]
-    notes = DOCS / "fedfac-notes.md"
-    if notes.exists():
-        lines += ["", notes.read_text()]
+    lines += ["", USAGE]
     (DOCS / "fedfac.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {DOCS / 'fedfac.md'}")
 
