@@ -180,7 +180,7 @@ class FedFacStrategy(PFLStrategy):
     ) -> list[tuple[ClientProxy, FitIns]]:
         self._start(client_manager)
         # dynamic: FA every round needs every element; static: only until the split is fixed
-        self.full_upload = self.dynamic or self.shared is None
+        self.full_upload = self.shared is None or (self.dynamic and self.cfg.fa_split == "fa")
         pairs = super().configure_fit(server_round, parameters, client_manager)
         kept = []
         for proxy, ins in pairs:
@@ -207,7 +207,7 @@ class FedFacStrategy(PFLStrategy):
     # ---- aggregation ------------------------------------------------------------------------
 
     def aggregate(self, server_round: int, replies: list[Reply]) -> None:
-        if self.full_upload and (self.dynamic or self.shared is None):
+        if self.full_upload and self.cfg.fa_split == "fa":
             self.run_fa(server_round, replies)
         assert self.shared is not None
         if self.aggregation == "mean":
