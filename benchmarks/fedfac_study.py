@@ -88,9 +88,7 @@ def run_inprocess(overrides: dict, num_clients: int, rounds: int) -> dict:
     history = []
     for rnd in range(1, rounds + 1):
         strategy.rounds[rnd] = RoundLog()
-        strategy.full_upload = strategy.shared is None or (
-            strategy.dynamic and cfg.fa_split == "fa"
-        )
+        strategy.full_upload = strategy.needs_full_upload()
         glob = [a.copy() for a in strategy.global_arrays]
         replies = []
         for c in clients:

@@ -175,12 +175,16 @@ class FedFacStrategy(PFLStrategy):
         if self.cfg.fa_split != "fa":
             self.shared = self.fixed_split()
 
+    def needs_full_upload(self) -> bool:
+        """Whether this round's uploads must carry every Lambda element (for FA)."""
+        return self.shared is None or (self.dynamic and self.cfg.fa_split == "fa")
+
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
         self._start(client_manager)
         # dynamic: FA every round needs every element; static: only until the split is fixed
-        self.full_upload = self.shared is None or (self.dynamic and self.cfg.fa_split == "fa")
+        self.full_upload = self.needs_full_upload()
         pairs = super().configure_fit(server_round, parameters, client_manager)
         kept = []
         for proxy, ins in pairs:
