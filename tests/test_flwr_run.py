@@ -1,0 +1,84 @@
+"""The README's main job through the real CLI: ``flwr run . --stream``.
+
+flwr 1.39 starts a detached local SuperLink for simulation; the test gives it
+its own FLWR_HOME and stops it (found by that FLWR_HOME in its command line).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _stop_local_superlink(flwr_home: Path) -> None:
+    out = subprocess.run(["pgrep", "-f", str(flwr_home)], capture_output=True, text=True)
+    for pid in out.stdout.split():
+        try:
+            os.kill(int(pid), signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    time.sleep(1)
+
+
+@pytest.mark.slow
+def test_flwr_run_main_job_offline(tmp_path: Path) -> None:
+    flwr = shutil.which("flwr", path=str(Path(sys.executable).parent)) or shutil.which("flwr")
+    assert flwr, "the flwr CLI is installed with the project"
+    home = tmp_path / "flwr-home"
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(home),
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    out_dir = tmp_path / "out"
+    cmd = [
+        flwr,
+        "run",
+        ".",
+        "--stream",
+        "--federation-config",
+        "num-supernodes=3",
+        "--run-config",
+        f"num-server-rounds=2 method='fedper' output-dir='{out_dir}' run-name='cli'",
+    ]
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=420)
+    finally:
+        _stop_local_superlink(home)
+    log = proc.stdout + proc.stderr
+    results = out_dir / "cli" / "results.json"
+    assert results.exists(), log[-4000:]
+    data = json.loads(results.read_text())
+    assert [r["round"] for r in data["rounds"]] == [1, 2]
+    assert len(data["rounds"][-1]["per_client_accuracy"]) == 3
+    assert "round 2/2" in log and f"results: {results}" in log
+
+
+@pytest.mark.slow
+def test_flwr_run_rejects_a_bad_config_before_training(tmp_path: Path) -> None:
+    flwr = shutil.which("flwr", path=str(Path(sys.executable).parent)) or shutil.which("flwr")
+    home = tmp_path / "flwr-home"
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(home),
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    }
+    cmd = [flwr, "run", ".", "--stream", "--run-config", f"alpha=0 output-dir='{tmp_path}'"]
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        _stop_local_superlink(home)
+    log = proc.stdout + proc.stderr
+    assert "config key 'alpha'" in log, log[-3000:]
+    assert "configure_fit" not in log
