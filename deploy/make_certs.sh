@@ -8,13 +8,14 @@
 #   server.pem, server.key          the SuperLink's TLS certificate, signed by the CA; its SANs are
 #                                   localhost, 127.0.0.1, ::1 and every SUPERLINK_HOST given
 #                                   (DNS names or IP addresses the SuperNodes dial)
+#   superexec.secret                the SuperExec auth secret (process isolation, docker/)
 #   keys/<site>, keys/<site>.pub    one SuperNode authentication key pair per site: ECDSA P-384 in
 #                                   OpenSSH format (what `flower-supernode --auth-supernode-private-key`
 #                                   and `flwr supernode register` read in 1.39)
 set -euo pipefail
 
 if [[ $# -lt 1 ]]; then
-  sed -n 2,14p "$0"
+  sed -n 2,15p "$0"
   exit 2
 fi
 OUT="$1"; shift
@@ -52,7 +53,9 @@ EXT
 openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
   -out server.pem -days 365 -sha256 -extfile server.ext 2>/dev/null
 rm -f server.csr server.ext ca.srl
-chmod 600 ca.key server.key
+# shared secret between the SuperLink/SuperNode and their SuperExec in `--isolation process`
+[[ -f superexec.secret ]] || openssl rand -hex 32 | tr -d '\n' > superexec.secret
+chmod 600 ca.key server.key superexec.secret
 
 IFS=',' read -r -a SITES <<< "$NODES"
 for site in "${SITES[@]+"${SITES[@]}"}"; do

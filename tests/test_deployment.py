@@ -8,6 +8,7 @@ test, bounded in time and killed by pid in the fixture's teardown.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -21,6 +22,8 @@ from typing import Any
 import numpy as np
 import pytest
 import ray
+import tomllib
+import yaml
 from flwr.client import ClientApp
 from flwr.common import (
     Context,
@@ -249,7 +252,7 @@ def test_simulation_joins_an_existing_ray_cluster(tmp_path: Path) -> None:
         # The cluster numbers its drivers: the simulation was job 1 on this head, so a
         # new driver is job 2 (a simulation that had started its own Ray would leave 1).
         ray.init(address=address, logging_level="ERROR")
-        assert int(ray.get_runtime_context().get_job_id(), 16) == 2
+        assert ray.get_runtime_context().get_job_id() == ray.JobID.from_int(2).hex()
         assert ray.cluster_resources().get("CPU") == 2.0
     finally:
         if ray.is_initialized():
@@ -335,3 +338,60 @@ def test_plain_deployment_completes_and_keeps_personal_state_on_each_site(federa
     assert not np.array_equal(heads[0], heads[1]) and not np.array_equal(heads[1], heads[2])
     # and the shared body was aggregated: bytes went both ways every round
     assert all(r["bytes_up"] > 0 and r["bytes_down"] > 0 for r in res["rounds"])
+
+
+# ---- docker/: syntax, files, and every flag checked against the installed 1.39 CLIs ------------
+
+DOCKER = Path(__file__).resolve().parents[1] / "docker"
+ENTRYPOINTS = {
+    "superlink": "flower-superlink",
+    "supernode": "flower-supernode",
+    "superexec": "flower-superexec",
+}
+
+
+@functools.cache
+def _cli_help(binary: str) -> str:
+    out = subprocess.run([str(BIN / binary), "--help"], capture_output=True, text=True, timeout=180)
+    return out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("compose", sorted(p.name for p in DOCKER.glob("compose*.yml")))
+def test_compose_file_is_valid_against_flower_1_39(compose: str) -> None:
+    doc = yaml.safe_load((DOCKER / compose).read_text())
+    named_volumes = set(doc.get("volumes") or {})
+    assert doc["services"]
+    for name, svc in doc["services"].items():
+        dockerfile = (DOCKER / svc["build"]["context"] / svc["build"]["dockerfile"]).resolve()
+        text = dockerfile.read_text()
+        base = re.search(r"^FROM (\S+)$", text, re.M).group(1)
+        kind = re.fullmatch(r"flwr/(superlink|supernode|superexec):1\.39\.\d+", base).group(1)
+        entry = re.search(r'^ENTRYPOINT \["([\w-]+)"\]$', text, re.M).group(1)
+        assert entry == ENTRYPOINTS[kind], name
+        for src in re.findall(r"^COPY (.+) \S+$", text, re.M):
+            for path in src.split():
+                assert (DOCKER.parent / path).exists(), (dockerfile.name, path)
+        help_text = _cli_help(entry)
+        for arg in svc["command"]:
+            assert arg.startswith("--"), (name, arg)
+            assert re.search(rf"{re.escape(arg.split('=')[0])}\b", help_text), (name, arg)
+        for volume in svc.get("volumes", []):
+            source = volume.split(":")[0]
+            assert source.startswith(("./", "${")) or source in named_volumes, (name, volume)
+        for dep in svc.get("depends_on", []):
+            assert dep in doc["services"], (name, dep)
+    # TLS everywhere a SuperNode or the CLI talks to the SuperLink
+    for svc in doc["services"].values():
+        cmd = " ".join(svc["command"])
+        if "--superlink=" in cmd:
+            assert "--root-certificates=" in cmd and "--auth-supernode-private-key=" in cmd
+        if "--fleet-api-address" in cmd:
+            assert "--ssl-certfile=" in cmd and "--enable-supernode-auth" in cmd
+            assert "--insecure" not in cmd
+
+
+def test_superexec_image_carries_every_app_package() -> None:
+    text = (DOCKER / "superexec.Dockerfile").read_text()
+    project = tomllib.loads((DOCKER.parent / "pyproject.toml").read_text())
+    for package in project["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]:
+        assert f"COPY {package} ./{package}" in text
