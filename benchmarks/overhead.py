@@ -436,7 +436,12 @@ def _plots(parts: dict[str, Any]) -> list[str]:
         x = np.arange(len(rows))
         ax.bar(x - 0.27, [r["plain"]["total"] for r in rows], 0.27, label="plain loop (floor)")
         ax.bar(x, [r["sequential"].get("best", 0) for r in rows], 0.27, label="Flower+Ray, 1 actor")
-        ax.bar(x + 0.27, [r["parallel"]["best"] for r in rows], 0.27, label="Flower+Ray, per core")
+        ax.bar(
+            x + 0.27,
+            [r["parallel"].get("best", 0) for r in rows],
+            0.27,
+            label="Flower+Ray, per core",
+        )
         ax.set_xticks(x, [r["workload"] for r in rows])
         ax.set_ylabel(f"seconds per round ({parts['overhead']['clients']} clients)")
         ax.set_yscale("log")
