@@ -292,3 +292,27 @@ def test_end_to_end(tmp_path, method):
         assert rounds[1]["bytes_up"] < rounds[0]["bytes_up"]  # personal rows stay home
     else:
         assert "fa_changed_fraction" in rounds[1]
+
+
+def test_fixed_split_is_never_reestimated_and_updates_input_runs():
+    cfg, m, model, roles, strategy = make("fedfac-dynamic", fa_split="random", num=4)
+    strategy.shared = strategy.fixed_split()
+    assert not strategy.needs_full_upload()  # personal rows never leave under a fixed split
+    cfg, m, model, roles, strategy = make("fedfac-dynamic", fa_input="updates")
+    assert strategy.needs_full_upload()
+    rng = np.random.default_rng(1)
+    replies = [
+        Reply(
+            f"client-{k}",
+            [a + rng.standard_normal(a.shape).astype(a.dtype) for a in strategy.global_arrays],
+            5,
+            {},
+        )
+        for k in range(3)
+    ]
+    from strategies.base import RoundLog
+
+    strategy.rounds[1] = RoundLog()
+    strategy.aggregate(1, replies)
+    assert strategy.shared["features.1"].sum() == 100
+    assert strategy.rounds[1].extra["fa_num_factors"]["features.1"] >= 1
