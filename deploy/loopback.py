@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -83,6 +84,10 @@ class LoopbackFederation:
     root: Path
     tls: bool = False
     auth: bool = False
+    # "subprocess": the SuperLink/SuperNode start their own SuperExec; "process": a
+    # separate `flower-superexec` per SuperLink/SuperNode (the docker/ topology), each
+    # authenticated with the SuperExec secret
+    isolation: str = "subprocess"
     procs: list[Proc] = field(default_factory=list)
     nodes: dict[str, Proc] = field(default_factory=dict)  # for callers' bookkeeping
 
@@ -94,6 +99,9 @@ class LoopbackFederation:
         self.http_port, self.fleet_port = free_ports(2)
         self.pki = self.root / "pki"
         self.cli_home = self.root / "home" / "cli"
+        self.secret = self.root / "superexec.secret"
+        if self.isolation == "process":
+            self.secret.write_text(secrets.token_hex(32))
 
     # ---- environment -------------------------------------------------------------------------
 
@@ -156,10 +164,28 @@ class LoopbackFederation:
             cmd.append("--insecure")
         if self.auth:
             cmd.append("--enable-supernode-auth")
+        cmd += self._isolation_args()
         proc = self._spawn("superlink", cmd, self.root / "home" / "superlink")
         self._write_cli_config()
         self.wait_for(lambda: "Uvicorn running on" in proc.text(), 60, "SuperLink start", proc)
+        if self.isolation == "process":  # the ServerApp's SuperExec, over the Runtime API
+            tls = [f"--root-certificates={self.pki / 'ca.crt'}"] if self.tls else ["--insecure"]
+            self._spawn(
+                "superexec-serverapp",
+                [
+                    str(BIN / "flower-superexec"),
+                    f"--runtime-api-address=127.0.0.1:{self.http_port}",
+                    *tls,
+                    f"--superexec-auth-secret-file={self.secret}",
+                ],
+                self.root / "home" / "superexec-serverapp",
+            )
         return proc
+
+    def _isolation_args(self) -> list[str]:
+        if self.isolation == "subprocess":
+            return []
+        return ["--isolation=process", f"--superexec-auth-secret-file={self.secret}"]
 
     def _write_cli_config(self) -> None:
         conn: dict[str, Any] = {"address": f"127.0.0.1:{self.http_port}"}
@@ -259,8 +285,21 @@ class LoopbackFederation:
             cmd.append("--insecure")
         if key is not None:
             cmd += ["--auth-supernode-private-key", str(key)]
+        cmd += self._isolation_args()
         name = name or f"supernode-{site}"
-        return self._spawn(name, cmd, self.root / "home" / name)
+        proc = self._spawn(name, cmd, self.root / "home" / name)
+        if self.isolation == "process":  # the ClientApp's SuperExec, on the site's machine
+            self._spawn(
+                f"superexec-{name}",
+                [
+                    str(BIN / "flower-superexec"),
+                    f"--runtime-api-address=127.0.0.1:{runtime_port}",
+                    "--insecure",  # the site-local Runtime API, as in docker/
+                    f"--superexec-auth-secret-file={self.secret}",
+                ],
+                self.root / "home" / f"superexec-{name}",
+            )
+        return proc
 
     def wait_for(self, cond: Any, timeout: float, what: str, proc: Proc | None = None) -> None:
         deadline = time.monotonic() + timeout
