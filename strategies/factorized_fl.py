@@ -99,20 +99,17 @@ class FactorizedFLStrategy(PFLStrategy):
         sizes = [float(r.num_examples) for r in replies]
         self.set_global(self.wire.encode(weighted_mean(dense, sizes)))
         keys = [r.client_key for r in replies]
+        off_diag = sim[~np.eye(len(keys), dtype=bool)]
+        extra = {
+            "ffl_kept_mean": float(np.mean(kept_counts)),
+            "ffl_similarity_mean": float(off_diag.mean()) if off_diag.size else 1.0,
+            "ffl_similarity": {"clients": keys, "matrix": np.round(sim, 4).tolist()},
+        }
         if self.wire.sparse:  # beta: the fraction of mu entries actually sent
             total = sum(int(np.prod(self.wire.shapes[n])) for n in self.wire.sparse)
             sent = [
                 sum(a.size for s, a in zip(self.spec, r.arrays) if s.name.endswith(IDX))
                 for r in replies
             ]
-            self.rounds.setdefault(server_round, RoundLog()).extra["ffl_mu_density"] = float(
-                np.mean(sent) / total
-            )
-        off_diag = sim[~np.eye(len(keys), dtype=bool)]
-        self.rounds.setdefault(server_round, RoundLog()).extra.update(
-            {
-                "ffl_kept_mean": float(np.mean(kept_counts)),
-                "ffl_similarity_mean": float(off_diag.mean()) if off_diag.size else 1.0,
-                "ffl_similarity": {"clients": keys, "matrix": np.round(sim, 4).tolist()},
-            }
-        )
+            extra["ffl_mu_density"] = float(np.mean(sent) / total)
+        self.rounds.setdefault(server_round, RoundLog()).extra.update(extra)
