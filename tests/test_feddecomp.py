@@ -132,6 +132,16 @@ def test_split_personal_is_exactly_a_and_b_and_reverse_swaps() -> None:
         assert "features.1.num_batches_tracked" in others
 
 
+def test_reverse_uploads_only_a_and_b_and_keeps_sigma() -> None:
+    store = DictStore()
+    client = make(cfg_of(model="cnn4", **{"decomp-reverse": True}), image_data(), store)
+    sent, _, _ = client.fit(get_arrays(client.model, client.roles.shared), {"server-round": 1})
+    state = client.model.state_dict()
+    assert [a.shape for a in sent] == [tuple(state[n].shape) for n in client.roles.shared]
+    assert all(".lora_" in n for n in client.roles.shared)
+    assert "head" + ORIGINAL in store.state and "head.bias" in store.state
+
+
 def test_lora_epochs_above_local_epochs_is_a_config_error_naming_the_key() -> None:
     with pytest.raises(ConfigError, match="lora-epochs"):
         parse_run_config({"method": "feddecomp", "local-epochs": 2, "lora-epochs": 3})
