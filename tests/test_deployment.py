@@ -83,9 +83,11 @@ def _state_file(root: Path, site: str) -> Path:
 
 @pytest.fixture(scope="module")
 def federations(tmp_path_factory: pytest.TempPathFactory):
-    """Start a plain (insecure) and a secure (TLS + SuperNode auth) loopback
-    deployment, 3 SuperNodes each, and submit one 3-round run to each."""
-    plain = LoopbackFederation(tmp_path_factory.mktemp("plain"))
+    """Start a plain (insecure, process isolation) and a secure (TLS + SuperNode auth)
+    loopback deployment, 3 SuperNodes each, and submit one 3-round run to each."""
+    # plain also runs the docker/ topology: a separate SuperExec next to each SuperLink
+    # and SuperNode (--isolation process, SuperExec secret); secure uses the default
+    plain = LoopbackFederation(tmp_path_factory.mktemp("plain"), isolation="process")
     secure = LoopbackFederation(tmp_path_factory.mktemp("secure"), tls=True, auth=True)
     try:
         secure.make_certs([*SITES, "intruder"])
@@ -338,6 +340,10 @@ def test_plain_deployment_completes_and_keeps_personal_state_on_each_site(federa
     assert not np.array_equal(heads[0], heads[1]) and not np.array_equal(heads[1], heads[2])
     # and the shared body was aggregated: bytes went both ways every round
     assert all(r["bytes_up"] > 0 and r["bytes_down"] > 0 for r in res["rounds"])
+    # the ClientApps ran in each site's own SuperExec process and read their state from disk
+    for site in SITES:
+        superexec = next(p for p in fed.procs if p.name == f"superexec-supernode-{site}")
+        assert f"restored personal state from {_state_file(fed.root, site)}" in superexec.text()
 
 
 # ---- docker/: syntax, files, and every flag checked against the installed 1.39 CLIs ------------
