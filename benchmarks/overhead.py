@@ -513,7 +513,9 @@ def write_report() -> Path:
     lines += [
         "Machine: a 2-core CPU shared with other developers' tests and runs while these "
         "were taken (the load average is given with each figure): absolute seconds are "
-        "noisy and pessimistic; ratios taken back to back are more stable.",
+        "noisy and pessimistic; ratios taken back to back are more stable. The overhead and "
+        "scaling parts ran as `flock /tmp/pflower-bench.lock nice -n 5 <command>` (one "
+        "benchmark at a time on the machine).",
         "",
     ]
     if "overhead" in parts:
@@ -639,7 +641,10 @@ def _scaling_section(p: dict[str, Any]) -> list[str]:
         f"{p['rounds']} rounds, one Ray actor per core. Peak memory is the largest sum of RSS "
         "over the harness subprocess and all its descendants (Ray's GCS, raylet, workers); "
         "RSS counts shared pages (torch libraries, Ray's object store) once per process, "
-        "so it over-states the physical memory.",
+        "so it over-states the physical memory. Memory is flat in the number of clients: "
+        "the engine keeps one actor per core whatever the number of clients, and a "
+        "client's data and model live in an actor only while it serves that client "
+        "(plus the data cache); time per round grows linearly (per client-round cost).",
         "",
         "| clients | s/round (median after round 1) | s/client-round | first round (s) "
         "| wall incl. start-up (s) | peak RSS (GiB) | load |",
