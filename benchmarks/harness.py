@@ -61,6 +61,7 @@ class Preset:
     gpu: bool = False  # full paper scale: needs a GPU machine
     num_cpus: float = 1.0  # Ray resources per simulated client
     num_gpus: float = 0.0  # GPU share per simulated client (GPU presets)
+    notes: str = ""  # how to read the results against the paper (shown in the report)
     # per-method keys a method needs to be valid in this preset (kept minimal)
     method_config: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -453,6 +454,7 @@ def run_preset(
             for s in preset.settings
         ],
         "common": preset.common,
+        "notes": preset.notes,
     }
     (runs / preset.name).mkdir(parents=True, exist_ok=True)
     path = runs / preset.name / MANIFEST
@@ -655,6 +657,9 @@ def preset_section(runs: Path, manifest: dict[str, Any], out: Path) -> list[str]
         plot = out / "results" / f"{name}-{s['name']}.png"
         plot_setting(rows, s["name"], plot)
         lines += ["", f"![{s['name']}](results/{plot.name})", ""]
+    notes = PRESETS[name].notes if name in PRESETS else manifest.get("notes", "")
+    if notes:
+        lines += [notes, ""]
     return lines
 
 
