@@ -117,30 +117,9 @@ def run_inprocess(overrides: dict, num_clients: int, rounds: int) -> dict:
     return {
         "history": history,
         "shared": strategy.shared[layer],
-        "clients": clients,
         "cfg": cfg,
         "layer": layer,
     }
-
-
-def matched_recovery(run: dict, study) -> float:  # noqa: ANN001
-    """A trained student's neuron j has no fixed relation to teacher neuron j, so
-    index agreement is chance. Match each student neuron to the teacher neuron
-    whose incoming weights, stacked over clients, correlate most with its own
-    (|corr|), and count the student labels equal to the matched teacher's."""
-    layer = run["layer"]
-    student = np.concatenate(
-        [c.model.state_dict()[f"{layer}.weight"].numpy().T for c in run["clients"]], axis=0
-    )  # (C d, m)
-    teacher = np.concatenate([w.T for w in study.teacher_weights[: len(run["clients"])]], axis=0)
-
-    def standard(a: np.ndarray) -> np.ndarray:
-        a = a - a.mean(0)
-        return a / np.maximum(a.std(0), 1e-12)
-
-    corr = np.abs(standard(student).T @ standard(teacher)) / student.shape[0]
-    match = corr.argmax(axis=1)
-    return float((run["shared"] == study.shared_neurons[match]).mean())
 
 
 def sim_part() -> list[dict]:
@@ -167,7 +146,6 @@ def sim_part() -> list[dict]:
                 "accuracy": hist[-1]["accuracy_mean"],
                 "curve": [h["accuracy_mean"] for h in hist],
                 "index_recovery": index_rec,
-                "matched_recovery": matched_recovery(run, study),
                 "stable_last": (
                     1 - hist[-1]["fa_changed_fraction"]
                     if hist[-1]["fa_changed_fraction"] is not None
@@ -227,6 +205,51 @@ def cifar_part(out: Path) -> list[dict]:
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "curve"}), flush=True)
     return rows
 
+
+FINDINGS = """## What the numbers say, and why they differ from the paper
+
+Simulation study.
+- **FA recovers the true split from the true parameters**: the oracle (FA on the
+  teacher's per-client incoming weights) labels 100% of the neurons correctly in
+  every setting; a random split of the same size gets 51-60%. This is the
+  paper's claim that FA recovers the true decomposition far better than random.
+- **Accuracy barely depends on the decomposition here** (all five within about one
+  point per setting), whereas the paper's Fig. 6 shows random clearly worse. The
+  student MLP starts from a random initialisation, so its neuron indices carry
+  no meaning: any fixed split with the same number of shared neurons (true,
+  oracle, random) is the same model up to a relabelling of neurons. With our
+  random split given the same count as the truth, random ~ true is what symmetry
+  predicts; the paper does not say how many neurons its random split shares, and
+  a different count is one way it could be worse. For the same reason, the
+  static/dynamic splits found on a trained student agree with the teacher's
+  indices only at chance (0.43-0.57): that number is not a measure of success on
+  a student network, and the paper reports none (its Fig. 6 is accuracy, Fig. 7
+  stability).
+- Dynamic FedFac settles: 97-100% of neurons keep their label in the last round
+  (paper Fig. 7: nearly all).
+- Smaller than the paper: 30 clients (paper 100), 12 rounds, one seed. The
+  generator centres y* at each client's median (see `pfl_data/synthetic.py`).
+  True and oracle give the identical split, hence identical accuracies.
+
+CIFAR-10.
+- **FedFac > FedAvg holds** (static 0.770, dynamic 0.694 vs 0.393, mean over
+  clients; paper 0.8307 vs 0.8033). Our FedAvg is far lower than the paper's: 6
+  rounds of one global model under Dirichlet 0.1 with 10 clients, scored on each
+  client's own label-skewed test split.
+- **dynamic < static here, contrary to the paper.** Dynamic re-labels 23-27% of
+  the 512 neurons every round (`fa_changed_fraction` in the results); a neuron
+  that turns shared is averaged from client values that had diverged, which
+  costs accuracy in a 6-round run, while static keeps one split. The paper ran
+  hundreds of rounds with 100 clients, where the split settles (its Fig. 7).
+- **FedPer beats both FedFac variants (0.797).** FedFac shares every layer
+  outside Lambda, the head included; under Dirichlet 0.1 label skew a personal
+  classifier is the strongest single personalisation. The paper tunes Lambda over
+  the layers (its Table 4); we fixed Lambda = features.7 without tuning.
+- Not the paper's setting: cnn4 instead of ResNet-18, the 12k-image dev subset,
+  10 clients all participating, 6 rounds, one seed: absolute numbers are not
+  comparable. Communication: after the FA round static uploads 18.8 MB per
+  round instead of 35.2 MB (personal rows stay on the clients).
+"""
 
 USAGE = """## Using FedFac
 
@@ -292,7 +315,9 @@ def write_report(runs: Path) -> None:
             "the same count). The real FedFac client and strategy classes, driven "
             "in-process (no Flower transport).",
             "",
-            "Test accuracy (mean over clients, last round):",
+            "Test accuracy (mean over clients, last round). Paper (Fig. 6, a plot "
+            "without numbers): true, oracle, static and dynamic nearly identical, random "
+            "much inferior.",
             "",
             "| p | alpha | " + " | ".join(labels) + " |",
             "|---|---|" + "---|" * len(labels),
@@ -306,32 +331,30 @@ def write_report(runs: Path) -> None:
             )
         lines += [
             "",
-            "Recovery of the true shared/personal label of the 200 neurons. *Index*: the "
-            "split's label of neuron j vs the teacher's neuron j; meaningful for the oracle "
-            "(FA on the teacher's true weights) and random splits. *Matched*: for a split "
-            "found on a trained student (static, dynamic), each student neuron is matched "
-            "to the teacher neuron whose weights, stacked over clients, correlate most with "
-            "its own. *Stable*: share of neurons whose label did not change in the last "
-            "round (dynamic; paper Fig. 7).",
+            "Recovery: the fraction of the 200 neurons whose shared/personal label equals "
+            "the teacher's (index j vs teacher neuron j). *Stable*: share of neurons whose "
+            "label did not change in the last round (dynamic; paper Fig. 7).",
             "",
-            "| p | alpha | oracle (index) | random (index) | static (matched) "
-            "| dynamic (matched) | dynamic stable |",
+            "| p | alpha | oracle | static | dynamic | random | dynamic stable |",
             "|---|---|---|---|---|---|---|",
         ]
         for p, alpha in SIM_SETTINGS:
             got = {r["decomposition"]: r for r in sim if r["p"] == p and r["alpha"] == alpha}
             if len(got) < len(labels):
                 continue
+            rec = [
+                _fmt(got[k]["index_recovery"]) for k in ("oracle", "static", "dynamic", "random")
+            ]
             lines.append(
-                f"| {p} | {alpha} | {_fmt(got['oracle']['index_recovery'])} "
-                f"| {_fmt(got['random']['index_recovery'])} "
-                f"| {_fmt(got['static']['matched_recovery'])} "
-                f"| {_fmt(got['dynamic']['matched_recovery'])} "
-                f"| {_fmt(got['dynamic']['stable_last'])} |"
+                f"| {p} | {alpha} | "
+                + " | ".join(rec)
+                + f" | {_fmt(got['dynamic']['stable_last'])} |"
             )
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        for ax, vary in zip(axes, ("p", "alpha")):
-            fixed = [(p, a) for p, a in SIM_SETTINGS if (a == 0.4 if vary == "p" else p == 0.5)]
+        fig, axes = plt.subplots(1, 3, figsize=(16, 4))
+        for ax, vary in zip(axes[:2], ("p", "alpha")):
+            fixed = sorted(
+                [(p, a) for p, a in SIM_SETTINGS if (a == 0.4 if vary == "p" else p == 0.5)]
+            )
             xs = [p if vary == "p" else a for p, a in fixed]
             for k in labels:
                 ys = [
@@ -350,6 +373,20 @@ def write_report(runs: Path) -> None:
             ax.set_ylabel("test accuracy")
             ax.grid(alpha=0.3)
         axes[0].legend()
+        names = [f"p={p}\na={a}" for p, a in SIM_SETTINGS]
+        for j, k in enumerate(("oracle", "static", "dynamic", "random")):
+            vals = [
+                next(
+                    r["index_recovery"]
+                    for r in sim
+                    if (r["p"], r["alpha"]) == pa and r["decomposition"] == k
+                )
+                for pa in SIM_SETTINGS
+            ]
+            axes[2].bar(np.arange(len(names)) + 0.2 * j - 0.3, vals, width=0.2, label=k)
+        axes[2].set_xticks(np.arange(len(names)), names, fontsize=8)
+        axes[2].set_ylabel("labels equal to the teacher's")
+        axes[2].legend(fontsize=8)
         fig.suptitle("FedFac simulation study: accuracy per decomposition (cf. paper Fig. 6)")
         fig.tight_layout()
         fig.savefig(DOCS / "fedfac-simulation.png", dpi=110)
@@ -392,7 +429,7 @@ def write_report(runs: Path) -> None:
         fig.savefig(DOCS / "fedfac-cifar10.png", dpi=110)
         plt.close(fig)
         lines += ["", "![cifar10](fedfac-cifar10.png)", ""]
-    lines += ["", USAGE]
+    lines += ["", FINDINGS, USAGE]
     (DOCS / "fedfac.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {DOCS / 'fedfac.md'}")
 
