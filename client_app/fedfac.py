@@ -141,7 +141,8 @@ class FedFacClient(PFLClient):
         self, parameters: NDArrays, config: dict[str, Scalar]
     ) -> tuple[float, float]:
         """LocalTrain: shared params from the server, personal elements trained here
-        (from the global's never-aggregated initial values); nothing is stored."""
+        (starting from the global's value of each personal element: its initial
+        value, or its last average if it was shared once); nothing is stored."""
         self.receive(parameters, config)
         masks = self.masks(config)
         state = self.model.state_dict()

@@ -5,8 +5,8 @@ Static: the first round uploads every element of the Lambda layers, the server
 runs FA once and fixes the split; later rounds upload only the shared elements.
 Dynamic: every round uploads every element of the Lambda layers, FA runs on that
 round's uploads and decides which elements are averaged. Personal elements of
-the global arrays are never written (they keep the initial values a new client
-starts from). ``fa-split`` = true | oracle | random imposes a fixed split instead
+the global arrays are not written in a round (they keep their initial value, or
+their last average if they were shared earlier: where a new client starts). ``fa-split`` = true | oracle | random imposes a fixed split instead
 (simulation study). The mask of personal elements travels with every payload.
 
 New clients (paper Section 3.2): the last ``new-clients`` partitions
