@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from flwr.common import Code, EvaluateIns, EvaluateRes, Status, parameters_to_ndarrays
 
 from client_app.fedfac import FedFacClient
 from methods import get_method
@@ -63,6 +64,19 @@ class MemStore:
         self.state = arrays
 
 
+class LocalProxy:
+    """Stands in for a Flower ClientProxy: evaluate() calls the client directly."""
+
+    def __init__(self, client: FedFacClient) -> None:
+        self.client = client
+
+    def evaluate(
+        self, ins: EvaluateIns, timeout: float | None, group_id: int | None
+    ) -> EvaluateRes:
+        loss, n, metrics = self.client.evaluate(parameters_to_ndarrays(ins.parameters), ins.config)
+        return EvaluateRes(Status(Code.OK, ""), loss, n, metrics)
+
+
 def run_inprocess(overrides: dict, num_clients: int, rounds: int) -> dict:
     """Rounds of the real FedFac client/strategy code, all clients, in-process."""
     cfg = parse_run_config({**overrides, "num-server-rounds": rounds})
@@ -85,6 +99,9 @@ def run_inprocess(overrides: dict, num_clients: int, rounds: int) -> dict:
                 m, method.roles(m), data, cfg, MemStore(), torch.device("cpu"), f"client-{k}"
             )
         )
+    held = num_clients - cfg.new_clients  # the last new-clients never train
+    strategy.held_out = {c.client_key for c in clients[held:]}
+    new_clients, clients = clients[held:], clients[:held]
     history = []
     for rnd in range(1, rounds + 1):
         strategy.rounds[rnd] = RoundLog()
@@ -113,8 +130,19 @@ def run_inprocess(overrides: dict, num_clients: int, rounds: int) -> dict:
                 "fa_changed_fraction": extra.get("fa_changed_fraction"),
             }
         )
+    new_accuracy = None
+    if new_clients:
+        config = {"server-round": rounds, **strategy.fit_config(None, rounds)}
+        if cfg.new_client_mode == "localtrain":
+            accs = [c.evaluate(glob, config)[2]["accuracy"] for c in new_clients]
+        else:  # the strategy's own prediction round, over in-process "proxies"
+            accs = strategy.prediction_round(
+                rounds, [LocalProxy(c) for c in new_clients], [LocalProxy(c) for c in clients]
+            )
+        new_accuracy = float(np.mean(accs))
     layer = next(iter(strategy.shared))
     return {
+        "new_accuracy": new_accuracy,
         "history": history,
         "shared": strategy.shared[layer],
         "cfg": cfg,
@@ -154,6 +182,32 @@ def sim_part() -> list[dict]:
                 "seconds": time.perf_counter() - t,
             }
             print(json.dumps({k: v for k, v in row.items() if k != "curve"}), flush=True)
+            rows.append(row)
+    return rows
+
+
+NEW_CLIENTS = 3  # 10% of the clients held out, as the paper's Table 3
+
+
+def new_client_part() -> list[dict]:
+    """LocalTrain vs Ensemble for held-out clients (paper Section 3.2, Table 3)."""
+    rows = []
+    for method in ("fedfac-static", "fedfac-dynamic"):
+        for mode in ("localtrain", "ensemble"):
+            over = {
+                **SIM_COMMON,
+                "method": method,
+                "new-clients": NEW_CLIENTS,
+                "new-client-mode": mode,
+            }
+            run = run_inprocess(over, SIM_CLIENTS, SIM_ROUNDS)
+            row = {
+                "method": method,
+                "mode": mode,
+                "new_accuracy": run["new_accuracy"],
+                "trained_accuracy": run["history"][-1]["accuracy_mean"],
+            }
+            print(json.dumps(row), flush=True)
             rows.append(row)
     return rows
 
@@ -392,6 +446,27 @@ def write_report(runs: Path) -> None:
         fig.savefig(DOCS / "fedfac-simulation.png", dpi=110)
         plt.close(fig)
         lines += ["", "![simulation study](fedfac-simulation.png)", ""]
+    new = json.loads((runs / "new.json").read_text()) if (runs / "new.json").exists() else []
+    if new:
+        lines += [
+            "## New clients (paper Section 3.2)",
+            "",
+            f"Same simulation (p = 0.5, alpha = 0.4, tau = median), {SIM_CLIENTS} clients of "
+            f"which the last {NEW_CLIENTS} (10%) never train; after {SIM_ROUNDS} rounds they "
+            "are scored with LocalTrain (shared elements from the server, personal ones "
+            "trained locally for one epoch) or Ensemble (mean class probabilities of the "
+            "trained clients' personalised models, gathered by the strategy's prediction "
+            "round). Paper (Table 3, CIFAR-10): Ensemble is said to beat LocalTrain.",
+            "",
+            "| method | mode | new clients | trained clients |",
+            "|---|---|---|---|",
+        ]
+        for r in new:
+            lines.append(
+                f"| {r['method']} | {r['mode']} | {_fmt(r['new_accuracy'])} "
+                f"| {_fmt(r['trained_accuracy'])} |"
+            )
+        lines.append("")
     if cifar:
         lines += [
             "## CIFAR-10, Dirichlet 0.1",
@@ -436,7 +511,7 @@ def write_report(runs: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", choices=["sim", "cifar", "all", "report"], default="all")
+    ap.add_argument("--part", choices=["sim", "new", "cifar", "all", "report"], default="all")
     ap.add_argument("--runs", default="outputs/fedfac")
     args = ap.parse_args()
     runs = Path(args.runs)
@@ -448,6 +523,9 @@ def main() -> None:
     if args.part in ("sim", "all"):
         rows = sim_part()
         (runs / "sim.json").write_text(json.dumps(rows, indent=1))
+    if args.part in ("new", "sim", "all"):
+        rows = new_client_part()
+        (runs / "new.json").write_text(json.dumps(rows, indent=1))
     if args.part in ("cifar", "all"):
         rows = cifar_part(runs)
         (runs / "cifar.json").write_text(json.dumps(rows, indent=1))
