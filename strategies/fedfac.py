@@ -49,7 +49,12 @@ from models.fedfac import (
 from models.roles import TensorSpec
 from run_config.schema import RunConfig
 from strategies.base import CLIENT_KEY, PFLStrategy, Reply, RoundLog, payload_bytes
-from strategies.factor_analysis import layer_matrix, principal_factors, shared_elements
+from strategies.factor_analysis import (
+    FactorResult,
+    layer_matrix,
+    principal_factors,
+    shared_elements,
+)
 from strategies.results import RunRecorder
 
 log = logging.getLogger("flwr.pflower")
@@ -80,7 +85,6 @@ class FedFacStrategy(PFLStrategy):
         self.full_upload = True  # this round's uploads carry every Lambda element
         self.num_clients = 0
         self.held_out: set[str] = set()
-        self.ensemble_inputs: dict[str, int] = {}
 
     # ---- the split --------------------------------------------------------------------------
 
@@ -111,7 +115,7 @@ class FedFacStrategy(PFLStrategy):
         fit = self.factor_analysis(list(study.teacher_weights[:trained]))
         return {layer: shared_elements(fit.communalities, cfg.fa_quantile)}
 
-    def factor_analysis(self, per_client: list[np.ndarray]):  # noqa: ANN201 (FactorResult)
+    def factor_analysis(self, per_client: list[np.ndarray]) -> FactorResult:
         # one BLAS thread: the simulated clients share the machine's cores. Iterated
         # until Psi moves < 1e-4 or for 100 steps (a 512-wide layer: ~10 s on one core)
         with threadpool_limits(1):
