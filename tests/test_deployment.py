@@ -1,8 +1,9 @@
 """Real deployment on loopback: SuperLink + SuperNodes over gRPC, TLS, SuperNode
 authentication, restart-safe personal state, the client boundary, a Ray cluster.
 
-Both deployments (plain and secure) are started once per module and run in the
-background while the in-process tests run; all processes are started by the
+Both deployments (plain and secure) are started once per module, by the first
+test that needs them, and run concurrently; the restart test kills a SuperNode right
+after round 1, so it must be the first of them. All processes are started by the
 test, bounded in time and killed by pid in the fixture's teardown.
 """
 
@@ -284,6 +285,7 @@ def test_secure_supernode_restart_restores_personal_state(federations) -> None:
         head = {k: saved[k] for k in saved.files if k != "__sha256__"}
     assert set(head) == {"head.weight", "head.bias"}
 
+    assert _rounds_done(fed.root) < ROUNDS, "the run ended before the restart could be tested"
     old = fed.nodes["site-b"]
     old_id = re.search(r"SuperNode ID: (\d+)", old.text()).group(1)
     fed.stop(old, signal.SIGTERM)  # the site goes down (its ClientApp with it)
