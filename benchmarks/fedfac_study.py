@@ -189,6 +189,25 @@ def sim_part() -> list[dict]:
 NEW_CLIENTS = 3  # 10% of the clients held out, as the paper's Table 3
 
 
+def reference_part() -> list[dict]:
+    """FedAvg on the same runs (every neuron shared: a random split with tau = 0)."""
+    rows = []
+    for p, alpha in SIM_SETTINGS:
+        over = {
+            **SIM_COMMON,
+            "sim-shared-neurons": p,
+            "sim-shared-covariates": alpha,
+            "method": "fedfac-static",
+            "fa-split": "random",
+            "fa-quantile": 0.0,
+        }
+        run = run_inprocess(over, SIM_CLIENTS, SIM_ROUNDS)
+        row = {"p": p, "alpha": alpha, "accuracy": run["history"][-1]["accuracy_mean"]}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
 def new_client_part() -> list[dict]:
     """LocalTrain vs Ensemble for held-out clients (paper Section 3.2, Table 3)."""
     rows = []
@@ -373,15 +392,18 @@ def write_report(runs: Path) -> None:
             "without numbers): true, oracle, static and dynamic nearly identical, random "
             "much inferior.",
             "",
-            "| p | alpha | " + " | ".join(labels) + " |",
-            "|---|---|" + "---|" * len(labels),
+            "| p | alpha | " + " | ".join(labels) + " | FedAvg (all shared) |",
+            "|---|---|" + "---|" * (len(labels) + 1),
         ]
+        avg_path = runs / "fedavg.json"
+        avg = json.loads(avg_path.read_text()) if avg_path.exists() else []
         for p, alpha in SIM_SETTINGS:
             got = {r["decomposition"]: r for r in sim if r["p"] == p and r["alpha"] == alpha}
+            ref = next((r["accuracy"] for r in avg if (r["p"], r["alpha"]) == (p, alpha)), None)
             lines.append(
                 f"| {p} | {alpha} | "
                 + " | ".join(_fmt(got[k]["accuracy"]) if k in got else "-" for k in labels)
-                + " |"
+                + f" | {_fmt(ref)} |"
             )
         lines += [
             "",
@@ -526,6 +548,8 @@ def main() -> None:
     if args.part in ("new", "sim", "all"):
         rows = new_client_part()
         (runs / "new.json").write_text(json.dumps(rows, indent=1))
+        rows = reference_part()
+        (runs / "fedavg.json").write_text(json.dumps(rows, indent=1))
     if args.part in ("cifar", "all"):
         rows = cifar_part(runs)
         (runs / "cifar.json").write_text(json.dumps(rows, indent=1))
