@@ -25,7 +25,11 @@ from typing import Any
 from benchmarks.harness import CIFAR10_DEV, Cell, Setting, is_complete, load_results, run_cell
 
 REPO = Path(__file__).resolve().parent.parent
-METHODS = ("dualfed", "fedavg", "fedper", "fedbn")
+METHODS = ("dualfed", "dualfed-simultaneous", "fedavg", "fedper", "fedbn")
+# a benchmark variant -> (registered method, extra config)
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "dualfed-simultaneous": ("dualfed", {"dual-schedule": "simultaneous"}),
+}
 # DualFed paper (ACM MM 2024), best-round accuracy, mean of 5 seeds, ImageNet ResNet-18,
 # one client per domain, 300 rounds: Tables 1 and 2, "Avg." column.
 PAPER = {
@@ -55,7 +59,8 @@ def subset_parquet(rows: int, seed: int, out_dir: Path) -> str:
     return str(path)
 
 
-def run_config(args: argparse.Namespace, method: str) -> dict[str, Any]:
+def run_config(args: argparse.Namespace, variant: str) -> dict[str, Any]:
+    method, extra = VARIANTS.get(variant, (variant, {}))
     return {
         "method": method,
         "dataset": subset_parquet(args.rows, args.seed, args.runs.resolve()),
@@ -75,7 +80,8 @@ def run_config(args: argparse.Namespace, method: str) -> dict[str, Any]:
         "seed": args.seed,
         "num-server-rounds": args.rounds,
         "output-dir": str((args.runs / args.model).resolve()),
-        "run-name": method,
+        "run-name": variant,
+        **extra,
     }
 
 
@@ -96,6 +102,8 @@ def plot(results: dict[str, dict[str, Any]], path: Path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for method, res in results.items():
         acc = curve(res, "accuracy_mean")
+        if not acc:
+            continue
         (line,) = ax.plot(range(1, len(acc) + 1), [100 * a for a in acc], marker="o", ms=3)
         line.set_label(f"{method} (combined)" if method == "dualfed" else method)
         if method == "dualfed":
@@ -138,7 +146,7 @@ def write_doc(
         best = max(curve(res, "accuracy_mean"))
         g = last.get("accuracy_global_mean")
         p = last.get("accuracy_personal_mean")
-        paper = " / ".join(f"{PAPER[k][method]:.2f}" for k in PAPER)
+        paper = " / ".join(f"{PAPER[k][method]:.2f}" for k in PAPER if method in PAPER[k])
         rows.append(
             f"| {method} | {fmt(last['accuracy_mean'])} | {fmt(best)} | {fmt(g)} | {fmt(p)} "
             f"| {fmt(last['accuracy_pooled'])} | {res['total_bytes_up'] / 1e6:.2f} "
