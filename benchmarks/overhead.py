@@ -628,11 +628,11 @@ def _overhead_notes(p: dict[str, Any]) -> list[str]:
         for r in p["rows"]
     )
     if added:
-        fixed = added[len(added) // 2]
+        fixed = added[-1]  # the largest: a conservative break-even
         out += [
             "",
             f"The added time is roughly fixed per message, not proportional to the work: "
-            f"about {fixed:.2f} s per round at {n} clients (the larger of the workloads' figures). The "
+            f"about {fixed:.2f} s per round at {n} clients (the largest of the workloads' figures). The "
             f"ratio is therefore below 1.15 once the clients' local work exceeds "
             f"{fixed:.2f} / 0.15 = {fixed / 0.15:.1f} s per round, i.e. about "
             f"{fixed / 0.15 / n:.2f} s per client per round. One epoch of a 4-layer CNN "
