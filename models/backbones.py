@@ -8,9 +8,6 @@ import logging
 
 import torch
 from torch import nn
-from torchvision.models import ResNet18_Weights
-from torchvision.models import resnet18 as tv_resnet18
-from torchvision.models.resnet import BasicBlock
 
 log = logging.getLogger("flwr.pflower")
 
@@ -63,6 +60,10 @@ class SmallResNet(Backbone):
     reference), then one torchvision BasicBlock per stage."""
 
     def __init__(self, in_channels: int, num_classes: int, widths: tuple[int, ...]) -> None:
+        # torchvision is imported where it is used: importing it costs a deployed
+        # ClientApp (one process per message) about 40% of its start-up
+        from torchvision.models.resnet import BasicBlock
+
         super().__init__()
         layers: list[nn.Module] = [
             nn.Conv2d(in_channels, widths[0], 7, stride=2, padding=3, bias=False),
@@ -88,6 +89,8 @@ class SmallResNet(Backbone):
 def _load_imagenet(net: nn.Module) -> None:
     """torchvision's ImageNet weights (downloaded, or from torch's hub cache);
     offline, the random init is kept and the log says so."""
+    from torchvision.models import ResNet18_Weights
+
     try:
         net.load_state_dict(ResNet18_Weights.IMAGENET1K_V1.get_state_dict(progress=False))
         log.info("resnet18: loaded torchvision's ImageNet weights")
@@ -104,6 +107,8 @@ class ResNet18(Backbone):
     """torchvision's ResNet-18 (so ImageNet weights load), fc as the head."""
 
     def __init__(self, in_channels: int, num_classes: int, weights_path: str = "") -> None:
+        from torchvision.models import resnet18 as tv_resnet18
+
         super().__init__()
         net = tv_resnet18()
         if weights_path == "imagenet":
