@@ -233,8 +233,12 @@ NOTES = """## What the committed run shows (default arguments)
     is still rising at round 8 (see the plot), and the factorized models start
     slower: with mu at zero, every conv filter of a layer is a multiple of the
     same rank-1 kernel until mu grows, which takes more than ~60 local steps
-    per client. `factorized_fl-20rounds.md` (if present) repeats the IID
-    setting for 20 rounds.
+    per client. `factorized_fl-20rounds.md` repeats the IID setting for 20
+    rounds (alpha, beta, head-personal FedAvg, Local): Local still leads
+    (37.5%), beta (31.7%) passes head-personal FedAvg's final round (30.6%,
+    best 34.7%) at half its bytes, alpha stalls near 26%. At ~240 training
+    images per client the rank-1 factorized body (mu still ~75% below the
+    threshold) is the bottleneck; the paper's clients hold 2,500 images.
   - "alpha costs about 2% of FedAvg's bytes": **reproduced** in kind: 2.9% of
     FedAvg's fit bytes with resnet8 (the paper: 0.32 / 20.39 Gb = 1.6%); most
     of it is the matching v (see below). beta sent ~21% of its mu entries and
