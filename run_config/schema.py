@@ -71,6 +71,7 @@ class RunConfig(BaseModel):
     fraction_fit: float = _field(1.0, alias="fraction-fit", gt=0, le=1)
     fraction_evaluate: float = _field(1.0, alias="fraction-evaluate", gt=0, le=1)
     min_replies: int = _field(1, alias="min-replies", ge=1)
+    min_available_clients: int = _field(1, alias="min-available-clients", ge=1)
     max_abs_value: float = _field(1e6, alias="max-abs-value", gt=0)
     round_timeout: float = _field(0.0, alias="round-timeout", ge=0)
     dropout_rate: float = _field(0.0, alias="dropout-rate", ge=0, lt=1)

@@ -39,6 +39,7 @@ from strategies.results import RunRecorder
 log = logging.getLogger("flwr.pflower")
 
 CLIENT_KEY = "client-key"
+WAIT_S = 600  # how long a round waits for min-available-clients
 
 
 @dataclass
@@ -156,6 +157,15 @@ class PFLStrategy(Strategy):
         return self.global_payload()
 
     def _sample(self, client_manager: ClientManager, fraction: float) -> list[ClientProxy]:
+        wanted = self.cfg.min_available_clients
+        if client_manager.num_available() < wanted:
+            log.info("waiting up to %ds for %d clients (min-available-clients)", WAIT_S, wanted)
+            if not client_manager.wait_for(wanted, timeout=WAIT_S):
+                log.warning(
+                    "only %d of %d clients connected: going on",
+                    client_manager.num_available(),
+                    wanted,
+                )
         available = client_manager.num_available()
         n = max(1, int(math.ceil(fraction * available)))
         return client_manager.sample(num_clients=n, min_num_clients=n)

@@ -214,3 +214,26 @@ def test_end_to_end_simulation_improves(method: str, tmp_path: Path) -> None:
         assert all(r["bytes_up"] == 0 and r["bytes_down"] == 0 for r in rounds)
     else:
         assert all(r["bytes_up"] > 0 for r in rounds)
+
+
+def test_a_round_waits_for_min_available_clients(monkeypatch, caplog) -> None:
+    import threading
+
+    from flwr.server.client_manager import SimpleClientManager
+
+    import strategies.base
+
+    cfg = config(method="fedavg", min_available_clients=2)
+    strategy = make_strategy(cfg)
+    manager = SimpleClientManager()
+    manager.register(FakeProxy(1))
+    late = threading.Timer(0.3, lambda: manager.register(FakeProxy(2)))
+    late.start()
+    sampled = strategy.configure_fit(1, strategy.global_payload(), manager)
+    assert sorted(p.node_id for p, _ in sampled) == [1, 2]
+    # a federation that never fills up: the round goes on with who is there
+    monkeypatch.setattr(strategies.base, "WAIT_S", 0.2)
+    strategy = make_strategy(config(method="fedavg", min_available_clients=5))
+    with caplog.at_level("WARNING", logger="flwr"):
+        sampled = strategy.configure_fit(1, strategy.global_payload(), manager)
+    assert len(sampled) == 2 and "only 2 of 5 clients" in caplog.text
