@@ -230,8 +230,76 @@ def report(args: argparse.Namespace, results: dict[str, dict[str, Any]], command
     for i in range(args.rounds):
         cells = [f"{accs(res)[i]:.2f}" for res in results.values()]
         lines.append(f"| {i + 1} | " + " | ".join(cells) + " |")
-    lines += ["", "![curves and E_lora sweep](feddecomp.png)", ""]
+    lines += ["", "![curves and E_lora sweep](feddecomp.png)", "", *discussion(args, results)]
     return "\n".join(lines)
+
+
+def discussion(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> list[str]:
+    """What the numbers say, with the figures computed from the runs."""
+    if not all(label in results for label in MAIN):
+        return []
+    best = {label: max(accs(res)) for label, res in results.items()}
+    tau_steps = 2 * -(-args.train // args.batch) * args.rounds
+    lines = [
+        "## Reading the numbers",
+        "",
+        f"- At this budget the paper's claim is only half reproduced: FedDecomp beats FedAvg "
+        f"({best['FedDecomp']:.1f} vs {best['FedAvg']:.1f} best mean accuracy) but stays far "
+        f"below Local ({best['Local']:.1f}); the paper has 85.47 / 60.39 / 81.91 after "
+        "300 rounds.",
+        "- Why: tau starts at exactly 0 (B = 0) and is scaled by 1/rank, so the personal part "
+        "grows slowly, and until it has grown the evaluated model is mostly the global sigma, "
+        "which at alpha = 0.1 is FedAvg-level. Here a client takes "
+        f"{tau_steps} SGD steps on tau over the whole run (E_lora = 2 epochs of "
+        f"{-(-args.train // args.batch)} batches, {args.rounds} rounds); the paper's clients "
+        "take 2 x 5 x 300 = 3000.",
+    ]
+    if "FedDecomp E_lora=3" in results:
+        e3 = accs(results["FedDecomp E_lora=3"])
+        lines.append(
+            f"- The E_lora sweep supports this: with 3 of 5 epochs on tau FedDecomp reaches "
+            f"{e3[-1]:.1f} by round {len(e3)} (still rising), close to Local; the paper's "
+            "Fig. 5 finds the optimum at E_lora = 2 after 300 rounds, when tau has had time "
+            "to grow."
+        )
+    if "FedDecomp E_lora=0" in results:
+        same = accs(results["FedDecomp E_lora=0"]) == accs(results["FedAvg"])
+        lines.append(
+            "- E_lora = 0 is FedAvg: "
+            + (
+                "the two runs give the same accuracy in every round (every client has "
+                f"{args.train} train images, so the plain and sample-weighted means agree)."
+                if same
+                else "the curves differ here (clients have different sample counts, so the "
+                "plain mean differs from FedAvg's weighted mean)."
+            )
+        )
+    if "FedDecomp simultaneous" in results:
+        lines.append(
+            f"- Alternating vs simultaneous: {best['FedDecomp']:.1f} vs "
+            f"{best['FedDecomp simultaneous']:.1f}. The paper finds the two similar on "
+            "CIFAR-10 and alternating clearly better on the harder data sets (Table 3)."
+        )
+    lines += [
+        "- Local is strong at alpha = 0.1 because a client sees one to three classes: "
+        "predicting its majority class is already right most of the time.",
+        "- Communication: FedDecomp uploads exactly FedAvg's bytes (sigma, biases, "
+        "BatchNorm; A and B never travel). Its rounds cost more compute than FedAvg's "
+        "only in the tau phase (the B @ A product and its gradient); in the sigma phase tau "
+        "is computed once and held constant.",
+        "- Other differences from the paper: one seed (paper: 3); 10 clients x 100 train "
+        "images (paper 40 x 500); the 4-layer CNN without BatchNorm at lr 0.05 (paper: "
+        "ResNet-8 at lr 0.1); batch 50 so that an epoch has more than one step. The issue "
+        "reports that the official code (ResNet-8 with BatchNorm at lr 0.1, 10 clients, its "
+        "rank-basis = out and a rank-40 head, i.e. larger ranks than the paper's rule) brings "
+        "FedDecomp level with Local within 20 rounds; this run has half as many rounds, a "
+        "smaller model without BatchNorm and a lower lr, all of which slow tau down.",
+        "- No GPU machine was lent to this task, so the paper-scale run (40 clients, "
+        "300 rounds, ResNet-8) was not made; `benchmarks.harness --preset "
+        "gpu-feddecomp-cifar10` describes it.",
+        "",
+    ]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:
