@@ -39,7 +39,8 @@ class FedDecompClient(PFLClient):
                 cfg,
                 generator,
             )
-        return {"train-loss": sigma_loss, "tau-loss": tau_loss}
+        last = sigma_loss if cfg.local_epochs > cfg.lora_epochs else tau_loss
+        return {"train-loss": last, "tau-loss": tau_loss, "sigma-loss": sigma_loss}
 
     def score(self) -> tuple[float, dict[str, Scalar]]:
         """Global sigma + own tau on the own test split."""
