@@ -624,7 +624,9 @@ def plot_setting(rows: list[dict[str, Any]], title: str, path: Path) -> None:
     ax1.set_title(title)
     if any(row["n"] for row in rows):
         ax1.legend(fontsize=8)
-    ax2.set_xscale("symlog", linthresh=0.01)
+    firsts = [r["cum_bytes"][0] / 1e6 for r in rows if r["n"] and r["cum_bytes"][0] > 0]
+    # linear up to the smallest first-round payload, log beyond: zero-byte Local fits too
+    ax2.set_xscale("symlog", linthresh=min(firsts) if firsts else 0.01)
     ax2.set_xlabel("cumulative MB sent (fit, up + down; symlog)")
     ax2.set_ylabel("accuracy, mean over clients (%)")
     ax2.set_title("accuracy vs communication")
