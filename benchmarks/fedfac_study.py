@@ -392,18 +392,21 @@ def write_report(runs: Path) -> None:
             "without numbers): true, oracle, static and dynamic nearly identical, random "
             "much inferior.",
             "",
-            "| p | alpha | " + " | ".join(labels) + " | FedAvg (all shared) |",
-            "|---|---|" + "---|" * (len(labels) + 1),
         ]
         avg_path = runs / "fedavg.json"
         avg = json.loads(avg_path.read_text()) if avg_path.exists() else []
+        head = " | FedAvg (all shared) |" if avg else " |"
+        lines += [
+            "| p | alpha | " + " | ".join(labels) + head,
+            "|---|---|" + "---|" * (len(labels) + bool(avg)),
+        ]
         for p, alpha in SIM_SETTINGS:
             got = {r["decomposition"]: r for r in sim if r["p"] == p and r["alpha"] == alpha}
             ref = next((r["accuracy"] for r in avg if (r["p"], r["alpha"]) == (p, alpha)), None)
             lines.append(
                 f"| {p} | {alpha} | "
                 + " | ".join(_fmt(got[k]["accuracy"]) if k in got else "-" for k in labels)
-                + f" | {_fmt(ref)} |"
+                + (f" | {_fmt(ref)} |" if avg else " |")
             )
         lines += [
             "",
