@@ -62,8 +62,9 @@ NOTES = """## Why FedCP trails here (the honest reading)
   client at its majority rate even longer.
 - PIR rises from 0.507 to 0.547 at round 10 and 0.572 at round 25 on every client,
   the direction the paper reports (from 0.5 upwards, more personalised information at inference). This early
-  it is almost the same on all clients (spread < 0.001): the shared CPN's LayerNorm
-  sets the split and the per-client context has not yet differentiated it.
+  it is almost the same on all clients (spread < 0.001), most likely because the
+  shared CPN's LayerNorm sets the split and the per-client context has not yet
+  differentiated it.
 - The paper's claim is for 2000 rounds of 20 clients with ~2,250 images each. This CPU
   budget cannot test it; nothing here contradicts it, and nothing here confirms it.
   No GPU machine was lent to this task, so the paper-scale run was not done.
