@@ -1,7 +1,7 @@
 """DualFed vs FedAvg / FedPer / FedBN on a domain-shift CIFAR-10 scenario (CPU-sized).
 
     flock /tmp/pflower-bench.lock nice -n 10 python -m benchmarks.dualfed \
-        [--clients 12] [--rounds 8] [--model resnet8] [--runs outputs/dualfed-bench] [--out docs]
+        [--clients 12] [--rounds 20] [--model resnet8] [--runs outputs/dualfed-bench] [--out docs]
 
 A seeded 4000-row subset of the 12k CIFAR-10 dev set, ``domain-shift=true``,
 ``num-domains`` 4: client i's images pass through fixed transform i % 4 (identity,
@@ -197,7 +197,7 @@ def write_doc(
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=12)
-    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--model", default="resnet8", choices=("cnn4", "resnet8", "resnet18"))
     parser.add_argument("--train-per-client", type=int, default=150)
     parser.add_argument("--batch-size", type=int, default=32)
