@@ -108,7 +108,7 @@ PRESETS: dict[str, Preset] = {
                 "round 10 (best = final), so these are early-training figures. FedAvg stays "
                 "near chance (58%): one global model cannot fit 20 clients whose teachers "
                 "differ. Local leads (80%), FedFac static and dynamic follow (78%) and pass "
-                "FedPer and FedRep (74-75%) from round 6 on; FedFac-static sends 22% fewer "
+                "FedPer and FedRep (74-75%) in the later rounds; FedFac-static sends 22% fewer "
                 "bytes than FedAvg because, once its split is fixed, clients upload only "
                 "the shared elements. That Local still leads says the personal part "
                 "dominates at this budget; the paper's claim (FedFac above the split "
