@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
 
 setup() {
+    [ "${PFLOWER_SKIP_SETUP:-}" = 1 ] && return 0  # the environment is ready (tests)
     if [ ! -x "$VENV/bin/python" ]; then
         python3 -m venv "$VENV"
     fi
@@ -25,7 +26,14 @@ case "${1:-}" in
         # flwr 1.39 would otherwise install the app's dependencies into a fresh
         # environment per run (needs the internet); this environment already has them.
         export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
-        export PATH="$PWD/$VENV/bin:$PATH"
+        # flwr keeps its SuperLink connections (federation size, client resources)
+        # in $FLWR_HOME/config.toml: start from the project's.
+        export FLWR_HOME="${FLWR_HOME:-$PWD/.flwr}"
+        if [ ! -f "$FLWR_HOME/config.toml" ]; then
+            mkdir -p "$FLWR_HOME"
+            cp scripts/flower-config.toml "$FLWR_HOME/config.toml"
+        fi
+        case "$VENV" in /*) export PATH="$VENV/bin:$PATH" ;; *) export PATH="$PWD/$VENV/bin:$PATH" ;; esac
         exec flwr run . --stream "$@"
         ;;
     test)

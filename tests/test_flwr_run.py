@@ -31,24 +31,21 @@ def _stop_local_superlink(flwr_home: Path) -> None:
 
 
 @pytest.mark.slow
-def test_flwr_run_main_job_offline(tmp_path: Path) -> None:
-    flwr = shutil.which("flwr", path=str(Path(sys.executable).parent)) or shutil.which("flwr")
-    assert flwr, "the flwr CLI is installed with the project"
+def test_the_readme_main_job_runs_offline(tmp_path: Path) -> None:
+    """`bash scripts/dev.sh run` (set-up skipped: this environment is installed)."""
     home = tmp_path / "flwr-home"
     env = {
         **os.environ,
         "FLWR_HOME": str(home),
-        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "VENV": str(Path(sys.executable).parent.parent),
+        "PFLOWER_SKIP_SETUP": "1",
     }
+    env.pop("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", None)  # dev.sh must set it
     out_dir = tmp_path / "out"
     cmd = [
-        flwr,
+        "bash",
+        "scripts/dev.sh",
         "run",
-        ".",
-        "--stream",
-        "--federation-config",
-        "num-supernodes=3",
         "--run-config",
         f"num-server-rounds=2 method='fedper' output-dir='{out_dir}' run-name='cli'",
     ]
@@ -61,8 +58,10 @@ def test_flwr_run_main_job_offline(tmp_path: Path) -> None:
     assert results.exists(), log[-4000:]
     data = json.loads(results.read_text())
     assert [r["round"] for r in data["rounds"]] == [1, 2]
-    assert len(data["rounds"][-1]["per_client_accuracy"]) == 3
+    # the project's federation (scripts/flower-config.toml): 10 clients
+    assert len(data["rounds"][-1]["per_client_accuracy"]) == 10
     assert "round 2/2" in log and f"results: {results}" in log
+    assert (home / "config.toml").read_text() == (ROOT / "scripts/flower-config.toml").read_text()
 
 
 @pytest.mark.slow
