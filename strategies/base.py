@@ -40,6 +40,7 @@ log = logging.getLogger("flwr.pflower")
 
 CLIENT_KEY = "client-key"
 WAIT_S = 600  # how long a round waits for min-available-clients
+SETTLE_S = 30  # how long the first round waits for registrations to settle
 
 
 @dataclass
@@ -114,6 +115,7 @@ class PFLStrategy(Strategy):
         self.node_keys: dict[int, str] = {}  # transient node id -> stable client key
         self.rounds: dict[int, RoundLog] = {}
         self._encoded: Parameters | None = None
+        self._settled = False  # see wait_for_federation
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(method={self.cfg.method})"
@@ -156,7 +158,25 @@ class PFLStrategy(Strategy):
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         return self.global_payload()
 
+    def wait_for_federation(self, client_manager: ClientManager) -> int:
+        """Once per run, before the first round: nodes register asynchronously,
+        so wait until the number of connected clients stops changing (at most
+        SETTLE_S). Returns the number connected."""
+        if not self._settled:
+            deadline = time.monotonic() + SETTLE_S
+            last, since = -1, time.monotonic()
+            while time.monotonic() < deadline:
+                n = client_manager.num_available()
+                if n != last:
+                    last, since = n, time.monotonic()
+                elif n > 0 and time.monotonic() - since >= 1.0:
+                    break
+                time.sleep(0.1)
+            self._settled = True
+        return client_manager.num_available()
+
     def _sample(self, client_manager: ClientManager, fraction: float) -> list[ClientProxy]:
+        self.wait_for_federation(client_manager)
         wanted = self.cfg.min_available_clients
         if client_manager.num_available() < wanted:
             log.info("waiting up to %ds for %d clients (min-available-clients)", WAIT_S, wanted)

@@ -168,7 +168,7 @@ class FedFacStrategy(PFLStrategy):
     def _start(self, client_manager: ClientManager) -> None:
         if self.num_clients:
             return
-        self.num_clients = client_manager.num_available()
+        self.num_clients = self.wait_for_federation(client_manager)
         n = self.cfg.new_clients
         if n >= self.num_clients:
             raise ValueError(
