@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import CIFAR10_DEV, Cell, Setting, is_complete, load_results, run_cell
+from benchmarks.common import subset_parquet
+from benchmarks.harness import Cell, Setting, is_complete, load_results, run_cell
 
 REPO = Path(__file__).resolve().parent.parent
 METHODS = ("dualfed", "dualfed-simultaneous", "fedavg", "fedper", "fedbn")
@@ -39,24 +40,6 @@ PAPER = {
 
 
 NOTES_MARKER = "<!-- discussion: kept across reruns -->"
-
-
-def subset_parquet(rows: int, seed: int, out_dir: Path) -> str:
-    """A seeded ``rows``-row subset of the dev set (0 = all of it): every process of a
-    run decodes the whole file, so a smaller file starts faster."""
-    if rows <= 0:
-        return CIFAR10_DEV
-    import numpy as np
-    import pyarrow.parquet as pq
-
-    path = out_dir / f"cifar10-dev-{rows}-seed{seed}.parquet"
-    if not path.exists():
-        table = pq.read_table(CIFAR10_DEV)
-        keep = np.sort(np.random.default_rng(seed).choice(table.num_rows, rows, replace=False))
-        out_dir.mkdir(parents=True, exist_ok=True)
-        pq.write_table(table.take(keep), path.with_suffix(".tmp"))
-        path.with_suffix(".tmp").replace(path)
-    return str(path)
 
 
 def run_config(args: argparse.Namespace, variant: str) -> dict[str, Any]:

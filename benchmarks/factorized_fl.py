@@ -20,8 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.common import CIFAR10_DEV
+
 REPO = Path(__file__).resolve().parent.parent
-SOURCE = "/work/shared/data/cifar10-dev-12k.parquet"
+SOURCE = CIFAR10_DEV
 SUBSET = REPO / "outputs" / "data" / "cifar10-dev-subset.parquet"
 RUNS = REPO / "outputs" / "bench-factorized-fl"
 METHODS = ("factorized-fl-alpha", "factorized-fl-beta", "fedavg", "fedper", "local")

@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.common import CIFAR10_DEV, complete, subset_parquet
+
 REPO = Path(__file__).resolve().parent.parent
-CIFAR10_DEV = "/work/shared/data/cifar10-dev-12k.parquet"
 METHODS = ("fedcp", "fedper", "local", "fedavg")
 # FedCP paper (KDD 2023), 4-layer CNN, 20 clients, practical beta = 0.1, 2000 rounds,
 # best-round accuracy; only FedCP's figures are given in ../shared/METHODS.md.
@@ -97,23 +98,6 @@ record holds `per_client_pir` and `pir_mean`.
 """
 
 
-def subset_parquet(rows: int, seed: int, out_dir: Path) -> str:
-    """A seeded random ``rows``-row subset of the dev set (0 = the whole file)."""
-    if rows <= 0:
-        return CIFAR10_DEV
-    import pyarrow.parquet as pq
-
-    path = out_dir / f"cifar10-dev-{rows}-seed{seed}.parquet"
-    if not path.exists():
-        table = pq.read_table(CIFAR10_DEV)
-        keep = np.sort(np.random.default_rng(seed).choice(table.num_rows, rows, replace=False))
-        out_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        pq.write_table(table.take(keep), tmp)
-        tmp.replace(path)
-    return str(path)
-
-
 def run_config(args: argparse.Namespace, dataset: str, method: str, rounds: int) -> dict[str, Any]:
     return {
         "method": method,
@@ -131,19 +115,6 @@ def run_config(args: argparse.Namespace, dataset: str, method: str, rounds: int)
         "output-dir": str(Path(args.runs).resolve()),
         "run-name": f"{method}-c{args.clients}-r{rounds}-n{args.rows}-s{args.seed}",
     }
-
-
-def complete(path: Path, config: dict[str, Any]) -> dict[str, Any] | None:
-    """The results at ``path`` if they finished every round of this config."""
-    if not path.exists():
-        return None
-    res = json.loads(path.read_text())
-    cfg = res.get("config", {})
-    if any(cfg.get(k) != v for k, v in config.items() if k != "output-dir"):
-        return None
-    if len(res.get("rounds", [])) != config["num-server-rounds"]:
-        return None
-    return res
 
 
 def run_one(config: dict[str, Any], clients: int) -> dict[str, Any]:

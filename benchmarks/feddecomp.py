@@ -25,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.common import CIFAR10_DEV, complete
+
 REPO = Path(__file__).resolve().parent.parent
-CIFAR10_DEV = "/work/shared/data/cifar10-dev-12k.parquet"
 
 # (label, method, FedDecomp keys): the main comparison first, then the ablations
 RUNS: tuple[tuple[str, str, dict[str, Any]], ...] = (
@@ -74,19 +75,6 @@ def run_config(args: argparse.Namespace, method: str, extra: dict[str, Any]) -> 
         "run-name": f"{method}{'-' + tag if tag else ''}-c{args.clients}-r{args.rounds}"
         f"-n{args.train}-s{args.seed}",
     }
-
-
-def complete(path: Path, config: dict[str, Any]) -> dict[str, Any] | None:
-    """The results at ``path`` if they finished every round of this config."""
-    if not path.exists():
-        return None
-    res = json.loads(path.read_text())
-    cfg = res.get("config", {})
-    if any(cfg.get(k) != v for k, v in config.items() if k != "output-dir"):
-        return None
-    if len(res.get("rounds", [])) != config["num-server-rounds"]:
-        return None
-    return res
 
 
 def run_one(config: dict[str, Any], clients: int) -> dict[str, Any]:

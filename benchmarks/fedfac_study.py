@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from flwr.common import Code, EvaluateIns, EvaluateRes, Status, parameters_to_ndarrays
 
+from benchmarks.common import CIFAR10_DEV
 from client_app.fedfac import FedFacClient
 from methods import get_method
 from models.roles import get_arrays, wire_spec
@@ -29,7 +30,7 @@ from strategies.base import Reply, RoundLog
 from strategies.fedfac import FedFacStrategy
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-CIFAR = "/work/shared/data/cifar10-dev-12k.parquet"
+CIFAR = CIFAR10_DEV
 
 SIM_CLIENTS = 30
 SIM_ROUNDS = 12

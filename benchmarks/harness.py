@@ -27,8 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.common import CIFAR10_DEV
+
 REPO = Path(__file__).resolve().parent.parent
-CIFAR10_DEV = "/work/shared/data/cifar10-dev-12k.parquet"
 FASHION_IDX = "/usr/share/datasets/fashion-mnist"
 FASHION_PARQUET = str(REPO / "outputs" / "data" / "fashion-mnist.parquet")
 BASELINES = ("fedavg", "local", "fedper", "fedrep", "fedbn")

@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.common import CIFAR10_DEV
+
 REPO = Path(__file__).resolve().parent.parent
 RAW = REPO / "docs" / "performance"  # raw figures, committed with the report
 DOCS = REPO / "docs"
@@ -60,7 +62,7 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     },
     # a real image workload: CIFAR-10 dev set, FedDecomp's per-client protocol, 4-layer CNN
     "cifar-cnn4": {
-        "dataset": "/work/shared/data/cifar10-dev-12k.parquet",
+        "dataset": CIFAR10_DEV,
         "partitioner": "dirichlet-client",
         "alpha": 0.1,
         "train-per-client": 300,
