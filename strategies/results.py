@@ -124,6 +124,7 @@ def plot_accuracy(summaries: list[dict[str, Any]], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for s in summaries:
@@ -131,8 +132,14 @@ def plot_accuracy(summaries: list[dict[str, Any]], path: Path) -> None:
         ax.plot(
             rounds, [r["accuracy_mean"] for r in s["rounds"]], marker="o", ms=3, label=s["method"]
         )
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel("accuracy (mean over clients)")
+    if len(summaries) == 1:
+        cfg = summaries[0]["config"]
+        ax.set_title(
+            f"{cfg['method']} on {Path(str(cfg['dataset'])).name} ({cfg['model']})", fontsize=10
+        )
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
