@@ -1,9 +1,10 @@
 """What the benchmark scripts share: where the data lives, dev-set subsets,
-and the resume check for a finished run."""
+the resume check for a finished run, and one resumable simulation."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,4 +43,24 @@ def complete(path: Path, config: dict[str, Any]) -> dict[str, Any] | None:
         return None
     if len(res.get("rounds", [])) != config["num-server-rounds"]:
         return None
+    return res
+
+
+def run_one(config: dict[str, Any], clients: int) -> dict[str, Any]:
+    """One simulation (skipped when its results are complete); adds wall_seconds."""
+    path = Path(config["output-dir"]) / config["run-name"] / "results.json"
+    done = complete(path, config)
+    if done is not None:
+        print(f"reusing {path}", flush=True)
+        return done
+    from server_app.simulate import simulate
+
+    started = time.time()
+    simulate(config, clients)
+    res = complete(path, config)
+    if res is None:
+        raise RuntimeError(f"{config['run-name']} did not complete: {path}")
+    res["wall_seconds"] = time.time() - started
+    path.write_text(json.dumps(res, indent=1))
+    print(f"{config['run-name']}: {res['wall_seconds']:.0f} s", flush=True)
     return res

@@ -16,14 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks.common import CIFAR10_DEV, complete, subset_parquet
+from benchmarks.common import CIFAR10_DEV, run_one, subset_parquet
 
 REPO = Path(__file__).resolve().parent.parent
 METHODS = ("fedcp", "fedper", "local", "fedavg")
@@ -115,23 +114,6 @@ def run_config(args: argparse.Namespace, dataset: str, method: str, rounds: int)
         "output-dir": str(Path(args.runs).resolve()),
         "run-name": f"{method}-c{args.clients}-r{rounds}-n{args.rows}-s{args.seed}",
     }
-
-
-def run_one(config: dict[str, Any], clients: int) -> dict[str, Any]:
-    path = Path(config["output-dir"]) / config["run-name"] / "results.json"
-    done = complete(path, config)
-    if done is not None:
-        print(f"reusing {path}", flush=True)
-        return done
-    from server_app.simulate import simulate
-
-    started = time.time()
-    simulate(config, clients)
-    print(f"{config['method']}: {time.time() - started:.0f} s", flush=True)
-    res = complete(path, config)
-    if res is None:
-        raise RuntimeError(f"{config['method']} did not complete: {path}")
-    return res
 
 
 def probe(args: argparse.Namespace, dataset: str, rounds: int = 8) -> dict[str, Any]:

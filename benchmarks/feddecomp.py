@@ -16,16 +16,14 @@ and ``docs/feddecomp.png``.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks.common import CIFAR10_DEV, complete
+from benchmarks.common import CIFAR10_DEV, run_one
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -75,25 +73,6 @@ def run_config(args: argparse.Namespace, method: str, extra: dict[str, Any]) -> 
         "run-name": f"{method}{'-' + tag if tag else ''}-c{args.clients}-r{args.rounds}"
         f"-n{args.train}-s{args.seed}",
     }
-
-
-def run_one(config: dict[str, Any], clients: int) -> dict[str, Any]:
-    path = Path(config["output-dir"]) / config["run-name"] / "results.json"
-    done = complete(path, config)
-    if done is not None:
-        print(f"reusing {path}", flush=True)
-        return done
-    from server_app.simulate import simulate
-
-    started = time.time()
-    simulate(config, clients)
-    res = complete(path, config)
-    if res is None:
-        raise RuntimeError(f"{config['run-name']} did not complete: {path}")
-    res["wall_seconds"] = time.time() - started
-    path.write_text(json.dumps(res, indent=1))
-    print(f"{config['run-name']}: {res['wall_seconds']:.0f} s", flush=True)
-    return res
 
 
 def accs(res: dict[str, Any]) -> list[float]:

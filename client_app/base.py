@@ -19,7 +19,7 @@ from flwr.common import NDArrays, Scalar
 from torch import nn
 
 from client_app.state import PersonalStore
-from client_app.train import evaluate, train_epochs
+from client_app.train import cross_entropy, evaluate, train_epochs
 from models.roles import Roles, get_arrays, set_arrays
 from pfl_data import ClientData
 from run_config.schema import RunConfig
@@ -118,8 +118,12 @@ class PFLClient(NumPyClient):
         """What leaves the client: exactly the shared tensors by default."""
         return get_arrays(self.model, self.roles.shared)
 
+    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The local objective (cross-entropy by default)."""
+        return cross_entropy(model, x, y)
+
     def local_train(self, config: dict[str, Scalar], generator: torch.Generator) -> dict[str, Any]:
-        """The local schedule: every parameter for ``local-epochs``."""
+        """The local schedule: every parameter for ``local-epochs`` on ``loss``."""
         loss = train_epochs(
             self.model,
             list(self.model.parameters()),
@@ -128,6 +132,7 @@ class PFLClient(NumPyClient):
             self.cfg.local_epochs,
             self.cfg,
             generator,
+            loss_fn=self.loss,
         )
         return {"train-loss": loss}
 

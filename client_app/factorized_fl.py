@@ -13,8 +13,6 @@ the head, which the server uses for matching only.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -22,7 +20,6 @@ from flwr.common import NDArrays, Scalar
 from torch import nn
 
 from client_app.base import PFLClient
-from client_app.train import train_epochs
 from models.factorized_fl import Wire, mu_l1
 from models.roles import get_arrays, set_arrays
 
@@ -39,19 +36,6 @@ class FactorizedFLClient(PFLClient):
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Cross-entropy plus the L1 sparsity penalty on every mu (differentiable)."""
         return F.cross_entropy(model(x), y) + self.cfg.ffl_l1 * mu_l1(model)
-
-    def local_train(self, config: dict[str, Scalar], generator: torch.Generator) -> dict[str, Any]:
-        loss = train_epochs(
-            self.model,
-            list(self.model.parameters()),
-            self.x_train,
-            self.y_train,
-            self.cfg.local_epochs,
-            self.cfg,
-            generator,
-            loss_fn=self.loss,
-        )
-        return {"train-loss": loss}
 
     def receive(self, parameters: NDArrays, config: dict[str, Scalar]) -> None:
         if parameters:
