@@ -145,7 +145,10 @@ PRESETS: dict[str, Preset] = {
                 "The paper's numbers are for ResNet-8, 40 clients, 5 local epochs and 300 "
                 "rounds; 5 rounds of a 4-layer CNN cannot reach them. Compare the ordering "
                 "(at alpha = 0.1 each client holds two or three classes, so Local and the "
-                "personalised methods beat FedAvg by a wide margin), not the values."
+                "personalised methods beat FedAvg by a wide margin), not the values. "
+                "FedDecomp starts at FedAvg (tau = 0) and here gets one tau epoch a round: "
+                "5 epochs of tau in all, too few to personalise; docs/feddecomp.md shows it "
+                "at 64.8% after 20 rounds with 2 tau epochs a round."
             ),
         ),
         Preset(
