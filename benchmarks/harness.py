@@ -148,7 +148,12 @@ PRESETS: dict[str, Preset] = {
                 "personalised methods beat FedAvg by a wide margin), not the values. "
                 "FedDecomp starts at FedAvg (tau = 0) and here gets one tau epoch a round: "
                 "5 epochs of tau in all, too few to personalise; docs/feddecomp.md shows it "
-                "at 64.8% after 20 rounds with 2 tau epochs a round."
+                "at 64.8% after 20 rounds with 2 tau epochs a round. Caveat of this run: "
+                "at lr 0.05 with momentum 0.9 the shared 4-layer CNN (no BatchNorm) of "
+                "FedAvg and FedCP collapsed to constant features in round 1 (FedAvg flat at "
+                "the majority rate, FedCP flat at its personal heads' majority classes), "
+                "while the methods with a personal head trained on: those two rows need a "
+                "lower lr (not rerun yet)."
             ),
         ),
         Preset(
