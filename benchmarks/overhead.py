@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import CIFAR10_DEV
+from strategies.results import human_bytes
 
 REPO = Path(__file__).resolve().parent.parent
 RAW = REPO / "docs" / "performance"  # raw figures, committed with the report
@@ -427,14 +428,6 @@ def part_bytes() -> dict[str, Any]:
 # ----------------------------------------------------------------------------- report
 
 
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"
-
-
 def _plots(parts: dict[str, Any]) -> list[str]:
     import matplotlib
 
@@ -730,7 +723,7 @@ def _bytes_section(p: dict[str, Any]) -> list[str]:
         var = " (variable)" if r["variable"] else ""
         lines.append(
             f"| {r['model']} | {r['method']} | {r['shared_tensors']} / {r['personal_tensors']} "
-            f"| {_fmt_bytes(r['down'])} | {_fmt_bytes(r['up'])}{var} | {ratio:.3f} |"
+            f"| {human_bytes(r['down'])} | {human_bytes(r['up'])}{var} | {ratio:.3f} |"
         )
     lines += ["", "![bytes](performance-bytes.png)", ""]
     return lines

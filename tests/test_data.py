@@ -312,8 +312,7 @@ def test_idx_converter(tmp_path):
 
 @pytest.mark.slow
 def test_cifar_dev_file_loads():
-    if not CIFAR_DEV.exists():
-        pytest.skip(f"CIFAR dev file not present at {CIFAR_DEV}")
+    assert CIFAR_DEV.exists(), f"the shared data beside the checkout is missing: {CIFAR_DEV}"
     info = hf_data_info(str(CIFAR_DEV))
     assert info.input_shape == (3, 32, 32) and info.num_classes == 10
     cfg = RunConfig(dataset=str(CIFAR_DEV), partitioner="dirichlet", alpha=0.5)
