@@ -19,6 +19,12 @@ setup() {
     fi
 }
 
+# flwr starts `flower-superlink` and `flower-supernode` by name: the venv's
+# bin/ must be on PATH even when the venv is not activated (CI).
+use_venv_path() {
+    case "$VENV" in /*) export PATH="$VENV/bin:$PATH" ;; *) export PATH="$PWD/$VENV/bin:$PATH" ;; esac
+}
+
 case "${1:-}" in
     run)
         shift
@@ -33,12 +39,13 @@ case "${1:-}" in
             mkdir -p "$FLWR_HOME"
             cp scripts/flower-config.toml "$FLWR_HOME/config.toml"
         fi
-        case "$VENV" in /*) export PATH="$VENV/bin:$PATH" ;; *) export PATH="$PWD/$VENV/bin:$PATH" ;; esac
+        use_venv_path
         exec flwr run . --stream "$@"
         ;;
     test)
         shift
         setup
+        use_venv_path
         "$VENV/bin/ruff" check .
         "$VENV/bin/ruff" format --check .
         exec "$VENV/bin/python" -m pytest -q -rs "$@"

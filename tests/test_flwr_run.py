@@ -72,6 +72,8 @@ def test_flwr_run_rejects_a_bad_config_before_training(tmp_path: Path) -> None:
         **os.environ,
         "FLWR_HOME": str(home),
         "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        # flwr launches `flower-superlink` by name: this interpreter's bin/ first
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     cmd = [flwr, "run", ".", "--stream", "--run-config", f"alpha=0 output-dir='{tmp_path}'"]
     try:
