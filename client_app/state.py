@@ -60,9 +60,41 @@ def _digest(arrays: dict[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
+def read_checked_npz(path: Path) -> tuple[dict[str, np.ndarray], str]:
+    """(arrays, sha256) of a file written by ``write_checked_npz``; ValueError if
+    the file is unreadable or its checksum does not match."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+        stored = str(arrays.pop(_CHECKSUM))
+    except Exception as err:  # noqa: BLE001 - any unreadable file means the same thing
+        raise ValueError(f"unreadable ({type(err).__name__}: {err})") from None
+    if stored != _digest(arrays):
+        raise ValueError("checksum mismatch")
+    return arrays, stored
+
+
+def write_checked_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Write ``arrays`` with a sha256 of their contents: to a temporary file in the
+    same directory, fsync, then rename (a crash leaves the old file or the new)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    np.savez(buf, **arrays, **{_CHECKSUM: np.array(_digest(arrays))})
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(buf.getvalue())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 class DiskStore:
-    """Personal arrays in ``<state_dir>/<experiment>/<site>.npz``, written to a
-    temporary file and renamed (atomic), with a checksum checked on load."""
+    """Personal arrays in ``<state_dir>/<experiment>/<site>.npz``, written
+    atomically, with a checksum checked on load."""
 
     def __init__(self, state_dir: str | Path, experiment: str, site: str) -> None:
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in site)
@@ -72,32 +104,16 @@ class DiskStore:
         if not self.path.exists():
             return None
         try:
-            with np.load(self.path, allow_pickle=False) as npz:
-                arrays = {k: npz[k] for k in npz.files}
-            stored = str(arrays.pop(_CHECKSUM))
-            if stored != _digest(arrays):
-                raise ValueError("checksum mismatch")
-        except Exception as err:  # noqa: BLE001 - any unreadable file means the same thing
+            arrays, digest = read_checked_npz(self.path)
+        except ValueError as err:
             log.error(
                 "personal state %s is corrupt (%s): re-initialising the personal part",
                 self.path,
                 err,
             )
             return None
-        log.info("restored personal state from %s (sha256 %s)", self.path, stored)
+        log.info("restored personal state from %s (sha256 %s)", self.path, digest)
         return arrays
 
     def save(self, arrays: dict[str, np.ndarray]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        buf = io.BytesIO()
-        np.savez(buf, **arrays, **{_CHECKSUM: np.array(_digest(arrays))})
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(buf.getvalue())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_checked_npz(self.path, arrays)

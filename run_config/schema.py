@@ -77,9 +77,11 @@ class RunConfig(BaseModel):
     dropout_rate: float = _field(0.0, alias="dropout-rate", ge=0, lt=1)
     seed: int = _field(0, ge=0)
 
-    # where results go
+    # where results go; the server checkpoint (strategies/checkpoint.py)
     output_dir: str = _field("outputs", alias="output-dir")
     run_name: str = _field("", alias="run-name")
+    checkpoint_every: int = _field(1, alias="checkpoint-every", ge=0)  # 0: never
+    resume_from: str = _field("", alias="resume-from")  # a server-state.npz or its run dir
 
     # the FedFac simulation study generator (the embedded default data set)
     sim_samples: int = _field(400, alias="sim-samples", ge=10)

@@ -38,6 +38,8 @@ def build_server(context: Context, overrides: dict[str, Any] | None = None) -> S
     strategy = method.strategy(
         cfg=cfg, spec=spec, initial=get_arrays(model, roles.shared), model=model, recorder=recorder
     )
+    if cfg.resume_from:
+        strategy.resume(cfg.resume_from)
     return ServerAppComponents(
         strategy=strategy,
         config=ServerConfig(

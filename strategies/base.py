@@ -3,8 +3,9 @@
 It samples clients, sends each its payload, checks every reply against the wire
 spec (count, shape, dtype, finite), rejects bad replies with a logged reason,
 aggregates the rest with the method's rule, counts bytes from the serialized
-payloads and records per-round metrics. Methods override ``aggregate`` (and,
-for per-client aggregation, ``payload_for``).
+payloads, records per-round metrics and checkpoints what it learned. Methods
+override ``aggregate`` (and, for per-client aggregation, ``payload_for``; for
+server state beyond the global tensors, ``server_state``/``restore_server_state``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,13 @@ from flwr.server.strategy import Strategy
 from torch import nn
 
 from models.roles import TensorSpec
-from run_config.schema import RunConfig
+from run_config.schema import ConfigError, RunConfig
+from strategies.checkpoint import (
+    checkpoint_path,
+    load_server_state,
+    rounds_before,
+    save_server_state,
+)
 from strategies.results import RunRecorder
 
 log = logging.getLogger("flwr.pflower")
@@ -93,6 +100,20 @@ def weighted_mean(arrays: list[NDArrays], weights: list[float]) -> NDArrays:
     return out
 
 
+def take_arrays(arrays: dict[str, np.ndarray], prefix: str, spec: list[TensorSpec]) -> NDArrays:
+    """``arrays[prefix + name]`` for each spec entry, checked against it."""
+    out = []
+    for s in spec:
+        a = arrays.get(prefix + s.name)
+        if a is None:
+            raise ValueError(f"no tensor '{prefix}{s.name}'")
+        problem = s.matches(a)
+        if problem:
+            raise ValueError(problem)
+        out.append(a)
+    return out
+
+
 class PFLStrategy(Strategy):
     """Sample-weighted mean of the shared tensors (FedAvg's aggregation)."""
 
@@ -116,6 +137,7 @@ class PFLStrategy(Strategy):
         self.rounds: dict[int, RoundLog] = {}
         self._encoded: Parameters | None = None
         self._settled = False  # see wait_for_federation
+        self.round_offset = 0  # rounds done before this run (resume-from)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(method={self.cfg.method})"
@@ -152,6 +174,44 @@ class PFLStrategy(Strategy):
 
     def key_of(self, proxy: ClientProxy) -> str | None:
         return self.node_keys.get(proxy.node_id)
+
+    # ---- the server checkpoint (strategies/checkpoint.py) -----------------------------------
+
+    def server_state(self) -> dict[str, np.ndarray]:
+        """Everything the server has learned, as named arrays."""
+        return {f"global/{s.name}": a for s, a in zip(self.spec, self.global_arrays)}
+
+    def restore_server_state(self, arrays: dict[str, np.ndarray]) -> None:
+        """The inverse of ``server_state``; ValueError naming the first misfit."""
+        self.set_global(take_arrays(arrays, "global/", self.spec))
+
+    def resume(self, resume_from: str) -> None:
+        """Start from a checkpoint; ConfigError naming ``resume-from`` if it does not fit."""
+        server_round, arrays = load_server_state(resume_from, self.cfg.method)
+        path = checkpoint_path(resume_from)
+        try:
+            self.restore_server_state(arrays)
+        except ValueError as err:
+            raise ConfigError(
+                f"config key 'resume-from': {path} does not fit this run's model and method ({err})"
+            ) from None
+        self.round_offset = server_round
+        if self.recorder is not None:
+            self.recorder.resume(server_round, rounds_before(resume_from, server_round), path)
+        log.info("resumed from %s: %d rounds done before", path, server_round)
+
+    def save_checkpoint(self, server_round: int) -> None:
+        every = self.cfg.checkpoint_every
+        if self.recorder is None or every == 0:
+            return
+        if server_round % every and server_round != self.cfg.num_server_rounds:
+            return
+        save_server_state(
+            self.recorder.dir,
+            self.cfg.method,
+            self.round_offset + server_round,
+            self.server_state(),
+        )
 
     # ---- Flower Strategy API ---------------------------------------------------------------
 
@@ -199,7 +259,7 @@ class PFLStrategy(Strategy):
             key = self.key_of(proxy)
             payload = self.payload_for(key, server_round)
             rl.bytes_down += payload_bytes(payload)
-            config: dict[str, Scalar] = {"server-round": server_round}
+            config: dict[str, Scalar] = {"server-round": self.round_offset + server_round}
             config.update(self.fit_config(key, server_round))
             out.append((proxy, FitIns(payload, config)))
         return out
@@ -268,6 +328,7 @@ class PFLStrategy(Strategy):
             return self.global_payload(), {}
         accepted.sort(key=lambda r: r.client_key)  # order-independent aggregation
         self.aggregate(server_round, accepted)
+        self.save_checkpoint(server_round)
         return self.global_payload(), {"replies": len(accepted)}
 
     def aggregate(self, server_round: int, replies: list[Reply]) -> None:
@@ -289,7 +350,7 @@ class PFLStrategy(Strategy):
             key = self.key_of(proxy)
             payload = self.payload_for(key, server_round)
             rl.bytes_down_eval += payload_bytes(payload)
-            config: dict[str, Scalar] = {"server-round": server_round}
+            config: dict[str, Scalar] = {"server-round": self.round_offset + server_round}
             config.update(self.fit_config(key, server_round))
             out.append((proxy, EvaluateIns(payload, config)))
         return out
@@ -333,7 +394,7 @@ class PFLStrategy(Strategy):
         mean = float(np.mean([per_client[k] for k in keys]))
         pooled = sum(per_client[k] * counts[k] for k in keys) / sum(counts.values())
         record: dict[str, Any] = {
-            "round": server_round,
+            "round": self.round_offset + server_round,
             "accuracy_mean": mean,
             "accuracy_pooled": float(pooled),
             "per_client_accuracy": {k: per_client[k] for k in keys},

@@ -14,13 +14,13 @@ latest round).
 from __future__ import annotations
 
 import numpy as np
-from flwr.common import NDArrays, Parameters, ndarrays_to_parameters
+from flwr.common import NDArrays, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 from torch import nn
 
 from models.factorized_fl import IDX, Wire
 from models.roles import TensorSpec
 from run_config.schema import RunConfig
-from strategies.base import PFLStrategy, Reply, RoundLog, weighted_mean
+from strategies.base import PFLStrategy, Reply, RoundLog, take_arrays, weighted_mean
 from strategies.results import RunRecorder
 
 
@@ -75,6 +75,21 @@ class FactorizedFLStrategy(PFLStrategy):
 
     def expected_spec(self, client_key: str) -> list[TensorSpec]:
         return self.wire.up_spec()
+
+    def server_state(self) -> dict[str, np.ndarray]:
+        state = super().server_state()
+        for key, payload in self.payloads.items():
+            for s, a in zip(self.spec, parameters_to_ndarrays(payload)):
+                state[f"client/{key}/{s.name}"] = a
+        return state
+
+    def restore_server_state(self, arrays: dict[str, np.ndarray]) -> None:
+        super().restore_server_state(arrays)
+        keys = {k[len("client/") : k.rindex("/")] for k in arrays if k.startswith("client/")}
+        self.payloads = {
+            key: ndarrays_to_parameters(take_arrays(arrays, f"client/{key}/", self.spec))
+            for key in sorted(keys)
+        }
 
     def check_reply(self, client_key: str, arrays: NDArrays, num_examples: int) -> str | None:
         return super().check_reply(client_key, arrays, num_examples) or self.wire.check_sparse(

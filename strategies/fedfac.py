@@ -141,6 +141,25 @@ class FedFacStrategy(PFLStrategy):
         extra["fa_num_factors"] = factors
         self.shared = new
 
+    # ---- the checkpoint: the global tensors and the split -----------------------------------
+
+    def server_state(self) -> dict[str, np.ndarray]:
+        state = super().server_state()
+        for layer, mask in (self.shared or {}).items():
+            state[f"split/{layer}"] = mask
+        return state
+
+    def restore_server_state(self, arrays: dict[str, np.ndarray]) -> None:
+        super().restore_server_state(arrays)
+        split = {k.removeprefix("split/"): v for k, v in arrays.items() if k.startswith("split/")}
+        if not split:
+            return  # saved before the first FA
+        for layer, size in self.sizes.items():
+            mask = split.get(layer)
+            if mask is None or mask.dtype != bool or mask.shape != (size,):
+                raise ValueError(f"no {size}-element boolean split for layer '{layer}'")
+        self.shared = {layer: split[layer] for layer in self.sizes}
+
     # ---- payloads ---------------------------------------------------------------------------
 
     def fit_config(self, client_key: str | None, server_round: int) -> dict[str, Scalar]:

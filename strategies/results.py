@@ -30,6 +30,13 @@ class RunRecorder:
         self.rounds: list[dict[str, Any]] = []
         self.extra: dict[str, Any] = dict(extra or {})
         self.t0 = time.perf_counter()
+        self.round_offset = 0  # rounds done before a resumed run
+
+    def resume(self, server_round: int, rounds: list[dict[str, Any]], path: Path) -> None:
+        """Go on after ``server_round``, keeping the earlier runs' records."""
+        self.round_offset = server_round
+        self.rounds = list(rounds)
+        self.extra["resumed_from"] = {"checkpoint": str(path), "round": server_round}
 
     @property
     def results_path(self) -> Path:
@@ -37,7 +44,7 @@ class RunRecorder:
 
     def add_round(self, record: dict[str, Any]) -> None:
         self.rounds.append(record)
-        total = self.cfg.num_server_rounds
+        total = self.round_offset + self.cfg.num_server_rounds
         log.info(
             "[%s] round %d/%d  acc(mean) %.4f  acc(pooled) %.4f  up %s  down %s  %.1fs",
             self.cfg.method,

@@ -1,0 +1,70 @@
+"""The server's checkpoint: what the federation has learned, kept on disk.
+
+``<run dir>/server-state.npz`` holds the global shared tensors (by wire-spec
+name), the method's own server state (Factorized-FL's per-client aggregates,
+FedFac's split) and the round it was taken after; it is checksummed and written
+atomically, like a client's personal state (``client_app.state``). The run config
+key ``resume-from`` (the file or its run directory) starts a new run from it:
+rounds go on from the saved one, and the results so far are carried over.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from client_app.state import read_checked_npz, write_checked_npz
+from run_config.schema import ConfigError
+
+log = logging.getLogger("flwr.pflower")
+
+SERVER_STATE = "server-state.npz"
+_META = "__meta__"  # a JSON string: method and round
+
+
+def save_server_state(
+    run_dir: Path, method: str, server_round: int, arrays: dict[str, np.ndarray]
+) -> Path:
+    path = run_dir / SERVER_STATE
+    meta = json.dumps({"method": method, "round": server_round})
+    write_checked_npz(path, {**arrays, _META: np.array(meta)})
+    return path
+
+
+def checkpoint_path(resume_from: str) -> Path:
+    """The checkpoint file named by ``resume-from`` (the file or its run directory)."""
+    path = Path(resume_from).expanduser().resolve()
+    return path / SERVER_STATE if path.is_dir() else path
+
+
+def load_server_state(resume_from: str, method: str) -> tuple[int, dict[str, np.ndarray]]:
+    """(round, arrays) of a checkpoint; ConfigError naming ``resume-from`` if it is
+    missing, corrupt or from another method."""
+    path = checkpoint_path(resume_from)
+    if not path.exists():
+        raise ConfigError(f"config key 'resume-from': no server checkpoint at {path}")
+    try:
+        arrays, _ = read_checked_npz(path)
+        meta: dict[str, Any] = json.loads(str(arrays.pop(_META)))
+    except (ValueError, KeyError) as err:
+        raise ConfigError(f"config key 'resume-from': {path} is corrupt ({err})") from None
+    if meta.get("method") != method:
+        raise ConfigError(
+            f"config key 'resume-from': {path} was saved by method {meta.get('method')!r}, "
+            f"this run is {method!r}"
+        )
+    return int(meta["round"]), arrays
+
+
+def rounds_before(resume_from: str, server_round: int) -> list[dict[str, Any]]:
+    """The per-round records of the checkpoint's run, up to its round (if kept)."""
+    results = checkpoint_path(resume_from).parent / "results.json"
+    try:
+        rounds = json.loads(results.read_text())["rounds"]
+    except (OSError, ValueError, KeyError):
+        return []
+    return [r for r in rounds if int(r.get("round", 0)) <= server_round]

@@ -1,0 +1,135 @@
+"""The server checkpoint: saved after every aggregation, resumed with `resume-from`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.common import parameters_to_ndarrays
+
+from run_config.schema import ConfigError, RunConfig
+from server_app.simulate import simulate
+from strategies.base import PFLStrategy
+from strategies.checkpoint import SERVER_STATE
+from strategies.results import RunRecorder
+from tests.helpers import FakeProxy, config, fit_res, make_strategy
+
+
+def _with_recorder(cfg: RunConfig) -> PFLStrategy:
+    strategy = make_strategy(cfg)
+    strategy.recorder = RunRecorder(cfg)
+    return strategy
+
+
+def _one_round(strategy: PFLStrategy, server_round: int, clients: int = 4) -> None:
+    rng = np.random.default_rng(server_round)
+    replies = []
+    for k in range(clients):
+        spec = strategy.expected_spec(f"client-{k}")
+        arrays = [
+            rng.normal(size=[d if d >= 0 else 3 for d in s.shape]).astype(s.dtype) for s in spec
+        ]
+        replies.append((FakeProxy(k + 1), fit_res(arrays, f"client-{k}", 10 + k)))
+    strategy.aggregate_fit(server_round, replies, [])
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fedper", "fedfac-static", "fedfac-dynamic"])
+def test_a_resumed_server_has_what_the_saved_one_learned(method: str, tmp_path: Path) -> None:
+    first = _with_recorder(config(method=method, output_dir=str(tmp_path), run_name="a"))
+    for r in (1, 2):
+        _one_round(first, r)
+    saved = tmp_path / "a" / SERVER_STATE
+    assert saved.exists()
+
+    second = _with_recorder(
+        config(method=method, output_dir=str(tmp_path), run_name="b", resume_from=str(saved))
+    )
+    second.resume(str(saved))
+    assert second.round_offset == 2
+    for got, want in zip(second.global_arrays, first.global_arrays, strict=True):
+        np.testing.assert_array_equal(got, want)
+    if method.startswith("fedfac"):
+        assert first.shared is not None and second.shared is not None
+        for layer, mask in first.shared.items():
+            np.testing.assert_array_equal(second.shared[layer], mask)
+        # static: no second FA, so the uploads carry the shared elements only
+        assert second.needs_full_upload() == (method == "fedfac-dynamic")
+    # rounds go on from the saved one, on the wire and in the checkpoint
+    _one_round(second, 1)
+    assert json.loads(str(np.load(tmp_path / "b" / SERVER_STATE)["__meta__"]))["round"] == 3
+
+
+def test_factorized_fl_resumes_every_clients_own_aggregate(tmp_path: Path) -> None:
+    cfg = config(method="factorized-fl-alpha", output_dir=str(tmp_path), run_name="a")
+    first = _with_recorder(cfg)
+    _one_round(first, 1)
+    second = _with_recorder(config(method="factorized-fl-alpha", output_dir=str(tmp_path)))
+    second.resume(str(tmp_path / "a"))  # the run directory names its checkpoint too
+    assert sorted(second.payloads) == [f"client-{k}" for k in range(4)]
+    for key, payload in first.payloads.items():
+        for got, want in zip(
+            parameters_to_ndarrays(second.payloads[key]), parameters_to_ndarrays(payload)
+        ):
+            np.testing.assert_array_equal(got, want)
+    assert second.payload_for("client-2", 1) is second.payloads["client-2"]
+
+
+def test_checkpoint_every_zero_writes_none(tmp_path: Path) -> None:
+    strategy = _with_recorder(
+        config(method="fedavg", output_dir=str(tmp_path), run_name="a", checkpoint_every=0)
+    )
+    _one_round(strategy, 1)
+    assert not (tmp_path / "a" / SERVER_STATE).exists()
+
+
+@pytest.mark.parametrize("problem", ["missing", "corrupt", "other-method", "other-model"])
+def test_a_checkpoint_that_does_not_fit_is_refused_naming_the_key(
+    problem: str, tmp_path: Path
+) -> None:
+    saver = _with_recorder(config(method="fedavg", output_dir=str(tmp_path), run_name="a"))
+    _one_round(saver, 1)
+    path = tmp_path / "a" / SERVER_STATE
+    method, hidden = "fedavg", 32
+    if problem == "missing":
+        path = tmp_path / "nowhere" / SERVER_STATE
+    elif problem == "corrupt":
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+    elif problem == "other-method":
+        method = "fedper"
+    else:
+        hidden = 16
+    loader = make_strategy(config(method=method, hidden_dim=hidden))
+    with pytest.raises(ConfigError, match="config key 'resume-from'"):
+        loader.resume(str(path))
+    assert loader.round_offset == 0
+
+
+@pytest.mark.slow
+def test_two_rounds_then_a_resumed_round_equal_three_rounds(tmp_path: Path) -> None:
+    """FedAvg (no personal state): the resumed run is the uninterrupted one."""
+    base = {"method": "fedavg", "output-dir": str(tmp_path), "seed": 3}
+    straight = simulate({**base, "num-server-rounds": 3, "run-name": "straight"}, num_clients=3)
+    simulate({**base, "num-server-rounds": 2, "run-name": "first"}, num_clients=3)
+    resumed = simulate(
+        {
+            **base,
+            "num-server-rounds": 1,
+            "run-name": "resumed",
+            "resume-from": str(tmp_path / "first"),
+        },
+        num_clients=3,
+    )
+    assert [r["round"] for r in resumed["rounds"]] == [1, 2, 3]  # earlier rounds carried over
+    assert resumed["resumed_from"]["round"] == 2
+    for a, b in zip(straight["rounds"], resumed["rounds"], strict=True):
+        assert a["per_client_accuracy"] == b["per_client_accuracy"]
+    with (
+        np.load(tmp_path / "straight" / SERVER_STATE) as x,
+        np.load(tmp_path / "resumed" / SERVER_STATE) as y,
+    ):
+        for name in x.files:
+            np.testing.assert_array_equal(x[name], y[name])
