@@ -350,6 +350,7 @@ paper's optimizer: `optimizer = "adam"`, `lr = 0.001`.
 | `fa-input` | `weights` | FA on the uploaded incoming weights, or `updates` (upload minus the round's global) |
 | `fa-split` | `fa` | `true` / `oracle` / `random`: impose a fixed split (simulation study; `true`/`oracle` need the synthetic data and an MLP) |
 | `new-clients` | 0 | the last N partitions (`client-<i>`, the simulation's client keys) are held out: they never train and are scored apart (`accuracy_new_clients` in the round record) |
+| `new-client-sites` | "" | in a deployment: the comma-separated `site` names to hold out instead (set one of the two keys) |
 | `new-client-mode` | `localtrain` | `localtrain`: every evaluation, the new client takes the shared elements and trains only its personal ones for `local-epochs` (starting from the global's value of each personal element: its initial value, or its last average if it was shared in an earlier round), nothing kept. `ensemble`: after the last round the server runs an explicit prediction round: the new client's test inputs go to every trained client, each answers with its personalised model's class probabilities, and the new client scores their mean. Personal weights never leave a client; the new client's inputs do (it asked for predictions). |
 
 Per-round records add `fa_shared_fraction`, `fa_shared_mask` (1 = shared, per

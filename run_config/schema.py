@@ -97,6 +97,7 @@ class RunConfig(BaseModel):
     fa_input: Literal["weights", "updates"] = _field("weights", alias="fa-input")
     fa_split: Literal["fa", "true", "oracle", "random"] = _field("fa", alias="fa-split")
     new_clients: int = _field(0, alias="new-clients", ge=0)
+    new_client_sites: str = _field("", alias="new-client-sites")  # deployment: site names
     new_client_mode: Literal["localtrain", "ensemble"] = _field(
         "localtrain", alias="new-client-mode"
     )
@@ -141,6 +142,15 @@ class RunConfig(BaseModel):
                 f"config key 'lora-epochs' ({self.lora_epochs}) must be <= 'local-epochs' "
                 f"({self.local_epochs}): a FedDecomp round is lora-epochs on tau, then "
                 "local-epochs - lora-epochs on sigma (the paper uses local-epochs = 5)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _new_clients_once(self) -> RunConfig:
+        if self.new_clients and self.new_client_sites.strip():
+            raise ValueError(
+                "config keys 'new-clients' and 'new-client-sites' both name the held-out "
+                "clients: set one (new-clients in simulation, new-client-sites in deployment)"
             )
         return self
 

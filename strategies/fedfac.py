@@ -10,7 +10,8 @@ their last average if they were shared earlier: where a new client starts). ``fa
 (simulation study). The mask of personal elements travels with every payload.
 
 New clients (paper Section 3.2): the last ``new-clients`` partitions
-(``client-<i>``) never train. They are evaluated as LocalTrain (shared params in,
+(``client-<i>``) or, in a deployment, the sites named in ``new-client-sites``
+never train. They are evaluated as LocalTrain (shared params in,
 personal elements trained locally) or, in the final round, Ensemble: an explicit
 prediction round in which the held-out clients' test inputs go to the trained
 clients and the mean of their personalised predictions comes back; personal
@@ -111,8 +112,10 @@ class FedFacStrategy(PFLStrategy):
         if cfg.fa_split == "true":
             return {layer: study.shared_neurons.copy()}
         # oracle: FA on the teacher's true incoming weights of the training clients
-        trained = self.num_clients - cfg.new_clients
-        fit = self.factor_analysis(list(study.teacher_weights[:trained]))
+        trained = [
+            w for i, w in enumerate(study.teacher_weights) if f"client-{i}" not in self.held_out
+        ]
+        fit = self.factor_analysis(trained)
         return {layer: shared_elements(fit.communalities, cfg.fa_quantile)}
 
     def factor_analysis(self, per_client: list[np.ndarray]) -> FactorResult:
@@ -188,15 +191,23 @@ class FedFacStrategy(PFLStrategy):
         if self.num_clients:
             return
         self.num_clients = self.wait_for_federation(client_manager)
-        n = self.cfg.new_clients
-        if n >= self.num_clients:
+        self.held_out = self.new_client_keys()
+        if len(self.held_out) >= self.num_clients:
+            key = "new-client-sites" if self.cfg.new_client_sites.strip() else "new-clients"
             raise ValueError(
-                f"config key 'new-clients': {n} held out of {self.num_clients} clients "
-                "leaves none to train"
+                f"config key '{key}': {len(self.held_out)} held out of {self.num_clients} "
+                "clients leaves none to train"
             )
-        self.held_out = {f"client-{i}" for i in range(self.num_clients - n, self.num_clients)}
         if self.cfg.fa_split != "fa":
             self.shared = self.fixed_split()
+
+    def new_client_keys(self) -> set[str]:
+        """The held-out clients' keys: named sites, else the last partitions."""
+        sites = {k.strip() for k in self.cfg.new_client_sites.split(",") if k.strip()}
+        if sites:
+            return sites
+        n = self.cfg.new_clients
+        return {f"client-{i}" for i in range(self.num_clients - n, self.num_clients)}
 
     def needs_full_upload(self) -> bool:
         """Whether this round's uploads must carry every Lambda element (for FA)."""

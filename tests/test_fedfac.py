@@ -316,3 +316,29 @@ def test_fixed_split_is_never_reestimated_and_updates_input_runs():
     strategy.aggregate(1, replies)
     assert strategy.shared["features.1"].sum() == 100
     assert strategy.rounds[1].extra["fa_num_factors"]["features.1"] >= 1
+
+
+def test_new_client_sites_hold_out_named_deployment_sites():
+    from flwr.server.client_manager import SimpleClientManager
+
+    from run_config.schema import ConfigError
+    from tests.helpers import FakeProxy
+
+    manager = SimpleClientManager()
+    for node in (1, 2, 3):
+        manager.register(FakeProxy(node))
+    *_, strategy = make(new_client_sites="site-b, site-c")
+    strategy.num_clients = 0  # not started: _start counts the federation
+    strategy._start(manager)
+    assert strategy.num_clients == 3 and strategy.held_out == {"site-b", "site-c"}
+    assert strategy.fit_config("site-a", 1)[HELD_OUT] == "site-b,site-c"
+    # a held-out site is not sent fit instructions once its key is known
+    strategy.node_keys = {1: "site-a", 2: "site-b", 3: "site-c"}
+    sampled = strategy.configure_fit(1, strategy.global_payload(), manager)
+    assert [p.node_id for p, _ in sampled] == [1]
+    *_, everyone = make(new_client_sites="site-a,site-b,site-c")
+    everyone.num_clients = 0
+    with pytest.raises(ValueError, match="config key 'new-client-sites'"):
+        everyone._start(manager)
+    with pytest.raises(ConfigError, match="'new-clients' and 'new-client-sites'"):
+        make(new_clients=1, new_client_sites="site-b")
