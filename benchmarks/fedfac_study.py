@@ -23,7 +23,6 @@ from flwr.common import Code, EvaluateIns, EvaluateRes, Status, parameters_to_nd
 from benchmarks.common import CIFAR10_DEV
 from client_app.fedfac import FedFacClient
 from methods import get_method
-from models.roles import get_arrays, wire_spec
 from pfl_data import data_info, load_client_data, simulation_study
 from run_config.schema import parse_run_config
 from strategies.base import Reply, RoundLog
@@ -84,10 +83,8 @@ def run_inprocess(overrides: dict, num_clients: int, rounds: int) -> dict:
     method = get_method(cfg.method)
     info = data_info(cfg)
     model = method.build_model(cfg, info)
-    roles = method.roles(model)
-    strategy = FedFacStrategy(
-        cfg, wire_spec(model, roles.shared), get_arrays(model, roles.shared), model
-    )
+    strategy = method.build_strategy(cfg, model)
+    assert isinstance(strategy, FedFacStrategy)
     strategy.num_clients = num_clients
     if cfg.fa_split != "fa":
         strategy.shared = strategy.fixed_split()

@@ -381,7 +381,6 @@ def _method_bytes(method_name: str, overrides: dict[str, Any], shape: tuple, cla
     from flwr.common import ndarrays_to_parameters
 
     from methods import get_method
-    from models.roles import get_arrays, wire_spec
     from pfl_data import DataInfo
     from run_config.schema import parse_run_config
     from strategies.base import payload_bytes
@@ -390,10 +389,7 @@ def _method_bytes(method_name: str, overrides: dict[str, Any], shape: tuple, cla
     method = get_method(method_name)
     model = method.build_model(cfg, DataInfo(shape, classes))
     roles = method.roles(model)
-    spec = wire_spec(model, roles.shared)
-    strategy = method.strategy(
-        cfg=cfg, spec=spec, initial=get_arrays(model, roles.shared), model=model, recorder=None
-    )
+    strategy = method.build_strategy(cfg, model)
     down = payload_bytes(strategy.payload_for(None, 1))
     up_spec = strategy.expected_spec("client-0")
     variable = any(-1 in s.shape for s in up_spec)

@@ -13,10 +13,11 @@ from torch import nn
 
 from client_app.base import PFLClient
 from models.backbones import build_backbone
-from models.roles import Roles, SplitRule
+from models.roles import Roles, SplitRule, get_arrays, wire_spec
 from pfl_data import DataInfo
 from run_config.schema import METHODS, RunConfig
 from strategies.base import PFLStrategy
+from strategies.results import RunRecorder
 
 Transform = Callable[[nn.Module, RunConfig], nn.Module]
 
@@ -44,6 +45,19 @@ class Method:
 
     def roles(self, model: nn.Module) -> Roles:
         return Roles.of(model, self.split)
+
+    def build_strategy(
+        self, cfg: RunConfig, model: nn.Module, recorder: RunRecorder | None = None
+    ) -> PFLStrategy:
+        """The server side: wire spec and initial shared tensors from ``model``."""
+        shared = self.roles(model).shared
+        return self.strategy(
+            cfg=cfg,
+            spec=wire_spec(model, shared),
+            initial=get_arrays(model, shared),
+            model=model,
+            recorder=recorder,
+        )
 
 
 # method name -> module defining METHODS: dict[str, Method]

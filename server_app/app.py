@@ -9,7 +9,6 @@ from flwr.common import Context
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
 from methods import get_method
-from models.roles import get_arrays, wire_spec
 from pfl_data import data_info
 from run_config.schema import check_against_data, parse_run_config
 from strategies.results import RunRecorder
@@ -24,7 +23,6 @@ def build_server(context: Context, overrides: dict[str, Any] | None = None) -> S
     check_against_data(cfg, info.num_classes)
     model = method.build_model(cfg, info)
     roles = method.roles(model)
-    spec = wire_spec(model, roles.shared)
     recorder = RunRecorder(cfg)
     log.info(
         "%s on %s (%s): %d shared / %d personal tensors; results -> %s",
@@ -35,9 +33,7 @@ def build_server(context: Context, overrides: dict[str, Any] | None = None) -> S
         len(roles.personal),
         recorder.dir,
     )
-    strategy = method.strategy(
-        cfg=cfg, spec=spec, initial=get_arrays(model, roles.shared), model=model, recorder=recorder
-    )
+    strategy = method.build_strategy(cfg, model, recorder)
     if cfg.resume_from:
         strategy.resume(cfg.resume_from)
     return ServerAppComponents(

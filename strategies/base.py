@@ -187,8 +187,8 @@ class PFLStrategy(Strategy):
 
     def resume(self, resume_from: str) -> None:
         """Start from a checkpoint; ConfigError naming ``resume-from`` if it does not fit."""
-        server_round, arrays = load_server_state(resume_from, self.cfg.method)
         path = checkpoint_path(resume_from)
+        server_round, arrays = load_server_state(path, self.cfg.method)
         try:
             self.restore_server_state(arrays)
         except ValueError as err:
@@ -197,7 +197,7 @@ class PFLStrategy(Strategy):
             ) from None
         self.round_offset = server_round
         if self.recorder is not None:
-            self.recorder.resume(server_round, rounds_before(resume_from, server_round), path)
+            self.recorder.resume(server_round, rounds_before(path, server_round), path)
         log.info("resumed from %s: %d rounds done before", path, server_round)
 
     def save_checkpoint(self, server_round: int) -> None:

@@ -41,10 +41,9 @@ def checkpoint_path(resume_from: str) -> Path:
     return path / SERVER_STATE if path.is_dir() else path
 
 
-def load_server_state(resume_from: str, method: str) -> tuple[int, dict[str, np.ndarray]]:
-    """(round, arrays) of a checkpoint; ConfigError naming ``resume-from`` if it is
-    missing, corrupt or from another method."""
-    path = checkpoint_path(resume_from)
+def load_server_state(path: Path, method: str) -> tuple[int, dict[str, np.ndarray]]:
+    """(round, arrays) of a checkpoint file; ConfigError naming ``resume-from`` if it
+    is missing, corrupt or from another method."""
     if not path.exists():
         raise ConfigError(f"config key 'resume-from': no server checkpoint at {path}")
     try:
@@ -60,9 +59,9 @@ def load_server_state(resume_from: str, method: str) -> tuple[int, dict[str, np.
     return int(meta["round"]), arrays
 
 
-def rounds_before(resume_from: str, server_round: int) -> list[dict[str, Any]]:
-    """The per-round records of the checkpoint's run, up to its round (if kept)."""
-    results = checkpoint_path(resume_from).parent / "results.json"
+def rounds_before(path: Path, server_round: int) -> list[dict[str, Any]]:
+    """The per-round records of a checkpoint's run, up to its round (if kept)."""
+    results = path.parent / "results.json"
     try:
         rounds = json.loads(results.read_text())["rounds"]
     except (OSError, ValueError, KeyError):

@@ -20,7 +20,6 @@ from client_app.app import pick_device
 from client_app.base import PFLClient
 from client_app.state import ContextStore
 from methods import get_method
-from models.roles import get_arrays, wire_spec
 from pfl_data import data_info, load_client_data
 from run_config.schema import RunConfig, parse_run_config
 from strategies.base import PFLStrategy
@@ -55,15 +54,7 @@ def make_client(
 
 def make_strategy(cfg: RunConfig) -> PFLStrategy:
     method = get_method(cfg.method)
-    model = method.build_model(cfg, data_info(cfg))
-    roles = method.roles(model)
-    return method.strategy(
-        cfg=cfg,
-        spec=wire_spec(model, roles.shared),
-        initial=get_arrays(model, roles.shared),
-        model=model,
-        recorder=None,
-    )
+    return method.build_strategy(cfg, method.build_model(cfg, data_info(cfg)))
 
 
 class FakeProxy(ClientProxy):

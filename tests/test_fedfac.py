@@ -10,7 +10,6 @@ from flwr.common import parameters_to_ndarrays
 from client_app.fedfac import HELD_OUT, FedFacClient
 from methods import get_method
 from models.fedfac import MASK_KEY, array_to_bytes, bytes_to_array, element_entries, unpack_mask
-from models.roles import get_arrays, wire_spec
 from pfl_data import data_info, load_client_data
 from run_config.schema import parse_run_config
 from strategies.base import Reply
@@ -86,9 +85,8 @@ def make(method: str = "fedfac-dynamic", num: int = 4, **over):
     info = data_info(cfg)
     model = m.build_model(cfg, info)
     roles = m.roles(model)
-    strategy = FedFacStrategy(
-        cfg, wire_spec(model, roles.shared), get_arrays(model, roles.shared), model
-    )
+    strategy = m.build_strategy(cfg, model)
+    assert isinstance(strategy, FedFacStrategy)
     strategy.num_clients = num
     return cfg, m, model, roles, strategy
 
