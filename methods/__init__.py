@@ -20,6 +20,7 @@ from strategies.base import PFLStrategy
 from strategies.results import RunRecorder
 
 Transform = Callable[[nn.Module, RunConfig], nn.Module]
+ModelCheck = Callable[[nn.Module, RunConfig], None]
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class Method:
     client: type[PFLClient]
     strategy: type[PFLStrategy]
     transform: Transform | None = None
+    check: ModelCheck | None = None  # raises ConfigError for keys the model cannot use
 
     def build_model(self, cfg: RunConfig, info: DataInfo) -> nn.Module:
         """The method's model, identical on server and every client (seeded)."""
@@ -41,6 +43,8 @@ class Method:
         )
         if self.transform is not None:
             model = self.transform(model, cfg)
+        if self.check is not None:
+            self.check(model, cfg)
         return model
 
     def roles(self, model: nn.Module) -> Roles:
@@ -63,6 +67,7 @@ class Method:
 # method name -> module defining METHODS: dict[str, Method]
 _MODULES = {
     "fedavg": "methods.baselines",
+    "fedavg-ft": "methods.baselines",
     "local": "methods.baselines",
     "fedper": "methods.baselines",
     "fedrep": "methods.baselines",

@@ -11,13 +11,18 @@ from __future__ import annotations
 
 from client_app.fedfac import FedFacClient
 from methods import Method
+from models.fedfac import check_fa_layers
 from models.roles import nothing_personal
 from strategies.fedfac import FedFacStrategy
 
 METHODS = {
     m.name: m
     for m in (
-        Method("fedfac-static", nothing_personal, FedFacClient, FedFacStrategy),
-        Method("fedfac-dynamic", nothing_personal, FedFacClient, FedFacStrategy),
+        Method(
+            "fedfac-static", nothing_personal, FedFacClient, FedFacStrategy, check=check_fa_layers
+        ),
+        Method(
+            "fedfac-dynamic", nothing_personal, FedFacClient, FedFacStrategy, check=check_fa_layers
+        ),
     )
 }

@@ -9,6 +9,8 @@ import io
 import numpy as np
 from torch import nn
 
+from run_config.schema import ConfigError, RunConfig
+
 _SPLITTABLE = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _BN = (nn.modules.batchnorm._BatchNorm,)
 
@@ -50,6 +52,17 @@ def element_entries(model: nn.Module, layers: list[str]) -> dict[str, list[str]]
                 break
         out[layer] = entries
     return out
+
+
+def check_fa_layers(model: nn.Module, cfg: RunConfig) -> None:
+    """ConfigError naming 'fa-layers' if a layer is not a Linear/Conv of ``model``."""
+    layers = parse_layers(cfg.fa_layers)
+    if not layers:
+        raise ConfigError("config key 'fa-layers': names no layer")
+    try:
+        element_entries(model, layers)
+    except ValueError as err:
+        raise ConfigError(f"{err} (model '{cfg.model}')") from None
 
 
 def layer_sizes(model: nn.Module, layers: list[str]) -> dict[str, int]:

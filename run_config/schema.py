@@ -10,8 +10,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from run_config.defaults import SCHEDULE_KEYS, USED_BY, resolve_auto
+
 METHODS = (
     "fedavg",
+    "fedavg-ft",
     "local",
     "fedper",
     "fedrep",
@@ -27,6 +30,9 @@ METHODS = (
 PARTITIONERS = ("iid", "dirichlet", "dirichlet-client", "pathological", "natural", "domain")
 
 
+SETTINGS_SHOWN = (*SCHEDULE_KEYS, "augment")
+
+
 class ConfigError(ValueError):
     """A run config value is invalid; the message names the key."""
 
@@ -39,6 +45,16 @@ class RunConfig(BaseModel):
     """All run-config keys. Aliases are the hyphenated TOML keys."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_auto(cls, data: Any) -> Any:
+        """``auto`` (or a missing key of AUTO_KEYS) -> the method's or model's value
+        (run_config/defaults.py); a value the user set is kept."""
+        if not isinstance(data, dict):
+            return data
+        resolved, _ = resolve_auto({k.replace("_", "-"): v for k, v in data.items()})
+        return resolved
 
     # what to run
     method: Literal[METHODS] = "fedavg"  # type: ignore[valid-type]
@@ -67,6 +83,8 @@ class RunConfig(BaseModel):
     momentum: float = _field(0.0, ge=0, lt=1)
     weight_decay: float = _field(0.0, alias="weight-decay", ge=0)
     head_epochs: int = _field(1, alias="head-epochs", ge=1)
+    finetune_epochs: int = _field(1, alias="finetune-epochs", ge=0)  # fedavg-ft
+    augment: Literal["none", "crop-flip", "flip-rotate"] = "none"
     aggregation: Literal["default", "mean", "weighted"] = "default"
     fraction_fit: float = _field(1.0, alias="fraction-fit", gt=0, le=1)
     fraction_evaluate: float = _field(1.0, alias="fraction-evaluate", gt=0, le=1)
@@ -141,7 +159,16 @@ class RunConfig(BaseModel):
             raise ValueError(
                 f"config key 'lora-epochs' ({self.lora_epochs}) must be <= 'local-epochs' "
                 f"({self.local_epochs}): a FedDecomp round is lora-epochs on tau, then "
-                "local-epochs - lora-epochs on sigma (the paper uses local-epochs = 5)"
+                "local-epochs - lora-epochs on sigma (the paper: 5 and 2, the 'auto' default)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _backbone_keys(self) -> RunConfig:
+        if self.pretrained_weights and self.model != "resnet18":
+            raise ValueError(
+                f"config key 'pretrained-weights': only model 'resnet18' loads pretrained "
+                f"weights (got model '{self.model}')"
             )
         return self
 
@@ -187,6 +214,23 @@ def parse_run_config(raw: dict[str, Any]) -> RunConfig:
             else:
                 problems.append(f"config key '{key}': {e['msg']} (got {e.get('input')!r})")
         raise ConfigError("invalid run config: " + "; ".join(problems)) from None
+
+
+def auto_resolved(raw: dict[str, Any]) -> list[str]:
+    """The keys of a raw run config that ``auto`` (or their absence) resolved."""
+    try:
+        return resolve_auto({k.replace("_", "-"): v for k, v in raw.items()})[1]
+    except ValueError:
+        return []
+
+
+def describe_settings(cfg: RunConfig, auto: list[str]) -> str:
+    """One line: the method's local schedule and every auto-resolved key."""
+    own = [k for k, users in USED_BY.items() if cfg.method in users]
+    keys = [*SETTINGS_SHOWN, *own]
+    data = cfg.as_dict()
+    parts = [f"{k}={data[k]}{'' if k in auto else ' (set)'}" for k in keys if k in data]
+    return f"{cfg.method} settings ('auto' unless marked set): " + " ".join(parts)
 
 
 def check_against_data(cfg: RunConfig, num_classes: int) -> None:

@@ -10,20 +10,28 @@ from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
 from methods import get_method
 from pfl_data import data_info
-from run_config.schema import check_against_data, parse_run_config
+from run_config.schema import (
+    auto_resolved,
+    check_against_data,
+    describe_settings,
+    parse_run_config,
+)
 from strategies.results import RunRecorder
 
 log = logging.getLogger("flwr.pflower")
 
 
 def build_server(context: Context, overrides: dict[str, Any] | None = None) -> ServerAppComponents:
-    cfg = parse_run_config({**context.run_config, **(overrides or {})})
+    raw = {**context.run_config, **(overrides or {})}
+    cfg = parse_run_config(raw)
+    auto = auto_resolved(raw)
+    log.info("%s", describe_settings(cfg, auto))
     method = get_method(cfg.method)
     info = data_info(cfg)
     check_against_data(cfg, info.num_classes)
     model = method.build_model(cfg, info)
     roles = method.roles(model)
-    recorder = RunRecorder(cfg)
+    recorder = RunRecorder(cfg, extra={"auto_resolved": auto})
     log.info(
         "%s on %s (%s): %d shared / %d personal tensors; results -> %s",
         cfg.method,

@@ -17,13 +17,13 @@ import re
 import signal
 import subprocess
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import ray
-import tomllib
 import yaml
 from flwr.client import ClientApp
 from flwr.common import (

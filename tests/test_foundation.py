@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 
 import numpy as np
 import pytest
-import tomllib
 from flwr.common import parameters_to_ndarrays
 
 from methods import get_method
