@@ -19,6 +19,38 @@ def cross_entropy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.T
     return F.cross_entropy(model(x), y)
 
 
+def augment_batch(x: torch.Tensor, kind: str, generator: torch.Generator) -> torch.Tensor:
+    """A seeded, per-sample augmentation of an image batch (B, C, H, W) on its device.
+
+    ``crop-flip``: random 4-pixel-padded crop + horizontal flip (standard CIFAR);
+    ``flip-rotate``: horizontal flip + rotation in [-15, 15] degrees (DualFed).
+    Written here rather than with torchvision.transforms.v2, which draws one set
+    of random parameters per call (the whole batch would get the same crop or
+    angle); the random draws come from ``generator``, so a run is reproducible.
+    """
+    if kind == "none" or x.dim() != 4:
+        return x
+    b, _, h, w = x.shape
+    flip = (torch.rand(b, generator=generator) < 0.5).to(x.device)
+    x = torch.where(flip[:, None, None, None], x.flip(-1), x)
+    if kind == "crop-flip":
+        pad = 4
+        padded = F.pad(x, (pad, pad, pad, pad))
+        dy = torch.randint(0, 2 * pad + 1, (b,), generator=generator).to(x.device)
+        dx = torch.randint(0, 2 * pad + 1, (b,), generator=generator).to(x.device)
+        rows = (dy[:, None] + torch.arange(h, device=x.device))[:, None, :, None]
+        cols = (dx[:, None] + torch.arange(w, device=x.device))[:, None, None, :]
+        idx = torch.arange(b, device=x.device)[:, None, None, None]
+        chan = torch.arange(x.shape[1], device=x.device)[None, :, None, None]
+        return padded[idx, chan, rows, cols]
+    angle = (torch.rand(b, generator=generator) * 30.0 - 15.0).deg2rad().to(x.device, x.dtype)
+    cos, sin = angle.cos(), angle.sin()
+    zero = torch.zeros_like(cos)
+    theta = torch.stack([torch.stack([cos, -sin, zero], 1), torch.stack([sin, cos, zero], 1)], 1)
+    grid = F.affine_grid(theta, list(x.shape), align_corners=False)
+    return F.grid_sample(x, grid, align_corners=False, padding_mode="zeros")
+
+
 def batches(
     x: torch.Tensor, y: torch.Tensor, batch_size: int, generator: torch.Generator | None
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -81,6 +113,7 @@ def train_epochs(
     with only_trainable(model, params):
         for _ in range(epochs):
             for xb, yb in batches(x, y, cfg.batch_size, generator):
+                xb = augment_batch(xb, cfg.augment, generator)
                 opt.zero_grad(set_to_none=True)
                 loss = loss_fn(model, xb, yb)
                 loss.backward()
