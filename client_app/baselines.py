@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
 from flwr.common import Scalar
 
 from client_app.base import PFLClient
-from client_app.train import train_epochs
+from client_app.train import evaluate, train_epochs
 
 
 class FedRepClient(PFLClient):
@@ -22,3 +23,26 @@ class FedRepClient(PFLClient):
         head_loss = train_epochs(self.model, head, x, y, cfg.head_epochs, cfg, generator)
         body_loss = train_epochs(self.model, body, x, y, cfg.local_epochs, cfg, generator)
         return {"train-loss": body_loss, "head-loss": head_loss}
+
+
+class FedAvgFTClient(PFLClient):
+    """FedAvg + local fine-tuning: FedAvg's training; each evaluation scores a copy
+    of the received global model fine-tuned for ``finetune-epochs`` on the
+    client's own train split. The copy is discarded: it never leaves the client
+    and the next round starts from the global model again."""
+
+    def score(self) -> tuple[float, dict[str, Scalar]]:
+        tuned = copy.deepcopy(self.model)
+        generator = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self.seed_offset)
+        train_epochs(
+            tuned,
+            list(tuned.parameters()),
+            self.x_train,
+            self.y_train,
+            self.cfg.finetune_epochs,
+            self.cfg,
+            generator,
+        )
+        loss, acc = evaluate(tuned, self.x_test, self.y_test)
+        _, acc_global = evaluate(self.model, self.x_test, self.y_test)
+        return loss, {"accuracy": acc, "accuracy-global": acc_global}
