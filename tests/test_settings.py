@@ -1,0 +1,202 @@
+"""Every method out of the box: its paper's settings (``auto``), model-aware keys,
+user values that win, augmentation, FedAvg + fine-tuning, and the method x
+backbone matrix."""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from flwr.common import parameters_to_ndarrays
+
+from benchmarks.common import subset_parquet
+from client_app.train import augment_batch, evaluate
+from methods import get_method
+from models.backbones import build_backbone
+from models.fedfac import check_fa_layers
+from pfl_data import data_info
+from run_config.defaults import AUTO_KEYS, FA_LAYERS
+from run_config.schema import METHODS, ConfigError, describe_settings, parse_run_config
+from server_app.inprocess import run_inprocess
+from tests.helpers import config, make_client, make_strategy
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = {"local-epochs": 1, "optimizer": "sgd", "weight-decay": 0.0}
+
+# ../shared/METHODS.md, written out: (local-epochs, batch-size, optimizer, lr, momentum, wd)
+PAPER = {
+    "feddecomp": (5, 100, "sgd", 0.1, 0.9, 0.0),
+    "fedcp": (1, 10, "sgd", 0.005, 0.0, 0.0),
+    "factorized-fl-alpha": (5, 256, "sgd", 1e-3, 0.9, 1e-6),
+    "factorized-fl-beta": (5, 256, "sgd", 1e-3, 0.9, 1e-6),
+    "fedfac-static": (1, 32, "adam", 1e-3, 0.0, 0.0),
+    "fedfac-dynamic": (1, 32, "adam", 1e-3, 0.0, 0.0),
+    "dualfed": (1, 256, "sgd", 0.01, 0.5, 0.0),
+}
+# baselines: one epoch of SGD at the backbone's stable step (run_config/defaults.py)
+BASELINE = {
+    "mlp": (1, 32, "sgd", 0.05, 0.0, 0.0),
+    "cnn4": (1, 50, "sgd", 0.01, 0.9, 0.0),
+    "resnet8": (1, 50, "sgd", 0.1, 0.9, 0.0),
+}
+
+
+def schedule(cfg) -> tuple:
+    return (cfg.local_epochs, cfg.batch_size, cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("model", ["mlp", "cnn4", "resnet8"])
+def test_auto_resolves_to_the_papers_settings(method: str, model: str) -> None:
+    cfg = parse_run_config({"method": method, "model": model})
+    assert schedule(cfg) == PAPER.get(method, BASELINE[model])
+    if method == "feddecomp":
+        assert cfg.lora_epochs == 2  # E_lora = 2 of E = 5
+
+
+def test_pyproject_defaults_every_auto_key_to_auto() -> None:
+    app = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert {k for k, v in app.items() if v == "auto"} == set(AUTO_KEYS)
+    # the whole pyproject default config is valid for every method as it stands
+    for method in METHODS:
+        parse_run_config({**app, "method": method})
+
+
+def test_python_floor_is_311() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert project["project"]["requires-python"] == ">=3.11"
+    assert project["tool"]["ruff"]["target-version"] == "py311"
+
+
+@pytest.mark.parametrize(
+    ("method", "key", "value", "field"),
+    [
+        ("feddecomp", "lr", 0.02, "lr"),  # a schedule key
+        ("fedcp", "batch-size", 64, "batch_size"),
+        ("fedfac-static", "optimizer", "sgd", "optimizer"),
+        ("feddecomp", "lora-epochs", 4, "lora_epochs"),  # a method key derived from another
+        ("dualfed", "augment", "none", "augment"),  # augmentation
+        ("fedfac-dynamic", "fa-layers", "features.0", "fa_layers"),  # a model-aware key
+        ("factorized-fl-beta", "ffl-epsilon", 3.0, "ffl_epsilon"),  # a partitioner-aware key
+    ],
+)
+def test_a_user_value_wins_over_auto(method: str, key: str, value, field: str) -> None:
+    raw = {"method": method, "model": "cnn4", "dataset": "x.parquet", "partitioner": "domain"}
+    raw[key] = value
+    cfg = parse_run_config(raw)
+    assert getattr(cfg, field) == value
+    assert getattr(parse_run_config({**raw, key: "auto"}), field) != value
+    assert f"{key}={value} (set)" in describe_settings(cfg, [])
+
+
+def test_derived_and_scenario_keys() -> None:
+    # lora-epochs follows local-epochs (2 of 5), FedDecomp needs 2 epochs to alternate
+    assert parse_run_config({"method": "feddecomp", "local-epochs": 10}).lora_epochs == 4
+    with pytest.raises(ConfigError, match="'local-epochs'"):
+        parse_run_config({"method": "feddecomp", "local-epochs": 1})
+    # Factorized-FL's domain-scenario values follow partitioner=domain
+    dom = parse_run_config({"method": "factorized-fl-beta", "partitioner": "domain"})
+    assert (dom.ffl_sim_threshold, dom.ffl_epsilon, dom.ffl_min_aggr) == (0.95, 20.0, 4)
+    single = parse_run_config({"method": "factorized-fl-beta", "partitioner": "dirichlet"})
+    assert (single.ffl_sim_threshold, single.ffl_epsilon, single.ffl_min_aggr) == (0.0, 1.0, 10)
+    # DualFed augments images with flips and rotations; nothing augments the generated study
+    assert parse_run_config({"method": "dualfed", "dataset": "a.parquet"}).augment == "flip-rotate"
+    assert parse_run_config({"method": "dualfed"}).augment == "none"
+    assert parse_run_config({"method": "fedavg", "dataset": "a.parquet"}).augment == "none"
+
+
+@pytest.mark.parametrize("model", sorted(FA_LAYERS))
+def test_fa_layers_auto_names_splittable_layers_of_each_backbone(model: str) -> None:
+    cfg = parse_run_config({"method": "fedfac-dynamic", "model": model})
+    shape = (20,) if model == "mlp" else (3, 32, 32)
+    check_fa_layers(build_backbone(model, shape, 10), cfg)  # raises ConfigError if not
+
+
+def test_keys_a_model_cannot_use_are_config_errors() -> None:
+    cfg = parse_run_config({"method": "fedfac-static", "model": "mlp", "fa-layers": "features.7"})
+    with pytest.raises(ConfigError, match="'fa-layers'"):
+        get_method(cfg.method).build_model(cfg, data_info(cfg))
+    with pytest.raises(ConfigError, match="'pretrained-weights'"):
+        parse_run_config({"model": "cnn4", "pretrained-weights": "w.pt"})
+
+
+@pytest.mark.parametrize("kind", ["crop-flip", "flip-rotate"])
+def test_augmentation_is_seeded_per_sample_and_keeps_shape(kind: str) -> None:
+    x = torch.randn(16, 3, 32, 32)
+    a = augment_batch(x, kind, torch.Generator().manual_seed(1))
+    b = augment_batch(x, kind, torch.Generator().manual_seed(1))
+    c = augment_batch(x, kind, torch.Generator().manual_seed(2))
+    assert a.shape == x.shape and torch.equal(a, b) and not torch.equal(a, c)
+    changed = [(a[i] != x[i]).any().item() for i in range(16)]
+    assert 0 < sum(changed) <= 16  # some samples altered ...
+    # ... each with its own draw: no two altered samples moved by the same transform
+    diffs = {tuple((a[i] - x[i]).flatten()[:50].tolist()) for i in range(16) if changed[i]}
+    assert len(diffs) > 1
+    assert augment_batch(x, "none", torch.Generator()) is x
+    flat = torch.randn(8, 20)  # non-image inputs pass through
+    assert augment_batch(flat, kind, torch.Generator()) is flat
+
+
+def test_crop_flip_is_a_shifted_window_of_the_padded_image() -> None:
+    x = torch.arange(2 * 1 * 6 * 6, dtype=torch.float32).reshape(2, 1, 6, 6) + 1
+    out = augment_batch(x, "crop-flip", torch.Generator().manual_seed(0))
+    for i in range(2):
+        padded = torch.nn.functional.pad(x[i], (4, 4, 4, 4))
+        windows = [padded[:, dy : dy + 6, dx : dx + 6] for dy in range(9) for dx in range(9)]
+        windows += [w.flip(-1) for w in windows]
+        assert any(torch.equal(out[i], w) for w in windows)
+
+
+def test_fedavg_ft_fine_tunes_a_copy_that_never_leaves() -> None:
+    cfg = config(method="fedavg-ft", **{"finetune-epochs": 3})
+    client, _ = make_client(cfg)
+    strategy = make_strategy(cfg)
+    payload = parameters_to_ndarrays(strategy.global_payload())
+    before = copy.deepcopy(client.model.state_dict())
+    client.receive(payload, {})
+    loss, _, metrics = client.evaluate(payload, {"server-round": 1})
+    after = client.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # the copy was discarded
+    global_loss, _ = evaluate(client.model, client.x_test, client.y_test)
+    assert loss != pytest.approx(global_loss)  # the score is the fine-tuned copy's
+    upload, _, _ = client.fit(payload, {"server-round": 1})
+    assert len(upload) == len(strategy.spec)  # FedAvg's wire: the whole model
+    no_ft = make_client(config(method="fedavg-ft", **{"finetune-epochs": 0}))[0]
+    loss0, _, m0 = no_ft.evaluate(payload, {"server-round": 1})
+    assert m0["accuracy"] == m0["accuracy-global"]
+    assert loss0 == pytest.approx(evaluate(no_ft.model, no_ft.x_test, no_ft.y_test)[0])
+
+
+# ---- the matrix: every method on every backbone, 1 round, 2 clients ----------------------
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> str:
+    return subset_parquet(160, 0, tmp_path_factory.mktemp("data"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["mlp", "cnn4", "resnet8"])
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_runs_on_every_backbone(method: str, model: str, images, tmp_path) -> None:
+    data = {"sim-samples": 60, "hidden-dim": 16} if model == "mlp" else {"dataset": images}
+    cfg = {
+        "method": method,
+        "model": model,
+        "num-server-rounds": 1,
+        "output-dir": str(tmp_path),
+        "run-name": "cell",
+        **data,
+    }
+    res = run_inprocess(cfg, num_clients=2)
+    (record,) = res["rounds"]
+    assert sorted(record["per_client_accuracy"]) == ["client-0", "client-1"]
+    assert 0.0 <= record["accuracy_mean"] <= 1.0 and np.isfinite(record["accuracy_mean"])
+    resolved = parse_run_config({"method": method, "model": model, **data})
+    assert res["config"]["lr"] == resolved.lr  # the method's own settings were used
+    if method != "local":
+        assert record["bytes_up"] > 0
