@@ -180,10 +180,31 @@ def resolve_auto(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     return out, resolved
 
 
-def settings_table(methods: tuple[str, ...], model: str = "mlp") -> list[dict[str, Any]]:
-    """Each method's resolved schedule keys on ``model`` (README and docs table)."""
-    rows = []
-    for method in methods:
-        resolved, _ = resolve_auto({"method": method, "model": model})
-        rows.append({"method": method, **{k: resolved[k] for k in (*SCHEDULE_KEYS, "augment")}})
-    return rows
+def settings_markdown(methods: tuple[str, ...]) -> str:
+    """The resolved settings of every method on every backbone (docs/SETTINGS.md)."""
+    cols = (*SCHEDULE_KEYS, "augment")
+    out = [
+        "# Each method's resolved settings (`auto`)",
+        "",
+        "Made with `python -m run_config.defaults > docs/SETTINGS.md`: what `auto` resolves",
+        "to on image data (`augment` is `none` on the generated simulation study) with the",
+        "default partitioner. Sources: ../shared/METHODS.md; run_config/defaults.py.",
+        "",
+    ]
+    for model in ("mlp", "cnn4", "resnet8", "resnet10", "resnet18"):
+        out += [f"## model = {model}", "", "| method | " + " | ".join(cols) + " | method keys |"]
+        out.append("|---" * (len(cols) + 2) + "|")
+        for method in methods:
+            raw = {"method": method, "model": model, "dataset": "images.parquet"}
+            resolved, _ = resolve_auto(raw)
+            own = [f"{k}={resolved[k]}" for k, users in USED_BY.items() if method in users]
+            cells = [str(resolved[k]) for k in cols] + [", ".join(own)]
+            out.append(f"| `{method}` | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    from run_config.schema import METHODS
+
+    print(settings_markdown(METHODS))

@@ -200,3 +200,11 @@ def test_every_method_runs_on_every_backbone(method: str, model: str, images, tm
     assert res["config"]["lr"] == resolved.lr  # the method's own settings were used
     if method != "local":
         assert record["bytes_up"] > 0
+
+
+def test_docs_settings_table_is_current() -> None:
+    """docs/SETTINGS.md is what `python -m run_config.defaults` prints now."""
+    from run_config.defaults import settings_markdown
+
+    committed = (ROOT / "docs" / "SETTINGS.md").read_text()
+    assert committed.strip() == settings_markdown(METHODS).strip()
