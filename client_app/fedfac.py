@@ -8,7 +8,18 @@ round's training, so any element may turn personal; its value is then the
 client's own. On receive, personal elements (the mask in the config) take the
 kept values, shared ones the global ones; so a change of split loses nothing.
 Uploads carry every Lambda element when the server needs them for FA
-(``fa-full-upload``), otherwise only the shared ones.
+(``fa-full-upload``), otherwise only the shared ones; with ``fa-upload-start``
+(``fa-input=updates``) the start values of the rows that were personal go up
+too, so the server can compute each row's change from what this client really
+started from (its shared rows started from the global values it sent).
+Once a split exists, downloads carry only the shared rows of a Lambda layer
+(``expand`` puts them back beside the client's own personal rows).
+
+New clients (held out): LocalTrain trains its personal rows and keeps them
+between rounds like any client's personal state. Ensemble (``ensemble-share-
+models=true``, the sites' consent) scores the mean prediction of the trained
+clients' personalised models, which the new client receives: no input, label or
+prediction of any client travels.
 """
 
 from __future__ import annotations
@@ -23,16 +34,15 @@ from client_app.base import CLIENT_KEY, PFLClient
 from client_app.train import evaluate, train_epochs
 from models.fedfac import (
     MASK_KEY,
-    array_to_bytes,
-    bytes_to_array,
     element_entries,
     layer_sizes,
     parse_layers,
     unpack_mask,
 )
-from models.roles import get_arrays
+from models.roles import get_arrays, set_arrays
 
 HELD_OUT = "fa-held-out"
+PHASE = "fa-phase"  # "share-model" (fit) / "ensemble" (evaluate): the consented Ensemble
 _LOCAL = "fedfac.local."
 _MASK = "fedfac.mask."
 
@@ -48,6 +58,7 @@ class FedFacClient(PFLClient):
         self.layer_of = {e: layer for layer, es in self.entries.items() for e in es}
         self.local: dict[str, np.ndarray] = {}  # own latest values of every Lambda entry
         self.personal: dict[str, np.ndarray] = {}  # last mask seen, True = personal
+        self.start: dict[str, np.ndarray] = {}  # Lambda weights as this round began
 
     # ---- personal state: base personal tensors + own Lambda values + masks ---------------
 
@@ -76,9 +87,24 @@ class FedFacClient(PFLClient):
 
     # ---- the split on the wire ------------------------------------------------------------
 
+    def expand(self, parameters: NDArrays, masks: dict[str, np.ndarray]) -> NDArrays:
+        """Compact downloads (shared rows only) back to full arrays; the personal
+        rows take the model's current values (replaced by the kept ones next)."""
+        state = self.model.state_dict()
+        out = []
+        for name, a in zip(self.roles.shared, parameters, strict=True):
+            layer = self.layer_of.get(name)
+            full = state[name]
+            if layer in masks and full.dim() and a.shape[0] != full.shape[0]:
+                values = full.detach().cpu().numpy().copy()
+                values[~masks[layer]] = a
+                a = values
+            out.append(a)
+        return out
+
     def receive(self, parameters: NDArrays, config: dict[str, Scalar]) -> None:
-        super().receive(parameters, config)
         masks = self.masks(config)
+        super().receive(self.expand(parameters, masks) if parameters else parameters, config)
         state = self.model.state_dict()
         with torch.no_grad():
             for layer, personal in masks.items():
@@ -87,10 +113,17 @@ class FedFacClient(PFLClient):
                         own = torch.as_tensor(self.local[entry][personal])
                         state[entry][torch.as_tensor(personal)] = own.to(state[entry].device)
         self.personal.update(masks)
+        weights = [f"{layer}.weight" for layer in self.entries]
+        self.start = dict(zip(weights, get_arrays(self.model, weights)))
 
     def upload(self, config: dict[str, Scalar]) -> NDArrays:
         arrays = super().upload(config)
         if config.get("fa-full-upload", True):
+            if config.get("fa-upload-start"):  # fa-input=updates: where personal rows began
+                masks = self.masks(config)
+                arrays += [
+                    self.start[f"{layer}.weight"][personal] for layer, personal in masks.items()
+                ]
             return arrays
         masks = self.masks(config)
         return [
@@ -106,43 +139,39 @@ class FedFacClient(PFLClient):
     def fit(
         self, parameters: NDArrays, config: dict[str, Scalar]
     ) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        if config.get(PHASE) == "share-model":  # Ensemble, with the sites' consent
+            self.restore_personal()
+            self.receive(parameters, config)
+            names = list(self.model.state_dict())
+            return get_arrays(self.model, names), int(self.y_train.shape[0]), self.tag()
         if self.held_out(config):  # a new client never trains with the federation
-            return [], int(self.y_train.shape[0]), {CLIENT_KEY: self.client_key, HELD_OUT: 1}
+            return [], int(self.y_train.shape[0]), {**self.tag(), HELD_OUT: 1}
         return super().fit(parameters, config)
+
+    def tag(self) -> dict[str, Scalar]:
+        return {CLIENT_KEY: self.client_key}
 
     def evaluate(
         self, parameters: NDArrays, config: dict[str, Scalar]
     ) -> tuple[float, int, dict[str, Scalar]]:
-        phase = config.get("fa-phase", "")
-        n = int(self.y_test.shape[0])
-        if phase == "predict":  # a trained client predicts for a new client
-            self.restore_personal()
-            self.receive(parameters, config)
-            probs = self.predict_proba(bytes_to_array(config["fa-inputs"]))
-            return 0.0, n, {CLIENT_KEY: self.client_key, "fa-probs": array_to_bytes(probs)}
         if not self.held_out(config):
             return super().evaluate(parameters, config)
-        tag = {CLIENT_KEY: self.client_key, HELD_OUT: 1}
-        if phase == "inputs":  # Ensemble, step 1: the new client's test inputs
-            return 0.0, n, {**tag, "fa-inputs": array_to_bytes(self.x_test.cpu().numpy())}
-        if phase == "score":  # Ensemble, step 3: score the mean prediction
-            probs = torch.as_tensor(bytes_to_array(config["fa-probs"]))
-            acc = float((probs.argmax(dim=1) == self.y_test.cpu()).float().mean())
-            loss = float(
-                torch.nn.functional.nll_loss(probs.clamp_min(1e-12).log(), self.y_test.cpu())
-            )
+        n = int(self.y_test.shape[0])
+        tag = {**self.tag(), HELD_OUT: 1}
+        if config.get(PHASE) == "ensemble":
+            loss, acc = self.ensemble_score(parameters)
             return loss, n, {**tag, "accuracy": acc}
         if self.cfg.new_client_mode == "localtrain":
             loss, acc = self.local_train_new(parameters, config)
             return loss, n, {**tag, "accuracy": acc}
-        return 0.0, n, tag  # Ensemble is scored in the server's prediction round
+        return 0.0, n, tag  # Ensemble is scored in the server's last-round ensemble step
 
     def local_train_new(
         self, parameters: NDArrays, config: dict[str, Scalar]
     ) -> tuple[float, float]:
-        """LocalTrain: shared params from the server, personal elements trained here
-        (starting from the global's value of each personal element: its initial
-        value, or its last average if it was shared once); nothing is stored."""
+        """LocalTrain: shared rows from the server, personal rows trained here and
+        kept between rounds (they start from this client's initial values)."""
+        self.restore_personal()
         self.receive(parameters, config)
         masks = self.masks(config)
         state = self.model.state_dict()
@@ -158,7 +187,10 @@ class FedFacClient(PFLClient):
                 hooks.append(p.register_hook(lambda g, m=grad_mask: g * m))
                 keep[entry] = (rows, state[entry][~rows].clone())
                 params.append(p)
-        generator = torch.Generator().manual_seed(self.cfg.seed + self.seed_offset)
+        server_round = int(config.get("server-round", 0))
+        generator = torch.Generator().manual_seed(
+            self.cfg.seed * 1_000_003 + server_round * 7919 + self.seed_offset
+        )
         try:
             train_epochs(
                 self.model,
@@ -175,12 +207,31 @@ class FedFacClient(PFLClient):
         with torch.no_grad():  # shared rows exactly as received (no decay drift)
             for entry, (rows, values) in keep.items():
                 state[entry][~rows] = values
+        self.store_personal()
         return evaluate(self.model, self.x_test, self.y_test)
 
     @torch.no_grad()
-    def predict_proba(self, x: np.ndarray) -> np.ndarray:
-        """Class probabilities of this client's personalised model."""
-        self.model.eval()
-        xt = torch.as_tensor(x, device=self.device)
-        out = [torch.softmax(self.model(xb), dim=1) for xb in xt.split(512)]
-        return torch.cat(out).cpu().numpy().astype(np.float32)
+    def ensemble_score(self, parameters: NDArrays) -> tuple[float, float]:
+        """The mean class probabilities of the personalised models in ``parameters``
+        (whole state dicts, one after another), on this client's own test split."""
+        names = list(self.model.state_dict())
+        if not parameters or len(parameters) % len(names):
+            raise ValueError(
+                f"ensemble payload of {len(parameters)} arrays is not whole models "
+                f"of {len(names)} tensors"
+            )
+        own = get_arrays(self.model, names)
+        total = torch.zeros(())
+        try:
+            for k in range(0, len(parameters), len(names)):
+                set_arrays(self.model, names, parameters[k : k + len(names)])
+                self.model.eval()
+                p = torch.cat([torch.softmax(self.model(xb), 1) for xb in self.x_test.split(512)])
+                total = total + p.cpu()
+            probs = total / (len(parameters) // len(names))
+        finally:
+            set_arrays(self.model, names, own)
+        y = self.y_test.cpu()
+        acc = float((probs.argmax(dim=1) == y).float().mean())
+        loss = float(torch.nn.functional.nll_loss(probs.clamp_min(1e-12).log(), y))
+        return loss, acc

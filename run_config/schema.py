@@ -119,6 +119,8 @@ class RunConfig(BaseModel):
     new_client_mode: Literal["localtrain", "ensemble"] = _field(
         "localtrain", alias="new-client-mode"
     )
+    # Ensemble discloses the trained sites' personalised models to the new clients
+    ensemble_share_models: bool = _field(False, alias="ensemble-share-models")
 
     # Factorized-FL (reference defaults, single-domain permuted-label setting)
     ffl_rank: int = _field(1, alias="ffl-rank", ge=1)
@@ -169,6 +171,16 @@ class RunConfig(BaseModel):
             raise ValueError(
                 f"config key 'pretrained-weights': only model 'resnet18' loads pretrained "
                 f"weights (got model '{self.model}')"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _ensemble_consent(self) -> RunConfig:
+        if self.new_client_mode == "ensemble" and not self.ensemble_share_models:
+            raise ValueError(
+                "config key 'ensemble-share-models' must be true for new-client-mode="
+                "'ensemble': the trained sites' personalised models (shared and personal "
+                "tensors) go to the new clients, so the sites must agree to disclose them"
             )
         return self
 

@@ -87,6 +87,22 @@ class LocalProxy(ClientProxy):
         return DisconnectRes(reason="")
 
 
+def build_inprocess(
+    config: dict[str, Any], num_clients: int, record: Recorder | None = None
+) -> tuple[Server, int]:
+    """Flower's Server with the run's strategy and ``num_clients`` local nodes, and
+    the number of rounds to run (``server.strategy`` is the run's strategy)."""
+    components = build_server(Context(0, 0, {}, RecordDict(), {}), config)
+    manager = SimpleClientManager()
+    for i in range(num_clients):
+        node = {"partition-id": i, "num-partitions": num_clients}
+        context = Context(0, i + 1, node, RecordDict(), {})
+        manager.register(LocalProxy(i + 1, context, config, record))
+    server = Server(client_manager=manager, strategy=components.strategy)
+    server.set_max_workers(1)  # one client at a time: reproducible, like one actor
+    return server, components.config.num_rounds
+
+
 def run_inprocess(
     config: dict[str, Any], num_clients: int, record: Recorder | None = None
 ) -> dict[str, Any]:
@@ -98,15 +114,8 @@ def run_inprocess(
         raise ValueError("run_inprocess() needs a 'run-name' to find its results")
     threads = torch.get_num_threads()  # build_client pins simulated clients to one thread
     try:
-        components = build_server(Context(0, 0, {}, RecordDict(), {}), config)
-        manager = SimpleClientManager()
-        for i in range(num_clients):
-            node = {"partition-id": i, "num-partitions": num_clients}
-            context = Context(0, i + 1, node, RecordDict(), {})
-            manager.register(LocalProxy(i + 1, context, config, record))
-        server = Server(client_manager=manager, strategy=components.strategy)
-        server.set_max_workers(1)  # one client at a time: reproducible, like one actor
-        server.fit(components.config.num_rounds, timeout=None)
+        server, rounds = build_inprocess(config, num_clients, record)
+        server.fit(rounds, timeout=None)
     finally:
         torch.set_num_threads(threads)
     path = Path(config.get("output-dir", "outputs")).resolve() / config["run-name"] / "results.json"

@@ -5,17 +5,25 @@ Static: the first round uploads every element of the Lambda layers, the server
 runs FA once and fixes the split; later rounds upload only the shared elements.
 Dynamic: every round uploads every element of the Lambda layers, FA runs on that
 round's uploads and decides which elements are averaged. Personal elements of
-the global arrays are not written in a round (they keep their initial value, or
-their last average if they were shared earlier: where a new client starts). ``fa-split`` = true | oracle | random imposes a fixed split instead
-(simulation study). The mask of personal elements travels with every payload.
+the global arrays are not written in a round. ``fa-split`` = true | oracle |
+random imposes a fixed split instead (simulation study). The mask of personal
+elements travels with every payload, and once a split exists the payload carries
+only the shared rows of each Lambda layer (the personal rows' global values are
+never used by a client).
+
+``fa-input=updates``: FA runs on each Lambda weight's change over the round from
+what the client started from: the global rows where they were shared, the
+client's own rows where they were personal; clients upload the start values of
+those personal rows after the shared tensors (the server knows the rest).
 
 New clients (paper Section 3.2): the last ``new-clients`` partitions
 (``client-<i>``) or, in a deployment, the sites named in ``new-client-sites``
-never train. They are evaluated as LocalTrain (shared params in,
-personal elements trained locally) or, in the final round, Ensemble: an explicit
-prediction round in which the held-out clients' test inputs go to the trained
-clients and the mean of their personalised predictions comes back; personal
-weights never leave a client.
+never train. LocalTrain: shared params in, personal elements trained locally
+and kept. Ensemble (needs ``ensemble-share-models=true``: the sites agree to
+disclose their personalised models to the new clients): in the final round the
+trained clients send their personalised models (a fit reply), the server passes
+them to each new client, which averages their predictions on its own test split.
+No input, label or prediction travels.
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ from flwr.common import (
     NDArrays,
     Parameters,
     Scalar,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
 )
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
@@ -40,14 +50,12 @@ from torch import nn
 
 from models.fedfac import (
     MASK_KEY,
-    array_to_bytes,
-    bytes_to_array,
     element_entries,
     layer_sizes,
     pack_mask,
     parse_layers,
 )
-from models.roles import TensorSpec
+from models.roles import TensorSpec, wire_spec
 from run_config.schema import RunConfig
 from strategies.base import CLIENT_KEY, PFLStrategy, Reply, RoundLog, payload_bytes
 from strategies.factor_analysis import (
@@ -86,6 +94,8 @@ class FedFacStrategy(PFLStrategy):
         self.full_upload = True  # this round's uploads carry every Lambda element
         self.num_clients = 0
         self.held_out: set[str] = set()
+        self.model_spec = wire_spec(model, list(model.state_dict()))  # Ensemble's shared models
+        self._compact: Parameters | None = None  # the payload with shared Lambda rows only
 
     # ---- the split --------------------------------------------------------------------------
 
@@ -132,8 +142,9 @@ class FedFacStrategy(PFLStrategy):
             i = self.position[f"{layer}.weight"]
             per_client = [r.arrays[i].astype(np.float64) for r in replies]
             if self.cfg.fa_input == "updates":
-                # the change from the global copy the round started from
-                per_client = [w - self.global_arrays[i] for w in per_client]
+                per_client = [
+                    w - start for w, start in zip(per_client, self.starts(layer, replies))
+                ]
             fit = self.factor_analysis(per_client)
             new[layer] = shared_elements(fit.communalities, self.cfg.fa_quantile)
             factors[layer] = fit.num_factors
@@ -142,7 +153,15 @@ class FedFacStrategy(PFLStrategy):
             changed = sum(int((new[k] != self.shared[k]).sum()) for k in new)
             extra["fa_changed_fraction"] = changed / sum(self.sizes.values())
         extra["fa_num_factors"] = factors
-        self.shared = new
+        self.set_split(new)
+
+    def set_split(self, shared: dict[str, np.ndarray] | None) -> None:
+        self.shared = shared
+        self._compact = None
+
+    def set_global(self, arrays: NDArrays) -> None:
+        super().set_global(arrays)
+        self._compact = None
 
     # ---- the checkpoint: the global tensors and the split -----------------------------------
 
@@ -161,12 +180,50 @@ class FedFacStrategy(PFLStrategy):
             mask = split.get(layer)
             if mask is None or mask.dtype != bool or mask.shape != (size,):
                 raise ValueError(f"no {size}-element boolean split for layer '{layer}'")
-        self.shared = {layer: split[layer] for layer in self.sizes}
+        self.set_split({layer: split[layer] for layer in self.sizes})
 
     # ---- payloads ---------------------------------------------------------------------------
 
+    def upload_start(self) -> bool:
+        """Whether this round's uploads carry the personal rows' start values (for
+        fa-input=updates: before the first split every row started from the global)."""
+        return (
+            self.full_upload
+            and self.cfg.fa_input == "updates"
+            and self.cfg.fa_split == "fa"
+            and self.shared is not None
+        )
+
+    def starts(self, layer: str, replies: list[Reply]) -> list[np.ndarray]:
+        """Each reply's start values of ``layer``'s weight: the global rows that were
+        shared this round, the client's own uploaded rows that were personal."""
+        i = self.position[f"{layer}.weight"]
+        if not self.upload_start():
+            return [self.global_arrays[i]] * len(replies)
+        extra = len(self.spec) + list(self.entries).index(layer)
+        out = []
+        for r in replies:
+            start = self.global_arrays[i].astype(np.float64)
+            start[~self.shared[layer]] = r.arrays[extra]
+            out.append(start)
+        return out
+
+    def payload_for(self, client_key: str | None, server_round: int) -> Parameters:
+        """Once a split exists, only the shared rows of each Lambda layer travel."""
+        if self.shared is None:
+            return self.global_payload()
+        if self._compact is None:
+            compact = []
+            for spec, a in zip(self.spec, self.global_arrays):
+                layer = self.layer_of.get(spec.name)
+                compact.append(a if layer is None else a[self.shared[layer]])
+            self._compact = ndarrays_to_parameters(compact)
+        return self._compact
+
     def fit_config(self, client_key: str | None, server_round: int) -> dict[str, Scalar]:
         config: dict[str, Scalar] = {"fa-full-upload": self.full_upload}
+        if self.upload_start():
+            config["fa-upload-start"] = True
         if self.held_out:
             config[HELD_OUT] = ",".join(sorted(self.held_out))
         if self.shared is not None:
@@ -175,6 +232,14 @@ class FedFacStrategy(PFLStrategy):
         return config
 
     def expected_spec(self, client_key: str) -> list[TensorSpec]:
+        if self.upload_start():  # + the start values of each layer's personal rows
+            assert self.shared is not None
+            extra = []
+            for layer, shared in self.shared.items():
+                s = self.spec[self.position[f"{layer}.weight"]]
+                rows = int((~shared).sum())
+                extra.append(TensorSpec(f"{layer}.weight (start)", (rows, *s.shape[1:]), s.dtype))
+            return self.spec + extra
         if self.full_upload or self.shared is None:
             return self.spec
         out = []
@@ -199,7 +264,7 @@ class FedFacStrategy(PFLStrategy):
                 "clients leaves none to train"
             )
         if self.cfg.fa_split != "fa":
-            self.shared = self.fixed_split()
+            self.set_split(self.fixed_split())
 
     def new_client_keys(self) -> set[str]:
         """The held-out clients' keys: named sites, else the last partitions."""
@@ -290,41 +355,69 @@ class FedFacStrategy(PFLStrategy):
             extra["accuracy_new_clients"] = float(np.mean(accs))
         last = server_round == self.cfg.num_server_rounds
         if new and trained and self.cfg.new_client_mode == "ensemble" and last:
-            accs = self.prediction_round(server_round, [p for p, _ in new], [p for p, _ in trained])
-            extra["accuracy_new_clients"] = float(np.mean(accs))
+            accs = self.ensemble_round(server_round, [p for p, _ in new], [p for p, _ in trained])
+            if accs:
+                extra["accuracy_new_clients"] = float(np.mean(accs))
         if new:
             extra["new_client_mode"] = self.cfg.new_client_mode
         return super().aggregate_evaluate(server_round, trained, failures)
 
-    def prediction_round(
+    def ensemble_round(
         self, server_round: int, new: list[ClientProxy], trained: list[ClientProxy]
     ) -> list[float]:
-        """Ensemble for new clients: their test inputs go to every trained client,
-        which answers with its personalised model's class probabilities; each new
-        client scores the mean of those probabilities."""
-        empty = Parameters(tensors=[], tensor_type="numpy.ndarray")
-        payload = self.global_payload()
-        config = self.fit_config(None, server_round)
+        """Ensemble for new clients (the sites consented: ensemble-share-models):
+        each trained client sends its personalised model; each new client gets them
+        all and scores the mean of their predictions on its own test split."""
+        extra = self.rounds[server_round].extra
 
-        def call(proxy: ClientProxy, params: Parameters, extra: dict[str, Scalar]) -> EvaluateRes:
-            return proxy.evaluate(EvaluateIns(params, {**config, **extra}), None, server_round)
+        def share(proxy: ClientProxy) -> FitRes | None:
+            key = self.key_of(proxy)
+            config = {**self.fit_config(key, server_round), "fa-phase": "share-model"}
+            ins = FitIns(self.payload_for(key, server_round), config)
+            try:
+                return proxy.fit(ins, None, server_round)
+            except Exception as err:  # noqa: BLE001 - a vanished client: go on without it
+                log.warning(
+                    "round %d: ensemble: no model from node %d (%s)",
+                    server_round,
+                    proxy.node_id,
+                    err,
+                )
+                return None
 
-        accs = []
         with ThreadPoolExecutor() as pool:
-            for proxy in new:
-                inputs = call(proxy, empty, {"fa-phase": "inputs"}).metrics["fa-inputs"]
-                replies = list(
-                    pool.map(
-                        lambda p, x=inputs: call(
-                            p, payload, {"fa-phase": "predict", "fa-inputs": x}
-                        ),
-                        trained,
-                    )
+            replies = list(pool.map(share, trained))
+        models: NDArrays = []
+        shared_by = []
+        for proxy, res in zip(trained, replies):
+            if res is None:
+                continue
+            arrays = parameters_to_ndarrays(res.parameters)
+            problem = next(
+                (p for s, a in zip(self.model_spec, arrays) if (p := s.matches(a))), None
+            )
+            if len(arrays) != len(self.model_spec) or problem:
+                log.warning(
+                    "round %d: ensemble: rejected model from node %d: %s",
+                    server_round,
+                    proxy.node_id,
+                    problem or "wrong tensor count",
                 )
-                probs = np.mean([bytes_to_array(r.metrics["fa-probs"]) for r in replies], axis=0)
-                scored = call(
-                    proxy, empty, {"fa-phase": "score", "fa-probs": array_to_bytes(probs)}
-                )
-                accs.append(float(scored.metrics["accuracy"]))
+                continue
+            models += arrays
+            shared_by.append(str(res.metrics.get(CLIENT_KEY)))
+        if not shared_by:
+            log.error("round %d: ensemble: no trained client shared its model", server_round)
+            return []
+        payload = ndarrays_to_parameters(models)
+        config = {**self.fit_config(None, server_round), "fa-phase": "ensemble"}
+        accs = []
+        for proxy in new:
+            res = proxy.evaluate(EvaluateIns(payload, config), None, server_round)
+            extra["bytes_ensemble_down"] = extra.get("bytes_ensemble_down", 0) + payload_bytes(
+                payload
+            )
+            accs.append(float(res.metrics["accuracy"]))
+        extra["ensemble_models_from"] = sorted(shared_by)
         log.info("round %d: ensemble accuracy of new clients %s", server_round, accs)
         return accs

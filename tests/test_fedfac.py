@@ -9,7 +9,7 @@ from flwr.common import parameters_to_ndarrays
 
 from client_app.fedfac import HELD_OUT, FedFacClient
 from methods import get_method
-from models.fedfac import MASK_KEY, array_to_bytes, bytes_to_array, element_entries, unpack_mask
+from models.fedfac import MASK_KEY, element_entries, unpack_mask
 from pfl_data import data_info, load_client_data
 from run_config.schema import parse_run_config
 from strategies.base import Reply
@@ -206,11 +206,12 @@ def test_personal_values_survive_a_change_of_split():
     assert c.personal["features.1"].tolist() == b.tolist()
 
 
-def test_new_client_localtrain_and_ensemble_predict():
+def test_new_client_localtrain_keeps_its_personal_rows_between_rounds():
     cfg, m, model, roles, strategy = make(new_clients=1, local_epochs=2, optimizer="adam", lr=0.01)
-    strategy.shared = {"features.1": np.arange(200) < 100}
+    strategy.set_split({"features.1": np.arange(200) < 100})
     config = {**strategy.fit_config(None, 2), HELD_OUT: "client-3", "server-round": 2}
-    glob = parameters_to_ndarrays(strategy.global_payload())
+    glob = parameters_to_ndarrays(strategy.payload_for(None, 2))
+    full = strategy.global_arrays
     new = client(cfg, m, 3)
     # a new client never trains with the federation
     arrays, _, metrics = new.fit(glob, config)
@@ -218,28 +219,109 @@ def test_new_client_localtrain_and_ensemble_predict():
     # LocalTrain: shared rows as received, personal rows trained, a real accuracy
     loss, n, metrics = new.evaluate(glob, config)
     assert metrics[HELD_OUT] == 1 and 0.0 <= metrics["accuracy"] <= 1.0 and n == new.y_test.shape[0]
-    w = new.model.state_dict()["features.1.weight"].numpy()
+    w = new.model.state_dict()["features.1.weight"].numpy().copy()
     i = roles.shared.index("features.1.weight")
-    np.testing.assert_array_equal(w[:100], glob[i][:100])  # shared: as received
-    assert not np.allclose(w[100:], glob[i][100:])  # personal: trained
-    assert new.store.state is None  # nothing kept
-    # Ensemble: inputs out, probabilities from trained clients, mean scored
-    _, _, m1 = new.evaluate([], {**config, "fa-phase": "inputs"})
-    x = bytes_to_array(m1["fa-inputs"])
-    assert x.shape == tuple(new.x_test.shape)
-    probs = []
+    np.testing.assert_array_equal(w[:100], full[i][:100])  # shared: as received
+    assert not np.allclose(w[100:], full[i][100:])  # personal: trained
+    # kept like any client's personal state: the next round starts from these rows
+    np.testing.assert_array_equal(new.store.state["fedfac.local.features.1.weight"], w)
+    again = client(cfg, m, 3)
+    again.store = new.store
+    again.restore_personal()
+    again.receive(glob, {**config, "server-round": 3})
+    w2 = again.model.state_dict()["features.1.weight"].numpy()
+    np.testing.assert_array_equal(w2[100:], w[100:])
+
+
+def test_ensemble_needs_consent_and_sends_models_not_data():
+    from run_config.schema import ConfigError
+
+    with pytest.raises(ConfigError, match="'ensemble-share-models'"):
+        parse_run_config({"method": "fedfac-static", "new-client-mode": "ensemble"})
+    cfg, m, model, roles, strategy = make(
+        new_clients=1, new_client_mode="ensemble", ensemble_share_models=True
+    )
+    strategy.set_split({"features.1": np.arange(200) < 100})
+    config = {**strategy.fit_config(None, 2), HELD_OUT: "client-3", "server-round": 2}
+    glob = parameters_to_ndarrays(strategy.payload_for(None, 2))
+    names = list(model.state_dict())
+    models, probs = [], []
+    new = client(cfg, m, 3)
     for k in range(3):
         c = client(cfg, m, k)
         c.fit(glob, {**config, "fa-full-upload": True})
-        _, _, mk = c.evaluate(glob, {**config, "fa-phase": "predict", "fa-inputs": m1["fa-inputs"]})
-        p = bytes_to_array(mk["fa-probs"])
-        assert p.shape == (x.shape[0], 2)
-        np.testing.assert_allclose(p.sum(axis=1), 1, rtol=1e-5)
-        probs.append(p)
-    mean = np.mean(probs, axis=0)
-    _, _, ms = new.evaluate([], {**config, "fa-phase": "score", "fa-probs": array_to_bytes(mean)})
-    expect = float((mean.argmax(1) == new.y_test.numpy()).mean())
-    assert ms["accuracy"] == pytest.approx(expect)
+        shared, _, metrics = c.fit(glob, {**config, "fa-phase": "share-model"})
+        assert set(metrics) == {"client-key"}  # the personalised model, nothing else
+        assert [a.shape for a in shared] == [tuple(v.shape) for v in c.model.state_dict().values()]
+        models += shared
+        with torch.no_grad():
+            c.model.eval()
+            probs.append(torch.softmax(c.model(new.x_test), 1))
+    _, n, metrics = new.evaluate(models, {**config, "fa-phase": "ensemble"})
+    mean = torch.stack(probs).mean(0)
+    assert metrics["accuracy"] == pytest.approx(
+        float((mean.argmax(1) == new.y_test).float().mean())
+    )
+    assert set(metrics) == {"client-key", HELD_OUT, "accuracy"}
+    with pytest.raises(ValueError, match="whole models"):
+        new.evaluate(models[: len(names) + 1], {**config, "fa-phase": "ensemble"})
+
+
+def test_downloads_after_the_split_carry_only_shared_rows():
+    cfg, m, model, roles, strategy = make("fedfac-dynamic")
+    shared = np.arange(200) % 4 == 0
+    strategy.set_split({"features.1": shared})
+    compact = parameters_to_ndarrays(strategy.payload_for("client-0", 2))
+    i = strategy.position["features.1.weight"]
+    assert compact[i].shape == (50, 100)
+    np.testing.assert_array_equal(compact[i], strategy.global_arrays[i][shared])
+    # the client ends up with exactly what a full download would have given it
+    config = {**strategy.fit_config("client-0", 2), "server-round": 2}
+    a, b = client(cfg, m, 0), client(cfg, m, 0)
+    b.store = a.store
+    a.fit(parameters_to_ndarrays(strategy.global_payload()), {"server-round": 1})
+    a.restore_personal()
+    a.receive(strategy.global_arrays, config)
+    b.restore_personal()
+    b.receive(compact, config)
+    for k, v in a.model.state_dict().items():
+        assert torch.equal(v, b.model.state_dict()[k]), k
+    assert strategy.payload_for("client-0", 2) is strategy.payload_for("client-1", 2)  # once
+
+
+def test_update_based_fa_uses_each_clients_own_start():
+    """Round 2 of dynamic FedFac: personal rows started from each client's own
+    values, not the global ones; FA must see the change from that start."""
+    cfg, m, model, roles, strategy = make("fedfac-dynamic", fa_input="updates", num=3)
+    i = strategy.position["features.1.weight"]
+    seen = []
+    fa = strategy.factor_analysis
+    strategy.factor_analysis = lambda per_client: seen.append(per_client) or fa(per_client)
+    clients = [client(cfg, m, k, num=3) for k in range(3)]
+    for rnd in (1, 2):
+        strategy.full_upload = strategy.needs_full_upload()
+        strategy.rounds[rnd] = __import__("strategies.base", fromlist=["RoundLog"]).RoundLog()
+        config = {**strategy.fit_config(None, rnd), "server-round": rnd}
+        glob = parameters_to_ndarrays(strategy.payload_for(None, rnd))
+        replies, starts, ends = [], [], []
+        for c in clients:
+            c.restore_personal()
+            c.receive(glob, config)
+            starts.append(c.model.state_dict()["features.1.weight"].numpy().copy())
+            arrays, n, metrics = c.fit(glob, config)
+            ends.append(c.model.state_dict()["features.1.weight"].numpy().copy())
+            replies.append(Reply(c.client_key, arrays, n, metrics))
+        before = strategy.global_arrays[i].copy()
+        strategy.aggregate(rnd, replies)
+        for got, start, end in zip(seen[-1], starts, ends):
+            np.testing.assert_allclose(got, end - start, atol=1e-6)
+        if rnd == 2:  # personal rows really started away from the global values
+            personal = ~strategy.shared["features.1"]
+            assert not np.allclose(starts[0][personal], before[personal])
+    shared = strategy.shared["features.1"]
+    w = np.array([r.num_examples for r in replies], dtype=float)
+    expect = sum(wk * e[shared] for wk, e in zip(w / w.sum(), ends))
+    np.testing.assert_allclose(strategy.global_arrays[i][shared], expect, rtol=1e-4, atol=1e-6)
 
 
 def test_fixed_splits_true_oracle_random():
@@ -272,6 +354,7 @@ def test_end_to_end(tmp_path, method):
             "lr": 0.001,
             "new-clients": 1,
             "new-client-mode": mode,
+            "ensemble-share-models": mode == "ensemble",
             "output-dir": str(tmp_path),
             "run-name": method,
         },
@@ -294,7 +377,7 @@ def test_end_to_end(tmp_path, method):
 
 def test_fixed_split_is_never_reestimated_and_updates_input_runs():
     cfg, m, model, roles, strategy = make("fedfac-dynamic", fa_split="random", num=4)
-    strategy.shared = strategy.fixed_split()
+    strategy.set_split(strategy.fixed_split())
     assert not strategy.needs_full_upload()  # personal rows never leave under a fixed split
     cfg, m, model, roles, strategy = make("fedfac-dynamic", fa_input="updates")
     assert strategy.needs_full_upload()
