@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Set-up and the two everyday commands, on a fresh machine:
 #   bash scripts/dev.sh run [flwr run options]   # the main job (offline, embedded default data)
+#   bash scripts/dev.sh check [--run-config ...] # validate a run config in about a second
 #   bash scripts/dev.sh test                     # lint, format check and the whole test suite
+# `run` and `check` exit 0 on success, 2 on a bad config, 1 on a failed run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
@@ -11,7 +13,9 @@ setup() {
     if [ ! -x "$VENV/bin/python" ]; then
         python3 -m venv "$VENV"
     fi
-    if ! "$VENV/bin/python" -c "import flwr, torch, torchvision, pfl_data" 2>/dev/null \
+    # find_spec, not import: importing torch alone takes seconds, and `check` must not
+    if ! "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None \
+            for m in ('flwr', 'torch', 'torchvision', 'pfl_data', 'pflower_cli')))" 2>/dev/null \
         || [ pyproject.toml -nt "$VENV/.installed" ]; then
         "$VENV/bin/pip" install -q --upgrade pip
         "$VENV/bin/pip" install -q -e ".[dev]"
@@ -35,12 +39,18 @@ case "${1:-}" in
         # flwr keeps its SuperLink connections (federation size, client resources)
         # in $FLWR_HOME/config.toml: start from the project's.
         export FLWR_HOME="${FLWR_HOME:-$PWD/.flwr}"
-        if [ ! -f "$FLWR_HOME/config.toml" ]; then
+        if [ ! -f "$FLWR_HOME/config.toml" ] || [ scripts/flower-config.toml -nt "$FLWR_HOME/config.toml" ]; then
             mkdir -p "$FLWR_HOME"
             cp scripts/flower-config.toml "$FLWR_HOME/config.toml"
         fi
         use_venv_path
-        exec flwr run . --stream "$@"
+        # pre-flight, `flwr run . --stream`, then the exit status from the run's results
+        exec "$VENV/bin/python" -m pflower_cli run "$@"
+        ;;
+    check)
+        shift
+        setup
+        exec "$VENV/bin/python" -m pflower_cli check "$@"
         ;;
     test)
         shift
@@ -51,7 +61,7 @@ case "${1:-}" in
         exec "$VENV/bin/python" -m pytest -q -rs "$@"
         ;;
     *)
-        echo "usage: bash scripts/dev.sh run|test [args]" >&2
+        echo "usage: bash scripts/dev.sh run|check|test [args]" >&2
         exit 2
         ;;
 esac

@@ -56,9 +56,12 @@ def test_the_readme_main_job_runs_offline(tmp_path: Path) -> None:
     log = proc.stdout + proc.stderr
     results = out_dir / "cli" / "results.json"
     assert results.exists(), log[-4000:]
+    assert proc.returncode == 0, log[-4000:]
+    assert "run finished: every round recorded" in proc.stdout
+    assert "options.` fields" not in log  # the project's Flower config is current
     data = json.loads(results.read_text())
     assert [r["round"] for r in data["rounds"]] == [1, 2]
-    # the project's federation (scripts/flower-config.toml): 10 clients
+    # the project's federation (scripts/federation.toml): 10 clients
     assert len(data["rounds"][-1]["per_client_accuracy"]) == 10
     assert "round 2/2" in log and f"results: {results}" in log
     assert (home / "config.toml").read_text() == (ROOT / "scripts/flower-config.toml").read_text()

@@ -1,0 +1,139 @@
+"""``python -m pflower_cli check|run [flwr run options]`` (what scripts/dev.sh calls).
+
+Exit status: 0 the run finished every round (``check``: the config is good);
+2 a bad config (one line, no traceback, before anything of Flower starts);
+1 the run failed (ServerApp error, no results, fewer rounds than asked), or
+flwr's own non-zero status.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pflower_cli.preflight import preflight
+from run_config.schema import ConfigError, auto_resolved, describe_settings
+
+PROJECT = Path(__file__).resolve().parents[1]
+FEDERATION_DEFAULTS = PROJECT / "scripts" / "federation.toml"
+EXIT_CONFIG, EXIT_FAILED = 2, 1
+
+
+def split_args(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """(run-config overrides, federation-config overrides, the other flwr args)."""
+    run_cfg: list[str] = []
+    fed_cfg: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        for flags, sink in ((("--run-config", "-c"), run_cfg), (("--federation-config",), fed_cfg)):
+            if arg in flags and i + 1 < len(argv):
+                sink.append(argv[i + 1])
+                i += 2
+                break
+            prefix = next((f"{f}=" for f in flags if arg.startswith(f"{f}=")), None)
+            if prefix:
+                sink.append(arg[len(prefix) :])
+                i += 1
+                break
+        else:
+            rest.append(arg)
+            i += 1
+    return run_cfg, fed_cfg, rest
+
+
+def federation_config(overrides: list[str]) -> str:
+    """The project's default federation (scripts/federation.toml) with the user's
+    ``--federation-config`` values on top, as one ``--federation-config`` value."""
+    from flwr.common.config import parse_config_args
+
+    values: dict[str, Any] = tomllib.loads(FEDERATION_DEFAULTS.read_text())
+    values.update(parse_config_args(overrides or None))
+    return " ".join(f"{k}={json.dumps(v)}" for k, v in values.items())
+
+
+def check(argv: list[str]) -> int:
+    run_cfg, _, _ = split_args(argv)
+    try:
+        cfg, raw, data = preflight(PROJECT, run_cfg)
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"ok: {describe_settings(cfg, auto_resolved(raw))}; data: {data}")
+    return 0
+
+
+def results_status(path: Path, started: float, rounds: int) -> str | None:
+    """None if ``path`` holds every round of this run, else what is wrong."""
+    if not path.exists():
+        return f"no results at {path}"
+    if path.stat().st_mtime < started:
+        return f"{path} was not written by this run"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        return f"unreadable results {path} ({err})"
+    done = (data.get("resumed_from") or {}).get("round", 0)
+    recorded = [r.get("round") for r in data.get("rounds", [])]
+    expected = done + rounds
+    if not recorded or max(recorded) < expected:
+        got = max(recorded) if recorded else 0
+        return f"{got} of {expected} rounds in {path}"
+    return None
+
+
+def run(argv: list[str]) -> int:
+    run_cfg, fed_cfg, rest = split_args(argv)
+    try:
+        cfg, raw, data = preflight(PROJECT, run_cfg)
+        federation = federation_config(fed_cfg)
+    except (ConfigError, ValueError) as err:
+        print(f"config error: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"pre-flight ok: {describe_settings(cfg, auto_resolved(raw))}; data: {data}", flush=True)
+    run_name = cfg.run_name or f"{cfg.method}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out_dir = Path(cfg.output_dir).expanduser()
+    if not out_dir.is_absolute():
+        out_dir = PROJECT / out_dir  # where dev.sh starts the local SuperLink
+    results = out_dir / run_name / "results.json"
+    pinned = f"run-name={json.dumps(run_name)} output-dir={json.dumps(str(out_dir))}"
+    rest = [a for a in rest if a != "--stream"]
+    cmd = [
+        "flwr",
+        "run",
+        *(rest or ["."]),
+        "--stream",
+        *[a for c in run_cfg for a in ("--run-config", c)],
+        "--run-config",
+        pinned,
+        "--federation-config",
+        federation,
+    ]
+    started = time.time() - 1.0
+    code = subprocess.call(cmd)
+    problem = results_status(results, started, cfg.num_server_rounds)
+    if problem is None and code == 0:
+        print(f"run finished: every round recorded in {results}")
+        return 0
+    print(f"run FAILED: {problem or f'flwr exited with {code}'}", file=sys.stderr)
+    return code or EXIT_FAILED
+
+
+def main() -> int:
+    if len(sys.argv) < 2 or sys.argv[1] not in ("check", "run"):
+        print("usage: python -m pflower_cli check|run [flwr run options]", file=sys.stderr)
+        return EXIT_CONFIG
+    os.chdir(PROJECT)
+    command, argv = sys.argv[1], sys.argv[2:]
+    return check(argv) if command == "check" else run(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

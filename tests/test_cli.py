@@ -1,0 +1,108 @@
+"""The command line a researcher scripts: pre-flight, exit status, the
+project's Flower config (scripts/dev.sh check|run, pflower_cli)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pflower_cli.__main__ import federation_config, results_status, split_args
+from tests.test_flwr_run import _stop_local_superlink
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def dev_sh(*args: str, home: Path | None = None, timeout: int = 400) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "VENV": str(Path(sys.executable).parent.parent),
+        "PFLOWER_SKIP_SETUP": "1",
+    }
+    if home is not None:
+        env["FLWR_HOME"] = str(home)
+    return subprocess.run(
+        ["bash", "scripts/dev.sh", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.parametrize(
+    ("command", "run_config", "key"),
+    [
+        ("check", "alpha=-1", "'alpha'"),
+        ("check", "num-server-rounds='x'", "'num-server-rounds'"),
+        ("check", "no-such-key=1", "'no-such-key'"),
+        ("check", "dataset='../no/such.parquet'", "'dataset'"),
+        ("check", "method='feddecomp' local-epochs=1", "'local-epochs'"),
+        ("check", "method='fedfac-static' fa-layers='features.0'", "'fa-layers'"),
+        ("run", "alpha=-1", "'alpha'"),  # run stops before anything of Flower starts
+    ],
+)
+def test_a_bad_config_fails_fast_with_one_line_and_exit_2(command, run_config, key) -> None:
+    started = time.monotonic()
+    proc = dev_sh(command, "--run-config", run_config, timeout=60)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("config error:") and key in lines[0], lines
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert "SuperLink" not in proc.stdout  # Flower was never started
+    assert elapsed < 30  # seconds, not the half minute of a SuperLink start (loose: CI load)
+
+
+def test_check_accepts_every_method_alone_and_prints_its_settings() -> None:
+    proc = dev_sh("check", "--run-config", "method='feddecomp'")
+    assert proc.returncode == 0, proc.stderr
+    assert "local-epochs=5" in proc.stdout and "lora-epochs=2" in proc.stdout
+
+
+def test_args_are_split_as_flwr_reads_them() -> None:
+    run_cfg, fed_cfg, rest = split_args(
+        ["--run-config", "a=1", "-c", "b=2", "--run-config=c=3", "--federation-config", "x=1", "."]
+    )
+    assert run_cfg == ["a=1", "b=2", "c=3"] and fed_cfg == ["x=1"] and rest == ["."]
+
+
+def test_federation_config_is_the_projects_with_user_values_on_top() -> None:
+    value = federation_config(["num-supernodes=20"])
+    assert "num-supernodes=20" in value and "client-resources-num-cpus=1" in value
+    assert "num-supernodes=10" not in value
+
+
+def test_results_status_says_what_is_missing(tmp_path: Path) -> None:
+    path = tmp_path / "results.json"
+    started = time.time() - 5
+    assert "no results" in results_status(path, started, 2)
+    path.write_text(json.dumps({"rounds": [{"round": 1}]}))
+    assert results_status(path, started, 2) == f"1 of 2 rounds in {path}"
+    path.write_text(json.dumps({"rounds": [{"round": 1}, {"round": 2}]}))
+    assert results_status(path, started, 2) is None
+    assert "not written by this run" in results_status(path, time.time() + 60, 2)
+    # a resumed run: rounds before the checkpoint count
+    path.write_text(json.dumps({"resumed_from": {"round": 2}, "rounds": [{"round": 3}]}))
+    assert results_status(path, started, 1) is None
+    assert results_status(path, started, 2) == f"3 of 4 rounds in {path}"
+
+
+@pytest.mark.slow
+def test_a_run_that_fails_in_the_server_app_exits_non_zero(tmp_path: Path) -> None:
+    """Passes the pre-flight (the checkpoint is only opened by the ServerApp), then
+    fails: `flwr run --stream` itself exits 0 here, the run command must not."""
+    home = tmp_path / "flwr-home"
+    cfg = f"num-server-rounds=1 resume-from='{tmp_path}/none' output-dir='{tmp_path}/out'"
+    try:
+        proc = dev_sh("run", "--run-config", cfg, home=home)
+    finally:
+        _stop_local_superlink(home)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "run FAILED: no results" in proc.stderr
