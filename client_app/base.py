@@ -4,7 +4,7 @@ fit: restore personal -> load received shared -> run the method's schedule ->
 store personal -> return only the shared tensors. evaluate: the personalised
 model (received shared + own personal) on the client's own test split.
 Methods override ``local_train`` (the schedule) and, where they need to, the
-``receive`` / ``upload`` / ``predict`` hooks.
+``receive`` / ``upload`` / ``loss`` / ``score`` hooks.
 """
 
 from __future__ import annotations

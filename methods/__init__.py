@@ -1,23 +1,39 @@
 """The method registry: one table from the ``method`` config value to
-(split rule, local schedule = client class, aggregation = strategy class,
-model transform). Method modules are imported lazily."""
+(split rule, local schedule = client class, aggregation = strategy class and
+rule, model transform). Method modules are imported lazily, and each names its
+client and strategy classes as ``"module:Class"``: a client process never
+imports the server's strategies, nor the server the clients' schedules (the
+import contracts in pyproject.toml hold the code to that)."""
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from client_app.base import PFLClient
 from models.backbones import build_backbone
 from models.roles import Roles, SplitRule, get_arrays, wire_spec
 from pfl_data import DataInfo
 from run_config.schema import METHODS, RunConfig
-from strategies.base import PFLStrategy
-from strategies.results import RunRecorder
+
+if TYPE_CHECKING:
+    from client_app.base import PFLClient
+    from run_results import RunRecorder
+    from strategies.base import PFLStrategy
+
+BASE_CLIENT = "client_app.base:PFLClient"
+BASE_STRATEGY = "strategies.base:PFLStrategy"
+
+
+def resolve(ref: str) -> Any:
+    """The object named by ``"package.module:Name"``."""
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
+
 
 Transform = Callable[[nn.Module, RunConfig], nn.Module]
 ModelCheck = Callable[[nn.Module, RunConfig], None]
@@ -30,10 +46,19 @@ class Method:
 
     name: str
     split: SplitRule
-    client: type[PFLClient]
-    strategy: type[PFLStrategy]
+    client_ref: str = BASE_CLIENT  # the local schedule
+    strategy_ref: str = BASE_STRATEGY  # the server side
+    aggregation: str = "weighted"  # the strategy's rule unless the config sets one
     transform: Transform | None = None
     check: ModelCheck | None = None  # raises ConfigError for keys the model cannot use
+
+    @property
+    def client(self) -> type[PFLClient]:
+        return resolve(self.client_ref)
+
+    @property
+    def strategy(self) -> type[PFLStrategy]:
+        return resolve(self.strategy_ref)
 
     def build_model(self, cfg: RunConfig, info: DataInfo) -> nn.Module:
         """The method's model, identical on server and every client (seeded)."""
@@ -61,6 +86,7 @@ class Method:
             initial=get_arrays(model, shared),
             model=model,
             recorder=recorder,
+            default_aggregation=self.aggregation,
         )
 
 

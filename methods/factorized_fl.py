@@ -10,23 +10,16 @@ Local schedule: see ``client_app.factorized_fl`` for the reference optimiser."""
 
 from __future__ import annotations
 
-from client_app.factorized_fl import FactorizedFLClient
 from methods import Method
 from models.factorized_fl import alpha_personal, beta_personal, factorize
-from strategies.factorized_fl import FactorizedFLStrategy
+
+_CLIENT = "client_app.factorized_fl:FactorizedFLClient"
+_STRATEGY = "strategies.factorized_fl:FactorizedFLStrategy"
 
 METHODS = {
     m.name: m
     for m in (
-        Method(
-            "factorized-fl-alpha",
-            alpha_personal,
-            FactorizedFLClient,
-            FactorizedFLStrategy,
-            factorize,
-        ),
-        Method(
-            "factorized-fl-beta", beta_personal, FactorizedFLClient, FactorizedFLStrategy, factorize
-        ),
+        Method("factorized-fl-alpha", alpha_personal, _CLIENT, _STRATEGY, transform=factorize),
+        Method("factorized-fl-beta", beta_personal, _CLIENT, _STRATEGY, transform=factorize),
     )
 }

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from client_app.fedcp import FedCPClient
 from methods import Method
 from models.fedcp import fedcp_split, fedcp_transform
-from strategies.fedcp import FedCPStrategy
 
-METHODS = {"fedcp": Method("fedcp", fedcp_split, FedCPClient, FedCPStrategy, fedcp_transform)}
+METHODS = {
+    "fedcp": Method(
+        "fedcp",
+        fedcp_split,
+        "client_app.fedcp:FedCPClient",
+        "strategies.fedcp:FedCPStrategy",
+        transform=fedcp_transform,
+    )
+}

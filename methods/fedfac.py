@@ -9,20 +9,17 @@ with Adam, lr 1e-3: run with ``optimizer="adam" lr=0.001``.
 
 from __future__ import annotations
 
-from client_app.fedfac import FedFacClient
 from methods import Method
 from models.fedfac import check_fa_layers
 from models.roles import nothing_personal
-from strategies.fedfac import FedFacStrategy
+
+_CLIENT = "client_app.fedfac:FedFacClient"
+_STRATEGY = "strategies.fedfac:FedFacStrategy"
 
 METHODS = {
     m.name: m
     for m in (
-        Method(
-            "fedfac-static", nothing_personal, FedFacClient, FedFacStrategy, check=check_fa_layers
-        ),
-        Method(
-            "fedfac-dynamic", nothing_personal, FedFacClient, FedFacStrategy, check=check_fa_layers
-        ),
+        Method("fedfac-static", nothing_personal, _CLIENT, _STRATEGY, check=check_fa_layers),
+        Method("fedfac-dynamic", nothing_personal, _CLIENT, _STRATEGY, check=check_fa_layers),
     )
 }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -89,6 +90,20 @@ def results_status(path: Path, started: float, rounds: int) -> str | None:
     return None
 
 
+def record_command(results: Path, command: list[str]) -> None:
+    """The ServerApp runs from flwr's installed copy of the app and sees neither the
+    user's command nor this checkout: fill both into the run's provenance."""
+    from run_results import git_commit
+
+    data = json.loads(results.read_text())
+    data.setdefault("provenance", {}).update(
+        command=shlex.join(command), git_commit=git_commit(PROJECT)
+    )
+    tmp = results.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, results)
+
+
 def run(argv: list[str]) -> int:
     run_cfg, fed_cfg, rest = split_args(argv)
     try:
@@ -119,6 +134,8 @@ def run(argv: list[str]) -> int:
     started = time.time() - 1.0
     code = subprocess.call(cmd)
     problem = results_status(results, started, cfg.num_server_rounds)
+    if results.exists() and results.stat().st_mtime >= started:
+        record_command(results, ["bash", "scripts/dev.sh", "run", *argv])
     if problem is None and code == 0:
         print(f"run finished: every round recorded in {results}")
         return 0

@@ -6,6 +6,7 @@ second. The data checks read only a parquet file's schema and first row.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,11 @@ def preflight(project_dir: Path, overrides: list[str]) -> tuple[RunConfig, dict[
     """(validated config, raw config, data description); ConfigError on a bad one."""
     raw = flwr_run_config(project_dir, overrides)
     cfg = parse_run_config(raw)
+    if cfg.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError(
+            "config key 'tensorboard': true needs the tensorboard package "
+            "(pip install -e '.[tensorboard]')"
+        )
     described, shape_classes = data_checks(cfg, project_dir)
     model_checks(cfg, shape_classes)
     return cfg, raw, described

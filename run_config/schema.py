@@ -99,6 +99,7 @@ class RunConfig(BaseModel):
     output_dir: str = _field("outputs", alias="output-dir")
     run_name: str = _field("", alias="run-name")
     checkpoint_every: int = _field(1, alias="checkpoint-every", ge=0)  # 0: never
+    tensorboard: bool = False  # event files under the run dir (the tensorboard extra)
     resume_from: str = _field("", alias="resume-from")  # a server-state.npz or its run dir
 
     # the FedFac simulation study generator (the embedded default data set)

@@ -2,7 +2,7 @@
 # Set-up and the two everyday commands, on a fresh machine:
 #   bash scripts/dev.sh run [flwr run options]   # the main job (offline, embedded default data)
 #   bash scripts/dev.sh check [--run-config ...] # validate a run config in about a second
-#   bash scripts/dev.sh test                     # lint, format check and the whole test suite
+#   bash scripts/dev.sh test                     # lint, format check, import contracts, all tests
 # `run` and `check` exit 0 on success, 2 on a bad config, 1 on a failed run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,6 +58,7 @@ case "${1:-}" in
         use_venv_path
         "$VENV/bin/ruff" check .
         "$VENV/bin/ruff" format --check .
+        "$VENV/bin/lint-imports"  # the directions of dependency (pyproject.toml)
         exec "$VENV/bin/python" -m pytest -q -rs "$@"
         ;;
     *)

@@ -16,7 +16,7 @@ from run_config.schema import (
     describe_settings,
     parse_run_config,
 )
-from strategies.results import RunRecorder
+from run_results import RunRecorder
 
 log = logging.getLogger("flwr.pflower")
 

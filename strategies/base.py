@@ -35,13 +35,13 @@ from torch import nn
 
 from models.roles import TensorSpec
 from run_config.schema import ConfigError, RunConfig
+from run_results import RunRecorder
 from strategies.checkpoint import (
     checkpoint_path,
     load_server_state,
     rounds_before,
     save_server_state,
 )
-from strategies.results import RunRecorder
 
 log = logging.getLogger("flwr.pflower")
 
@@ -71,6 +71,7 @@ class RoundLog:
     replies: int = 0
     rejected: list[str] = field(default_factory=list)
     failures: int = 0
+    train_losses: list[float] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -126,11 +127,13 @@ class PFLStrategy(Strategy):
         initial: NDArrays,
         model: nn.Module,
         recorder: RunRecorder | None = None,
+        default_aggregation: str | None = None,
     ) -> None:
         super().__init__()
+        if default_aggregation is not None:
+            self.default_aggregation = default_aggregation  # the method's rule (methods/)
         self.cfg = cfg
         self.spec = spec
-        self.model = model  # a template: structure only, never trained here
         self.global_arrays: NDArrays = [a.copy() for a in initial]
         self.recorder = recorder
         self.node_keys: dict[int, str] = {}  # transient node id -> stable client key
@@ -164,8 +167,9 @@ class PFLStrategy(Strategy):
         """What one client receives; per-client aggregation overrides this."""
         return self.global_payload()
 
-    def fit_config(self, client_key: str | None, server_round: int) -> dict[str, Scalar]:
-        """Per-client instructions sent with the payload (e.g. FedFac's masks)."""
+    def client_config(self, client_key: str | None, server_round: int) -> dict[str, Scalar]:
+        """Per-client instructions sent with every payload, fit and evaluate alike
+        (e.g. FedFac's masks)."""
         return {}
 
     def expected_spec(self, client_key: str) -> list[TensorSpec]:
@@ -260,7 +264,7 @@ class PFLStrategy(Strategy):
             payload = self.payload_for(key, server_round)
             rl.bytes_down += payload_bytes(payload)
             config: dict[str, Scalar] = {"server-round": self.round_offset + server_round}
-            config.update(self.fit_config(key, server_round))
+            config.update(self.client_config(key, server_round))
             out.append((proxy, FitIns(payload, config)))
         return out
 
@@ -316,6 +320,9 @@ class PFLStrategy(Strategy):
                 continue
             self.node_keys[proxy.node_id] = key
             accepted.append(Reply(key, arrays, int(res.num_examples), dict(res.metrics)))
+            train_loss = res.metrics.get("train-loss")
+            if isinstance(train_loss, (int, float)) and math.isfinite(train_loss):
+                rl.train_losses.append(float(train_loss))
         rl.replies = len(accepted)
         if len(accepted) < self.cfg.min_replies:
             log.error(
@@ -351,7 +358,7 @@ class PFLStrategy(Strategy):
             payload = self.payload_for(key, server_round)
             rl.bytes_down_eval += payload_bytes(payload)
             config: dict[str, Scalar] = {"server-round": self.round_offset + server_round}
-            config.update(self.fit_config(key, server_round))
+            config.update(self.client_config(key, server_round))
             out.append((proxy, EvaluateIns(payload, config)))
         return out
 
@@ -363,6 +370,7 @@ class PFLStrategy(Strategy):
     ) -> tuple[float | None, dict[str, Scalar]]:
         rl = self.rounds.setdefault(server_round, RoundLog())
         per_client: dict[str, float] = {}
+        losses: dict[str, float] = {}
         counts: dict[str, int] = {}
         extras: dict[str, list[float]] = {}
         for proxy, res in results:
@@ -384,6 +392,8 @@ class PFLStrategy(Strategy):
             self.node_keys[proxy.node_id] = key
             per_client[key] = float(acc)
             counts[key] = int(res.num_examples)
+            if math.isfinite(float(res.loss)):
+                losses[key] = float(res.loss)
             for name, value in res.metrics.items():
                 if name.startswith("accuracy-") and isinstance(value, (int, float)):
                     extras.setdefault(name, []).append(float(value))
@@ -397,6 +407,8 @@ class PFLStrategy(Strategy):
             "round": self.round_offset + server_round,
             "accuracy_mean": mean,
             "accuracy_pooled": float(pooled),
+            "loss_mean": float(np.mean(list(losses.values()))) if losses else None,
+            "train_loss_mean": float(np.mean(rl.train_losses)) if rl.train_losses else None,
             "per_client_accuracy": {k: per_client[k] for k in keys},
             "bytes_down": rl.bytes_down,
             "bytes_up": rl.bytes_up,

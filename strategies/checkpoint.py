@@ -3,7 +3,7 @@
 ``<run dir>/server-state.npz`` holds the global shared tensors (by wire-spec
 name), the method's own server state (Factorized-FL's per-client aggregates,
 FedFac's split) and the round it was taken after; it is checksummed and written
-atomically, like a client's personal state (``client_app.state``). The run config
+atomically, like a client's personal state (both through ``pfl_store``). The run config
 key ``resume-from`` (the file or its run directory) starts a new run from it:
 rounds go on from the saved one, and the results so far are carried over.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from client_app.state import read_checked_npz, write_checked_npz
+from pfl_store import read_checked_npz, write_checked_npz
 from run_config.schema import ConfigError
 
 log = logging.getLogger("flwr.pflower")

@@ -20,8 +20,8 @@ from torch import nn
 from models.factorized_fl import IDX, Wire
 from models.roles import TensorSpec
 from run_config.schema import RunConfig
+from run_results import RunRecorder
 from strategies.base import PFLStrategy, Reply, RoundLog, take_arrays, weighted_mean
-from strategies.results import RunRecorder
 
 
 def cosine_matrix(vectors: np.ndarray) -> np.ndarray:
@@ -61,8 +61,9 @@ class FactorizedFLStrategy(PFLStrategy):
         initial: NDArrays,
         model: nn.Module,
         recorder: RunRecorder | None = None,
+        default_aggregation: str | None = None,
     ) -> None:
-        super().__init__(cfg, spec, initial, model, recorder)
+        super().__init__(cfg, spec, initial, model, recorder, default_aggregation)
         self.wire = Wire.of(model, tuple(s.name for s in spec), cfg)
         self.set_global(self.wire.encode(initial))
         self.spec = self.wire.down_spec()

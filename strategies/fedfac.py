@@ -57,6 +57,7 @@ from models.fedfac import (
 )
 from models.roles import TensorSpec, wire_spec
 from run_config.schema import RunConfig
+from run_results import RunRecorder
 from strategies.base import CLIENT_KEY, PFLStrategy, Reply, RoundLog, payload_bytes
 from strategies.factor_analysis import (
     FactorResult,
@@ -64,7 +65,6 @@ from strategies.factor_analysis import (
     principal_factors,
     shared_elements,
 )
-from strategies.results import RunRecorder
 
 log = logging.getLogger("flwr.pflower")
 
@@ -81,8 +81,9 @@ class FedFacStrategy(PFLStrategy):
         initial: NDArrays,
         model: nn.Module,
         recorder: RunRecorder | None = None,
+        default_aggregation: str | None = None,
     ) -> None:
-        super().__init__(cfg, spec, initial, model, recorder)
+        super().__init__(cfg, spec, initial, model, recorder, default_aggregation)
         self.dynamic = cfg.method == "fedfac-dynamic"
         layers = parse_layers(cfg.fa_layers)
         self.entries = element_entries(model, layers)
@@ -220,7 +221,7 @@ class FedFacStrategy(PFLStrategy):
             self._compact = ndarrays_to_parameters(compact)
         return self._compact
 
-    def fit_config(self, client_key: str | None, server_round: int) -> dict[str, Scalar]:
+    def client_config(self, client_key: str | None, server_round: int) -> dict[str, Scalar]:
         config: dict[str, Scalar] = {"fa-full-upload": self.full_upload}
         if self.upload_start():
             config["fa-upload-start"] = True
@@ -372,7 +373,7 @@ class FedFacStrategy(PFLStrategy):
 
         def share(proxy: ClientProxy) -> FitRes | None:
             key = self.key_of(proxy)
-            config = {**self.fit_config(key, server_round), "fa-phase": "share-model"}
+            config = {**self.client_config(key, server_round), "fa-phase": "share-model"}
             ins = FitIns(self.payload_for(key, server_round), config)
             try:
                 return proxy.fit(ins, None, server_round)
@@ -410,7 +411,7 @@ class FedFacStrategy(PFLStrategy):
             log.error("round %d: ensemble: no trained client shared its model", server_round)
             return []
         payload = ndarrays_to_parameters(models)
-        config = {**self.fit_config(None, server_round), "fa-phase": "ensemble"}
+        config = {**self.client_config(None, server_round), "fa-phase": "ensemble"}
         accs = []
         for proxy in new:
             res = proxy.evaluate(EvaluateIns(payload, config), None, server_round)

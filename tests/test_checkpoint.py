@@ -10,10 +10,10 @@ import pytest
 from flwr.common import parameters_to_ndarrays
 
 from run_config.schema import ConfigError, RunConfig
+from run_results import RunRecorder
 from server_app.simulate import simulate
 from strategies.base import PFLStrategy
 from strategies.checkpoint import SERVER_STATE
-from strategies.results import RunRecorder
 from tests.helpers import FakeProxy, config, fit_res, make_strategy
 
 

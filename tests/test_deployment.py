@@ -48,6 +48,8 @@ from client_app.app import build_client
 from deploy.loopback import BIN, LoopbackFederation, descendants, free_ports
 from deploy.site import main as site_main
 from models.roles import Roles
+from pfl_data import data_info
+from run_config.schema import parse_run_config
 from server_app.app import build_server
 from server_app.simulate import simulate
 from strategies.base import PFLStrategy
@@ -148,10 +150,13 @@ def test_only_the_shared_spec_leaves_the_client(method: str, tmp_path: Path) -> 
     node = {"partition-id": 1, "num-partitions": 3, "site": "site-b"}
     ctx = Context(1, 7, node, RecordDict(), {})
     payload = strategy.payload_for(None, 1)
-    fit_config = {"server-round": 1, **strategy.fit_config(None, 1)}
+    client_config = {"server-round": 1, **strategy.client_config(None, 1)}
     for message_type, content in (
-        (MessageType.TRAIN, fitins_to_recorddict(FitIns(payload, fit_config), True)),
-        (MessageType.EVALUATE, evaluateins_to_recorddict(EvaluateIns(payload, fit_config), True)),
+        (MessageType.TRAIN, fitins_to_recorddict(FitIns(payload, client_config), True)),
+        (
+            MessageType.EVALUATE,
+            evaluateins_to_recorddict(EvaluateIns(payload, client_config), True),
+        ),
     ):
         meta = Metadata(1, "m", 1, 7, "", "1", time.time(), 3600.0, message_type)
         app(Message(content=content, metadata=meta), ctx)  # as the SuperNode delivers it
@@ -161,7 +166,10 @@ def test_only_the_shared_spec_leaves_the_client(method: str, tmp_path: Path) -> 
     # method without its own upload spec sends exactly the shared tensors. (Factorized-FL
     # uploads v^{L-1} for similarity matching, dynamic FedFac whole Lambda layers for factor
     # analysis: their papers' protocols, declared in their strategies' expected_spec.)
-    roles = Roles.of(strategy.model, methods.get_method(method).split)
+    method_ = methods.get_method(method)
+    roles = Roles.of(
+        method_.build_model(parse_run_config(cfg), data_info(parse_run_config(cfg))), method_.split
+    )
     spec = strategy.expected_spec("site-b")
     assert {s.name.split("#")[0] for s in spec} <= set(roles.shared) | set(roles.personal)
     if type(strategy).expected_spec is PFLStrategy.expected_spec:

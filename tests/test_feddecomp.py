@@ -17,8 +17,7 @@ from models.roles import Roles, get_arrays, nothing_personal
 from pfl_data import ClientData, DataInfo, data_info
 from run_config.schema import ConfigError, RunConfig, parse_run_config
 from server_app.simulate import simulate
-from strategies.base import Reply
-from strategies.feddecomp import FedDecompStrategy
+from strategies.base import PFLStrategy, Reply
 
 IMAGE = (3, 16, 16)
 ORIGINAL = ".parametrizations.weight.original"
@@ -243,7 +242,14 @@ def test_server_takes_the_plain_mean_by_default_and_weighted_on_request() -> Non
     spec_model = nn.Linear(2, 1)
     for aggregation, expected in (("default", 2.5), ("mean", 2.5), ("weighted", 3.25)):
         cfg = cfg_of(aggregation=aggregation)
-        strategy = FedDecompStrategy(cfg, [], [np.zeros(2, np.float32)], spec_model)
+        aggregation_of_feddecomp = get_method("feddecomp").aggregation  # the method's rule
+        strategy = PFLStrategy(
+            cfg,
+            [],
+            [np.zeros(2, np.float32)],
+            spec_model,
+            default_aggregation=aggregation_of_feddecomp,
+        )
         strategy.spec = [object()]  # non-empty: aggregate runs
         strategy.aggregate(1, replies)
         np.testing.assert_allclose(strategy.global_arrays[0], expected)

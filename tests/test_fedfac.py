@@ -159,7 +159,7 @@ def test_personal_elements_never_aggregated_and_mask_matches_split():
     )
     assert not np.allclose(g_h, initial[h])
     # the mask in the payload config is exactly the server's split
-    config = strategy.fit_config("client-0", 2)
+    config = strategy.client_config("client-0", 2)
     np.testing.assert_array_equal(unpack_mask(config[MASK_KEY + "features.1"], 200), ~shared)
 
 
@@ -168,7 +168,7 @@ def test_static_uploads_only_shared_elements_after_fa():
     strategy.shared = {"features.1": np.arange(200) % 4 == 0}  # 50 shared
     strategy.full_upload = False
     c = client(cfg, m, 0)
-    config = {**strategy.fit_config("client-0", 2), "server-round": 2}
+    config = {**strategy.client_config("client-0", 2), "server-round": 2}
     arrays, n, _ = c.fit(parameters_to_ndarrays(strategy.global_payload()), config)
     assert strategy.check_reply("client-0", arrays, n) is None
     i = strategy.position["features.1.weight"]
@@ -209,7 +209,7 @@ def test_personal_values_survive_a_change_of_split():
 def test_new_client_localtrain_keeps_its_personal_rows_between_rounds():
     cfg, m, model, roles, strategy = make(new_clients=1, local_epochs=2, optimizer="adam", lr=0.01)
     strategy.set_split({"features.1": np.arange(200) < 100})
-    config = {**strategy.fit_config(None, 2), HELD_OUT: "client-3", "server-round": 2}
+    config = {**strategy.client_config(None, 2), HELD_OUT: "client-3", "server-round": 2}
     glob = parameters_to_ndarrays(strategy.payload_for(None, 2))
     full = strategy.global_arrays
     new = client(cfg, m, 3)
@@ -242,7 +242,7 @@ def test_ensemble_needs_consent_and_sends_models_not_data():
         new_clients=1, new_client_mode="ensemble", ensemble_share_models=True
     )
     strategy.set_split({"features.1": np.arange(200) < 100})
-    config = {**strategy.fit_config(None, 2), HELD_OUT: "client-3", "server-round": 2}
+    config = {**strategy.client_config(None, 2), HELD_OUT: "client-3", "server-round": 2}
     glob = parameters_to_ndarrays(strategy.payload_for(None, 2))
     names = list(model.state_dict())
     models, probs = [], []
@@ -276,7 +276,7 @@ def test_downloads_after_the_split_carry_only_shared_rows():
     assert compact[i].shape == (50, 100)
     np.testing.assert_array_equal(compact[i], strategy.global_arrays[i][shared])
     # the client ends up with exactly what a full download would have given it
-    config = {**strategy.fit_config("client-0", 2), "server-round": 2}
+    config = {**strategy.client_config("client-0", 2), "server-round": 2}
     a, b = client(cfg, m, 0), client(cfg, m, 0)
     b.store = a.store
     a.fit(parameters_to_ndarrays(strategy.global_payload()), {"server-round": 1})
@@ -301,7 +301,7 @@ def test_update_based_fa_uses_each_clients_own_start():
     for rnd in (1, 2):
         strategy.full_upload = strategy.needs_full_upload()
         strategy.rounds[rnd] = __import__("strategies.base", fromlist=["RoundLog"]).RoundLog()
-        config = {**strategy.fit_config(None, rnd), "server-round": rnd}
+        config = {**strategy.client_config(None, rnd), "server-round": rnd}
         glob = parameters_to_ndarrays(strategy.payload_for(None, rnd))
         replies, starts, ends = [], [], []
         for c in clients:
@@ -412,7 +412,7 @@ def test_new_client_sites_hold_out_named_deployment_sites():
     strategy.num_clients = 0  # not started: _start counts the federation
     strategy._start(manager)
     assert strategy.num_clients == 3 and strategy.held_out == {"site-b", "site-c"}
-    assert strategy.fit_config("site-a", 1)[HELD_OUT] == "site-b,site-c"
+    assert strategy.client_config("site-a", 1)[HELD_OUT] == "site-b,site-c"
     # a held-out site is not sent fit instructions once its key is known
     strategy.node_keys = {1: "site-a", 2: "site-b", 3: "site-c"}
     sampled = strategy.configure_fit(1, strategy.global_payload(), manager)

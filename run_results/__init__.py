@@ -1,16 +1,23 @@
-"""The results contract: ``<output-dir>/<run-name>/results.json``, ``accuracy.png``
-and a terminal summary, written as rounds complete (a crash keeps what was done)."""
+"""The results of a run: ``<output-dir>/<run-name>/results.json``, ``rounds.csv``,
+``accuracy.png``, optional TensorBoard event files (``tensorboard=true``) and a
+terminal summary, written as rounds complete (a crash keeps what was done).
+The strategies record into it; it knows nothing of methods."""
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import os
+import platform
+import subprocess
+import sys
 import time
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from run_config.schema import RunConfig
+from run_config.schema import ConfigError, RunConfig
 
 log = logging.getLogger("flwr.pflower")
 
@@ -31,6 +38,8 @@ class RunRecorder:
         self.extra: dict[str, Any] = dict(extra or {})
         self.t0 = time.perf_counter()
         self.round_offset = 0  # rounds done before a resumed run
+        self.provenance = provenance()
+        self.board = tensorboard_writer(self.dir) if cfg.tensorboard else None
 
     def resume(self, server_round: int, rounds: list[dict[str, Any]], path: Path) -> None:
         """Go on after ``server_round``, keeping the earlier runs' records."""
@@ -44,6 +53,11 @@ class RunRecorder:
 
     def add_round(self, record: dict[str, Any]) -> None:
         self.rounds.append(record)
+        if self.board is not None:
+            for key in CSV_COLUMNS[1:]:
+                if isinstance(record.get(key), (int, float)):
+                    self.board.add_scalar(key, record[key], record["round"])
+            self.board.flush()
         total = self.round_offset + self.cfg.num_server_rounds
         log.info(
             "[%s] round %d/%d  acc(mean) %.4f  acc(pooled) %.4f  up %s  down %s  %.1fs",
@@ -63,12 +77,15 @@ class RunRecorder:
     def summary(self) -> dict[str, Any]:
         accs = [r["accuracy_mean"] for r in self.rounds]
         best = max(range(len(accs)), key=accs.__getitem__) if accs else None
+        pooled = [r["accuracy_pooled"] for r in self.rounds]
         return {
             "method": self.cfg.method,
             "config": self.cfg.as_dict(),
+            "provenance": self.provenance,
             "rounds": self.rounds,
             "best_accuracy_mean": accs[best] if accs else None,
             "best_round": self.rounds[best]["round"] if accs else None,
+            "best_accuracy_pooled": max(pooled) if pooled else None,
             "final_accuracy_mean": accs[-1] if accs else None,
             "final_accuracy_pooled": self.rounds[-1]["accuracy_pooled"] if accs else None,
             "total_bytes_up": sum(r["bytes_up"] for r in self.rounds),
@@ -81,12 +98,92 @@ class RunRecorder:
         tmp = self.results_path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(self.summary(), indent=2, default=_jsonable))
         os.replace(tmp, self.results_path)
+        write_rounds_csv(self.rounds, self.dir / "rounds.csv")
 
     def finish(self) -> None:
         self.write()
         plot_accuracy([self.summary()], self.dir / "accuracy.png")
         print(summary_table(self.summary()), flush=True)
         print(f"results: {self.results_path}", flush=True)
+
+
+CSV_COLUMNS = (
+    "round",
+    "accuracy_mean",
+    "accuracy_pooled",
+    "loss_mean",
+    "train_loss_mean",
+    "bytes_up",
+    "bytes_down",
+    "seconds",
+)
+
+
+def write_rounds_csv(rounds: list[dict[str, Any]], path: Path) -> None:
+    """One row per round, the columns a spreadsheet wants first."""
+    tmp = path.with_suffix(".csv.tmp")
+    with tmp.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(CSV_COLUMNS)
+        for r in rounds:
+            writer.writerow(["" if r.get(c) is None else r.get(c) for c in CSV_COLUMNS])
+    os.replace(tmp, path)
+
+
+def _version(package: str) -> str:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return ""
+
+
+def git_commit(where: Path) -> str:
+    """The checkout's HEAD (with '+dirty' for uncommitted changes); '' elsewhere."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(where), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+        if head.returncode != 0:
+            return ""
+        dirty = subprocess.run(
+            ["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
+        return head.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def provenance() -> dict[str, str]:
+    """What produced a run: versions, the checkout's commit and the command. Under
+    ``flwr run`` the ServerApp runs from an installed copy: the commit is looked up
+    where the SuperLink was started, and ``bash scripts/dev.sh run`` fills in the
+    commit and the command the user typed when the run ends (pflower_cli)."""
+    return {
+        "flwr": _version("flwr"),
+        "torch": _version("torch"),
+        "python": platform.python_version(),
+        "git_commit": git_commit(Path.cwd()),
+        "command": " ".join(sys.argv),
+    }
+
+
+def tensorboard_writer(run_dir: Path) -> Any:
+    """TensorBoard event files under ``<run dir>/tensorboard`` (needs the optional
+    ``tensorboard`` package: ``pip install -e '.[tensorboard]'``)."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise ConfigError(
+            "config key 'tensorboard': true needs the tensorboard package "
+            "(pip install -e '.[tensorboard]')"
+        ) from None
+    return SummaryWriter(log_dir=str(run_dir / "tensorboard"))
 
 
 def _jsonable(value: Any) -> Any:
@@ -114,6 +211,7 @@ def summary_table(summary: dict[str, Any]) -> str:
         ),
         ("final accuracy (mean over clients)", f"{summary['final_accuracy_mean']:.4f}"),
         ("final accuracy (pooled)", f"{summary['final_accuracy_pooled']:.4f}"),
+        ("best accuracy (pooled)", f"{summary['best_accuracy_pooled']:.4f}"),
         (
             "bytes up / down (fit)",
             f"{human_bytes(summary['total_bytes_up'])} / {human_bytes(summary['total_bytes_down'])}",

@@ -1,0 +1,80 @@
+"""What a run leaves behind: results.json (losses, best pooled accuracy,
+provenance), rounds.csv, TensorBoard event files on request."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import platform
+
+import numpy as np
+import pytest
+
+from run_config.schema import ConfigError, parse_run_config
+from run_results import CSV_COLUMNS, RunRecorder
+from server_app.inprocess import run_inprocess
+
+
+def test_results_carry_losses_best_pooled_and_provenance(tmp_path) -> None:
+    cfg = {
+        "method": "fedper",
+        "num-server-rounds": 3,
+        "sim-samples": 60,
+        "hidden-dim": 16,
+        "output-dir": str(tmp_path),
+        "run-name": "r",
+    }
+    res = run_inprocess(cfg, 3)
+    for record in res["rounds"]:
+        assert record["loss_mean"] > 0 and np.isfinite(record["loss_mean"])
+        assert record["train_loss_mean"] > 0 and np.isfinite(record["train_loss_mean"])
+    assert res["best_accuracy_pooled"] == max(r["accuracy_pooled"] for r in res["rounds"])
+    prov = res["provenance"]
+    assert prov["python"] == platform.python_version()
+    assert prov["flwr"].startswith("1.39") and prov["torch"]
+    assert set(prov) == {"flwr", "torch", "python", "git_commit", "command"}
+    rows = list(csv.DictReader((tmp_path / "r" / "rounds.csv").open()))
+    assert tuple(rows[0]) == CSV_COLUMNS and len(rows) == 3
+    assert [float(r["accuracy_mean"]) for r in rows] == [r["accuracy_mean"] for r in res["rounds"]]
+    assert float(rows[-1]["loss_mean"]) == pytest.approx(res["rounds"][-1]["loss_mean"])
+
+
+def test_train_loss_is_the_mean_of_the_accepted_replies(tmp_path) -> None:
+    from tests.helpers import FakeProxy, config, fit_res, make_strategy
+
+    strategy = make_strategy(config(method="fedavg"))
+    arrays = [a.copy() for a in strategy.global_arrays]
+    strategy.aggregate_fit(
+        1,
+        [
+            (FakeProxy(1), fit_res(arrays, "a", metrics={"train-loss": 1.0})),
+            (FakeProxy(2), fit_res(arrays, "b", metrics={"train-loss": 3.0})),
+            (FakeProxy(3), fit_res(arrays[:-1], "c", metrics={"train-loss": 99.0})),  # rejected
+        ],
+        [],
+    )
+    assert strategy.rounds[1].train_losses == [1.0, 3.0]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is not None, reason="installed")
+def test_tensorboard_without_the_package_is_a_config_error(tmp_path) -> None:
+    cfg = parse_run_config({"tensorboard": True, "output-dir": str(tmp_path)})
+    with pytest.raises(ConfigError, match="'tensorboard'"):
+        RunRecorder(cfg)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="optional extra")
+def test_tensorboard_event_files(tmp_path) -> None:
+    cfg = parse_run_config({"tensorboard": True, "output-dir": str(tmp_path), "run-name": "tb"})
+    rec = RunRecorder(cfg)
+    rec.add_round(
+        {
+            "round": 1,
+            "accuracy_mean": 0.5,
+            "accuracy_pooled": 0.5,
+            "bytes_up": 1,
+            "bytes_down": 1,
+            "seconds": 0.1,
+        }
+    )
+    assert list((tmp_path / "tb" / "tensorboard").glob("events.out.tfevents.*"))
