@@ -107,7 +107,7 @@ def run_inprocess(overrides: dict, num_clients: int, rounds: int) -> dict:
         glob = [a.copy() for a in strategy.global_arrays]
         replies = []
         for c in clients:
-            config = {"server-round": rnd, **strategy.fit_config(c.client_key, rnd)}
+            config = {"server-round": rnd, **strategy.client_config(c.client_key, rnd)}
             arrays, n, metrics = c.fit(glob, config)
             problem = strategy.check_reply(c.client_key, arrays, n)
             assert problem is None, problem
@@ -116,7 +116,7 @@ def run_inprocess(overrides: dict, num_clients: int, rounds: int) -> dict:
         glob = strategy.global_arrays
         accs, counts = [], []
         for c in clients:
-            config = {"server-round": rnd, **strategy.fit_config(c.client_key, rnd)}
+            config = {"server-round": rnd, **strategy.client_config(c.client_key, rnd)}
             _, n, metrics = c.evaluate(glob, config)
             accs.append(metrics["accuracy"])
             counts.append(n)
@@ -130,7 +130,7 @@ def run_inprocess(overrides: dict, num_clients: int, rounds: int) -> dict:
         )
     new_accuracy = None
     if new_clients:
-        config = {"server-round": rounds, **strategy.fit_config(None, rounds)}
+        config = {"server-round": rounds, **strategy.client_config(None, rounds)}
         if cfg.new_client_mode == "localtrain":
             accs = [c.evaluate(glob, config)[2]["accuracy"] for c in new_clients]
         else:  # the strategy's own prediction round, over in-process "proxies"

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import CIFAR10_DEV
-from strategies.results import human_bytes
+from run_results import human_bytes
 
 REPO = Path(__file__).resolve().parent.parent
 RAW = REPO / "docs" / "performance"  # raw figures, committed with the report
