@@ -145,7 +145,9 @@ def test_lora_epochs_above_local_epochs_is_a_config_error_naming_the_key() -> No
     with pytest.raises(ConfigError, match="lora-epochs"):
         parse_run_config({"method": "feddecomp", "local-epochs": 2, "lora-epochs": 3})
     with pytest.raises(ConfigError, match="lora-epochs"):
-        parse_run_config({"method": "feddecomp"})  # local-epochs defaults to 1, lora-epochs to 2
+        parse_run_config({"method": "feddecomp", "lora-epochs": 6})  # above the auto E = 5
+    cfg = parse_run_config({"method": "feddecomp"})  # the paper's E = 5, E_lora = 2 (auto)
+    assert (cfg.local_epochs, cfg.lora_epochs) == (5, 2)
     # fine where it does not apply, and at the boundary
     parse_run_config({"method": "fedavg", "lora-epochs": 3})
     parse_run_config({"method": "feddecomp", "decomp-schedule": "simultaneous"})
