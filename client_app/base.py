@@ -25,6 +25,7 @@ from pfl_data import ClientData
 from run_config.schema import RunConfig
 
 CLIENT_KEY = "client-key"
+EVAL = "eval-"  # fit metrics that carry the previous round's evaluation
 
 
 class PFLClient(NumPyClient):
@@ -62,6 +63,13 @@ class PFLClient(NumPyClient):
     ) -> tuple[NDArrays, int, dict[str, Scalar]]:
         self.restore_personal()
         self.receive(parameters, config)
+        evaluation: dict[str, Scalar] = {}
+        if config.get("evaluate-first"):  # the previous round's evaluation (eval-in-fit)
+            loss, scores = self.score()
+            evaluation = {f"{EVAL}{k}": v for k, v in scores.items()}
+            evaluation.update(
+                {f"{EVAL}loss": loss, f"{EVAL}num-examples": int(self.y_test.shape[0])}
+            )
         generator = torch.Generator().manual_seed(
             self.cfg.seed * 1_000_003 + int(config.get("server-round", 0)) * 7919 + self.seed_offset
         )
@@ -70,7 +78,7 @@ class PFLClient(NumPyClient):
         return (
             self.upload(config),
             int(self.y_train.shape[0]),
-            {CLIENT_KEY: self.client_key, **metrics},
+            {CLIENT_KEY: self.client_key, **metrics, **evaluation},
         )
 
     def evaluate(

@@ -102,6 +102,7 @@ AUTO_KEYS = (
     "ffl-sim-threshold",
     "ffl-epsilon",
     "ffl-min-aggr",
+    "eval-in-fit",
 )
 
 # The method-specific auto keys, and the methods that read them.
@@ -177,6 +178,11 @@ def resolve_auto(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         if pending(key):
             out[key] = per_domain if domain else single
             resolved.append(key)
+    if pending("eval-in-fit"):
+        # FedFac's new clients are scored in evaluate messages (LocalTrain, Ensemble)
+        held_out = bool(out.get("new-clients")) or bool(str(out.get("new-client-sites", "")))
+        out["eval-in-fit"] = not (method.startswith("fedfac") and held_out)
+        resolved.append("eval-in-fit")
     return out, resolved
 
 

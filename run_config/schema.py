@@ -87,6 +87,8 @@ class RunConfig(BaseModel):
     augment: Literal["none", "crop-flip", "flip-rotate"] = "none"
     aggregation: Literal["default", "mean", "weighted"] = "default"
     fraction_fit: float = _field(1.0, alias="fraction-fit", gt=0, le=1)
+    # one message per client and round: fit replies carry the previous round's evaluation
+    eval_in_fit: bool = _field(True, alias="eval-in-fit")
     fraction_evaluate: float = _field(1.0, alias="fraction-evaluate", gt=0, le=1)
     min_replies: int = _field(1, alias="min-replies", ge=1)
     min_available_clients: int = _field(1, alias="min-available-clients", ge=1)

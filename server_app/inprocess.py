@@ -2,14 +2,16 @@
 clients, driven by Flower's own round loop (``flwr.server.Server``), without Ray
 or gRPC. For tests and studies that need many short runs, or every message.
 
-Each client is one Flower ``Context`` (node config + persistent state), and every
-message builds a fresh client from it through ``client_app.app.build_client``,
-as a SuperNode does. ``record`` (optional) sees every message and reply.
+Each client is one Flower ``Context`` (node config + persistent state); every
+instruction goes as a Flower ``Message`` through the real ClientApp (its mods
+included), which builds a fresh client from the Context as a SuperNode does.
+``record`` (optional) sees every instruction and reply.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,13 +28,22 @@ from flwr.common import (
     GetParametersRes,
     GetPropertiesIns,
     GetPropertiesRes,
+    Message,
+    MessageType,
+    Metadata,
     ReconnectIns,
     RecordDict,
+)
+from flwr.compat.common.recorddict_compat import (
+    evaluateins_to_recorddict,
+    fitins_to_recorddict,
+    recorddict_to_evaluateres,
+    recorddict_to_fitres,
 )
 from flwr.server import Server, SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 
-from client_app.app import build_client
+from client_app.app import build_client, make_client_app
 from server_app.app import build_server
 
 Recorder = Callable[[str, str, Any, Any], None]  # (kind, client, instruction, reply)
@@ -53,12 +64,25 @@ class LocalProxy(ClientProxy):
         self.context = context
         self.overrides = overrides
         self.record = record
+        self.app = make_client_app(overrides)
 
     def _client(self) -> Any:
         return build_client(self.context, self.overrides)
 
+    def _deliver(self, message_type: str, content: Any, group_id: int | None) -> Any:
+        """One message through the ClientApp, as a SuperNode delivers it."""
+        meta = Metadata(
+            self.context.run_id, "", 0, self.node_id, "", str(group_id or 0), time.time(),
+            3600.0, message_type,
+        )  # fmt: skip
+        reply = self.app(Message(content=content, metadata=meta), self.context)
+        if reply.has_error():
+            raise RuntimeError(f"node {self.node_id}: {reply.error.reason}")
+        return reply.content
+
     def fit(self, ins: FitIns, timeout: float | None, group_id: int | None) -> FitRes:
-        res = self._client().fit(ins)
+        content = self._deliver(MessageType.TRAIN, fitins_to_recorddict(ins, True), group_id)
+        res = recorddict_to_fitres(content, keep_input=False)
         if self.record:
             self.record("fit", self.cid, ins, res)
         return res
@@ -66,7 +90,10 @@ class LocalProxy(ClientProxy):
     def evaluate(
         self, ins: EvaluateIns, timeout: float | None, group_id: int | None
     ) -> EvaluateRes:
-        res = self._client().evaluate(ins)
+        content = self._deliver(
+            MessageType.EVALUATE, evaluateins_to_recorddict(ins, True), group_id
+        )
+        res = recorddict_to_evaluateres(content)
         if self.record:
             self.record("evaluate", self.cid, ins, res)
         return res

@@ -60,11 +60,35 @@ class Reply:
     metrics: dict[str, Scalar]
 
 
+EVAL = "eval-"  # fit metrics carrying the previous round's evaluation (eval-in-fit)
+
+
+@dataclass
+class Evaluation:
+    """One client's evaluation of a round's personalised model."""
+
+    client_key: Any
+    loss: float
+    num_examples: int
+    metrics: dict[str, Scalar]
+
+    def problem(self) -> str | None:
+        acc = self.metrics.get("accuracy")
+        if not isinstance(self.client_key, str) or not self.client_key:
+            return "no client key"
+        if not isinstance(acc, (int, float)) or not 0.0 <= float(acc) <= 1.0:
+            return f"accuracy {acc!r}"
+        if self.num_examples <= 0:
+            return f"num_examples {self.num_examples}"
+        return None
+
+
 @dataclass
 class RoundLog:
     """What the strategy measured in one round, before evaluation completes it."""
 
     started: float = field(default_factory=time.perf_counter)
+    ended: float | None = None  # eval-in-fit: when the next round began
     bytes_down: int = 0
     bytes_up: int = 0
     bytes_down_eval: int = 0
@@ -254,9 +278,15 @@ class PFLStrategy(Strategy):
         n = max(1, int(math.ceil(fraction * available)))
         return client_manager.sample(num_clients=n, min_num_clients=n)
 
+    def eval_in_fit(self, server_round: int) -> bool:
+        """Whether this round's fit replies carry the previous round's evaluation."""
+        return self.cfg.eval_in_fit and server_round >= 2
+
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
+        if server_round - 1 in self.rounds:
+            self.rounds[server_round - 1].ended = time.perf_counter()
         self.rounds[server_round] = rl = RoundLog()
         out = []
         for proxy in self._sample(client_manager, self.cfg.fraction_fit):
@@ -265,6 +295,8 @@ class PFLStrategy(Strategy):
             rl.bytes_down += payload_bytes(payload)
             config: dict[str, Scalar] = {"server-round": self.round_offset + server_round}
             config.update(self.client_config(key, server_round))
+            if self.eval_in_fit(server_round):
+                config["evaluate-first"] = True
             out.append((proxy, FitIns(payload, config)))
         return out
 
@@ -324,6 +356,8 @@ class PFLStrategy(Strategy):
             if isinstance(train_loss, (int, float)) and math.isfinite(train_loss):
                 rl.train_losses.append(float(train_loss))
         rl.replies = len(accepted)
+        if self.eval_in_fit(server_round):  # the previous round's record, from these replies
+            self.record_round(server_round - 1, self.evaluations_in_fit(accepted))
         if len(accepted) < self.cfg.min_replies:
             log.error(
                 "round %d: %d acceptable replies, fewer than min-replies=%d: the round is "
@@ -351,6 +385,8 @@ class PFLStrategy(Strategy):
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        if self.cfg.eval_in_fit and server_round < self.cfg.num_server_rounds:
+            return []  # the next round's fit replies carry this round's evaluation
         rl = self.rounds.setdefault(server_round, RoundLog())
         out = []
         for proxy in self._sample(client_manager, self.cfg.fraction_evaluate):
@@ -368,20 +404,10 @@ class PFLStrategy(Strategy):
         results: list[tuple[ClientProxy, EvaluateRes]],
         failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
     ) -> tuple[float | None, dict[str, Scalar]]:
-        rl = self.rounds.setdefault(server_round, RoundLog())
-        per_client: dict[str, float] = {}
-        losses: dict[str, float] = {}
-        counts: dict[str, int] = {}
-        extras: dict[str, list[float]] = {}
+        evals = []
         for proxy, res in results:
-            key = res.metrics.get(CLIENT_KEY)
-            acc = res.metrics.get("accuracy")
-            if (
-                not isinstance(key, str)
-                or not isinstance(acc, (int, float))
-                or not 0.0 <= float(acc) <= 1.0
-                or res.num_examples <= 0
-            ):
+            e = Evaluation(res.metrics.get(CLIENT_KEY), res.loss, res.num_examples, res.metrics)
+            if e.problem() is not None:
                 log.warning(
                     "round %d: rejected evaluation from node %d: metrics %r",
                     server_round,
@@ -389,17 +415,46 @@ class PFLStrategy(Strategy):
                     dict(res.metrics),
                 )
                 continue
-            self.node_keys[proxy.node_id] = key
-            per_client[key] = float(acc)
-            counts[key] = int(res.num_examples)
-            if math.isfinite(float(res.loss)):
-                losses[key] = float(res.loss)
-            for name, value in res.metrics.items():
-                if name.startswith("accuracy-") and isinstance(value, (int, float)):
-                    extras.setdefault(name, []).append(float(value))
-        if not per_client:
+            self.node_keys[proxy.node_id] = str(e.client_key)
+            evals.append(e)
+        return self.record_round(server_round, evals)
+
+    def evaluations_in_fit(self, replies: list[Reply]) -> list[Evaluation]:
+        """The previous round's evaluations that fit replies carry (eval-in-fit)."""
+        out = []
+        for r in replies:
+            metrics = {k[len(EVAL) :]: v for k, v in r.metrics.items() if k.startswith(EVAL)}
+            if "accuracy" not in metrics:
+                continue
+            n = metrics.pop("num-examples", 0)
+            loss = metrics.pop("loss", float("nan"))
+            e = Evaluation(
+                r.client_key, loss, int(n) if isinstance(n, (int, float)) else 0, metrics
+            )
+            if e.problem() is None:
+                out.append(e)
+        return out
+
+    def round_extras(self, server_round: int, evals: list[Evaluation]) -> dict[str, Any]:
+        """Method-specific entries of a round's record (FedCP's PIR)."""
+        return {}
+
+    def record_round(
+        self, server_round: int, evals: list[Evaluation]
+    ) -> tuple[float | None, dict[str, Scalar]]:
+        """One round's record in results.json, from its clients' evaluations."""
+        rl = self.rounds.setdefault(server_round, RoundLog())
+        if not evals:
             log.error("round %d: no usable evaluation replies", server_round)
             return None, {}
+        per_client = {str(e.client_key): float(e.metrics["accuracy"]) for e in evals}
+        counts = {str(e.client_key): int(e.num_examples) for e in evals}
+        losses = [float(e.loss) for e in evals if math.isfinite(float(e.loss))]
+        extras: dict[str, list[float]] = {}
+        for e in evals:
+            for name, value in e.metrics.items():
+                if name.startswith("accuracy-") and isinstance(value, (int, float)):
+                    extras.setdefault(name, []).append(float(value))
         keys = sorted(per_client)
         mean = float(np.mean([per_client[k] for k in keys]))
         pooled = sum(per_client[k] * counts[k] for k in keys) / sum(counts.values())
@@ -407,19 +462,20 @@ class PFLStrategy(Strategy):
             "round": self.round_offset + server_round,
             "accuracy_mean": mean,
             "accuracy_pooled": float(pooled),
-            "loss_mean": float(np.mean(list(losses.values()))) if losses else None,
+            "loss_mean": float(np.mean(losses)) if losses else None,
             "train_loss_mean": float(np.mean(rl.train_losses)) if rl.train_losses else None,
             "per_client_accuracy": {k: per_client[k] for k in keys},
             "bytes_down": rl.bytes_down,
             "bytes_up": rl.bytes_up,
             "bytes_down_eval": rl.bytes_down_eval,
-            "seconds": time.perf_counter() - rl.started,
+            "seconds": (rl.ended or time.perf_counter()) - rl.started,
             "replies": rl.replies,
             "rejected": rl.rejected,
             "failures": rl.failures,
         }
         for name, values in sorted(extras.items()):
             record[name.replace("-", "_") + "_mean"] = float(np.mean(values))
+        record.update(self.round_extras(server_round, evals))
         record.update(rl.extra)
         if self.recorder is not None:
             self.recorder.add_round(record)

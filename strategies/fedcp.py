@@ -4,11 +4,11 @@ per-client PIR (share of features routed to the personal head) to the round reco
 
 from __future__ import annotations
 
-import numpy as np
-from flwr.common import EvaluateRes, Scalar
-from flwr.server.client_proxy import ClientProxy
+from typing import Any
 
-from strategies.base import CLIENT_KEY, PFLStrategy, RoundLog
+import numpy as np
+
+from strategies.base import Evaluation, PFLStrategy
 
 
 class FedCPStrategy(PFLStrategy):
@@ -16,19 +16,15 @@ class FedCPStrategy(PFLStrategy):
 
     default_aggregation = "weighted"
 
-    def aggregate_evaluate(
-        self,
-        server_round: int,
-        results: list[tuple[ClientProxy, EvaluateRes]],
-        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
-    ) -> tuple[float | None, dict[str, Scalar]]:
+    def round_extras(self, server_round: int, evals: list[Evaluation]) -> dict[str, Any]:
         pir: dict[str, float] = {}
-        for _, res in results:
-            key, value = res.metrics.get(CLIENT_KEY), res.metrics.get("pir")
-            if isinstance(key, str) and isinstance(value, (int, float)) and 0 <= value <= 1:
-                pir[key] = float(value)
-        if pir:
-            rl = self.rounds.setdefault(server_round, RoundLog())
-            rl.extra["per_client_pir"] = {k: pir[k] for k in sorted(pir)}
-            rl.extra["pir_mean"] = float(np.mean(list(pir.values())))
-        return super().aggregate_evaluate(server_round, results, failures)
+        for e in evals:
+            value = e.metrics.get("pir")
+            if isinstance(value, (int, float)) and 0 <= value <= 1:
+                pir[str(e.client_key)] = float(value)
+        if not pir:
+            return {}
+        return {
+            "per_client_pir": {k: pir[k] for k in sorted(pir)},
+            "pir_mean": float(np.mean(list(pir.values()))),
+        }

@@ -92,7 +92,7 @@ def test_every_reply_carries_only_what_the_method_shares(method, mode, tmp_path)
         server.fit(rounds, timeout=None)
     finally:
         torch.set_num_threads(threads)
-    assert seen["fit"] >= 2 and seen["evaluate"] >= 4
+    assert seen["fit"] >= 2 and seen["evaluate"] >= 2  # eval-in-fit: evaluate closes the run
     assert (seen["share-model"] > 0) == cfg.ensemble_share_models
     assert (
         np.isfinite(server.strategy.global_arrays[0]).all()
