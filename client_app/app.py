@@ -16,8 +16,10 @@ from typing import Any
 
 import torch
 from flwr.client import Client, ClientApp
+from flwr.client.mod import secaggplus_mod
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.common import Context, Message, MessageType
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from torch import nn
 
 from client_app.state import ContextStore, DiskStore, PersonalStore
@@ -64,6 +66,9 @@ def build_client(context: Context, overrides: dict[str, Any] | None = None) -> C
         DiskStore(state_dir, experiment_id(cfg), site) if state_dir else ContextStore(context)
     )
     client = method.client(model, method.roles(model), data, cfg, store, device, site)
+    aggregation = method.aggregation if cfg.aggregation == "default" else cfg.aggregation
+    equal = aggregation == "mean" or cfg.dp_mode != "off"  # DP averages with equal weights
+    client.weight_by_samples = not (cfg.secure_aggregation and equal)
     return client.to_client()
 
 
@@ -95,10 +100,19 @@ def make_client_app(overrides: dict[str, Any] | None = None) -> ClientApp:
                 )
         return call_next(msg, context)
 
+    def secure_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+        # SecAgg+ messages (secure-aggregation=true) go through Flower's secaggplus_mod:
+        # the upload leaves masked, and only the sum of all uploads can be unmasked
+        if msg.metadata.message_type == MessageType.TRAIN and (
+            RECORD_KEY_CONFIGS in msg.content.config_records
+        ):
+            return secaggplus_mod(msg, context, call_next)
+        return call_next(msg, context)
+
     def client_fn(context: Context) -> Client:
         return build_client(context, overrides)
 
-    return ClientApp(client_fn=client_fn, mods=[dropout_mod])
+    return ClientApp(client_fn=client_fn, mods=[dropout_mod, secure_mod])
 
 
 app = make_client_app()

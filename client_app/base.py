@@ -22,6 +22,7 @@ from client_app.state import PersonalStore
 from client_app.train import cross_entropy, evaluate, train_epochs
 from models.roles import Roles, get_arrays, set_arrays
 from pfl_data import ClientData
+from pfl_privacy import clip_update
 from run_config.schema import RunConfig
 
 CLIENT_KEY = "client-key"
@@ -30,6 +31,10 @@ EVAL = "eval-"  # fit metrics that carry the previous round's evaluation
 
 class PFLClient(NumPyClient):
     """Base client: plain local training of every tensor (FedAvg's schedule)."""
+
+    # The weight a fit reply reports: its sample count, or 1 where the method takes
+    # a plain mean under secure aggregation (SecAgg+ weights the sum by it).
+    weight_by_samples = True
 
     def __init__(
         self,
@@ -75,9 +80,12 @@ class PFLClient(NumPyClient):
         )
         metrics = self.local_train(config, generator)
         self.store_personal()
+        upload = self.upload(config)
+        if self.cfg.dp_mode == "client":  # only the shared update leaves, clipped
+            clip_update(upload, parameters, self.cfg.dp_clipping_norm)
         return (
-            self.upload(config),
-            int(self.y_train.shape[0]),
+            upload,
+            int(self.y_train.shape[0]) if self.weight_by_samples else 1,
             {CLIENT_KEY: self.client_key, **metrics, **evaluation},
         )
 

@@ -27,6 +27,23 @@ METHODS = (
     "fedfac-dynamic",
     "dualfed",
 )
+# Secure aggregation gives the server only the sum of the uploads; these methods need more.
+_NEEDS_EACH = "its aggregation reads every client's upload on its own"
+SECURE_AGGREGATION_REFUSED = {
+    "local": "nothing leaves a client, so there is nothing to aggregate",
+    "factorized-fl-alpha": f"{_NEEDS_EACH} (a per-client mixture weighted by similarity of v)",
+    "factorized-fl-beta": f"{_NEEDS_EACH} (a per-client mixture weighted by similarity of v)",
+    "fedfac-static": f"{_NEEDS_EACH} (factor analysis of the individual uploads)",
+    "fedfac-dynamic": f"{_NEEDS_EACH} (factor analysis of the individual uploads)",
+}
+_PER_CLIENT = "its clients receive payloads other than the one global state an update is taken from"
+DP_REFUSED = {
+    "local": "nothing leaves a client",
+    "factorized-fl-alpha": f"{_PER_CLIENT} (per-client mixtures)",
+    "factorized-fl-beta": f"{_PER_CLIENT} (per-client mixtures)",
+    "fedfac-static": f"{_PER_CLIENT} (element masks; factor analysis of each upload)",
+    "fedfac-dynamic": f"{_PER_CLIENT} (element masks; factor analysis of each upload)",
+}
 PARTITIONERS = ("iid", "dirichlet", "dirichlet-client", "pathological", "natural", "domain")
 
 
@@ -96,6 +113,21 @@ class RunConfig(BaseModel):
     round_timeout: float = _field(0.0, alias="round-timeout", ge=0)
     dropout_rate: float = _field(0.0, alias="dropout-rate", ge=0, lt=1)
     seed: int = _field(0, ge=0)
+
+    # secure aggregation (Flower's SecAgg+): the server only sees the sum of the uploads
+    secure_aggregation: bool = _field(False, alias="secure-aggregation")
+    secagg_num_shares: float = _field(1.0, alias="secagg-num-shares", gt=0)
+    secagg_reconstruction_threshold: float = _field(
+        0.66, alias="secagg-reconstruction-threshold", gt=0
+    )
+    secagg_clipping_range: float = _field(8.0, alias="secagg-clipping-range", gt=0)
+    secagg_quantization_range: int = _field(4194304, alias="secagg-quantization-range", ge=2)
+    secagg_max_weight: float = _field(1000.0, alias="secagg-max-weight", gt=0)
+    # differential privacy for the shared update (pfl_privacy)
+    dp_mode: Literal["off", "client", "server"] = _field("off", alias="dp-mode")
+    dp_noise_multiplier: float = _field(1.0, alias="dp-noise-multiplier", ge=0)
+    dp_clipping_norm: float = _field(1.0, alias="dp-clipping-norm", gt=0)
+    dp_delta: float = _field(1e-5, alias="dp-delta", gt=0, lt=1)
 
     # where results go; the server checkpoint (strategies/checkpoint.py)
     output_dir: str = _field("outputs", alias="output-dir")
@@ -174,6 +206,36 @@ class RunConfig(BaseModel):
             raise ValueError(
                 f"config key 'pretrained-weights': only model 'resnet18' loads pretrained "
                 f"weights (got model '{self.model}')"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _secure_aggregation_fits_the_method(self) -> RunConfig:
+        if not self.secure_aggregation:
+            return self
+        why = SECURE_AGGREGATION_REFUSED.get(self.method)
+        if why is not None:
+            raise ValueError(
+                f"config key 'secure-aggregation': method '{self.method}' cannot use it: {why}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _dp_fits_the_method(self) -> RunConfig:
+        if self.dp_mode == "off":
+            return self
+        why = DP_REFUSED.get(self.method)
+        if why is not None:
+            raise ValueError(f"config key 'dp-mode': method '{self.method}' cannot use it: {why}")
+        if self.dp_mode == "server" and self.secure_aggregation:
+            raise ValueError(
+                "config key 'dp-mode': 'server' clips each client's update, which secure "
+                "aggregation hides from the server; use dp-mode='client' with it"
+            )
+        if self.aggregation == "weighted":
+            raise ValueError(
+                "config key 'aggregation': differential privacy averages the clipped updates "
+                "with equal weights (its noise is calibrated to that); leave it 'default'"
             )
         return self
 

@@ -218,6 +218,10 @@ def summary_table(summary: dict[str, Any]) -> str:
         ),
         ("wall time", f"{summary['total_seconds']:.1f}s"),
     ]
+    if "dp_epsilon" in summary:
+        eps = summary["dp_epsilon"]
+        spent = "no guarantee (no noise)" if eps is None else f"epsilon {eps:.3g}"
+        rows.append(("privacy spent", f"{spent} at delta {summary['dp_delta']:g}"))
     width = max(len(k) for k, _ in rows)
     line = "-" * (width + 30)
     return "\n".join([line, *(f"{k.ljust(width)}  {v}" for k, v in rows), line])

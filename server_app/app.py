@@ -6,7 +6,9 @@ import logging
 from typing import Any
 
 from flwr.common import Context
-from flwr.server import ServerApp, ServerAppComponents, ServerConfig
+from flwr.server import Grid, LegacyContext, ServerApp, ServerAppComponents, ServerConfig
+from flwr.server.compat import start_grid
+from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 
 from methods import get_method
 from pfl_data import data_info
@@ -54,12 +56,43 @@ def build_server(context: Context, overrides: dict[str, Any] | None = None) -> S
 
 def make_server_app(overrides: dict[str, Any] | None = None) -> ServerApp:
     """A ServerApp whose run config is ``overrides`` over Flower's run config
-    (for ``flwr.simulation.run_simulation``, which takes no run config)."""
+    (for ``flwr.simulation.run_simulation``, which takes no run config).
 
-    def server_fn(context: Context) -> ServerAppComponents:
-        return build_server(context, overrides)
+    Plain runs go through Flower's legacy round loop, exactly as a ``server_fn``
+    ServerApp does; ``secure-aggregation=true`` runs the same strategy inside
+    Flower's DefaultWorkflow with the SecAgg+ fit workflow, so the strategy gets
+    the unmasked sum of the uploads in place of each client's own."""
+    app = ServerApp()
 
-    return ServerApp(server_fn=server_fn)
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        components = build_server(context, overrides)
+        cfg = parse_run_config({**context.run_config, **(overrides or {})})
+        if not cfg.secure_aggregation:
+            start_grid(grid=grid, config=components.config, strategy=components.strategy)
+            return
+        legacy = LegacyContext(context, config=components.config, strategy=components.strategy)
+        secagg = SecAggPlusWorkflow(
+            num_shares=_count(cfg.secagg_num_shares),
+            reconstruction_threshold=_count(cfg.secagg_reconstruction_threshold),
+            max_weight=cfg.secagg_max_weight,
+            clipping_range=cfg.secagg_clipping_range,
+            quantization_range=cfg.secagg_quantization_range,
+        )
+        log.info(
+            "secure aggregation (SecAgg+): the server sees only the sum of the uploads; "
+            "values clipped to +-%g, %d quantization levels",
+            cfg.secagg_clipping_range,
+            cfg.secagg_quantization_range,
+        )
+        DefaultWorkflow(fit_workflow=secagg)(grid, legacy)
+
+    return app
+
+
+def _count(value: float) -> int | float:
+    """Flower reads a share count > 1 as a number of clients, <= 1 as a fraction."""
+    return int(value) if value > 1 else float(value)
 
 
 app = make_server_app()

@@ -34,6 +34,7 @@ from flwr.server.strategy import Strategy
 from torch import nn
 
 from models.roles import TensorSpec
+from pfl_privacy import PrivacyAccountant, add_noise, clip_update, noise_std
 from run_config.schema import ConfigError, RunConfig
 from run_results import RunRecorder
 from strategies.checkpoint import (
@@ -164,6 +165,8 @@ class PFLStrategy(Strategy):
         self.rounds: dict[int, RoundLog] = {}
         self._encoded: Parameters | None = None
         self._settled = False  # see wait_for_federation
+        self._accountant: PrivacyAccountant | None = None
+        self._dp_rng = np.random.default_rng()  # OS entropy: DP noise must not be predictable
         self.round_offset = 0  # rounds done before this run (resume-from)
 
     def __repr__(self) -> str:
@@ -173,9 +176,29 @@ class PFLStrategy(Strategy):
 
     @property
     def aggregation(self) -> str:
+        if self.cfg.dp_mode != "off":
+            return "mean"  # the noise is calibrated to an equal-weight mean of clipped updates
         return (
             self.default_aggregation if self.cfg.aggregation == "default" else self.cfg.aggregation
         )
+
+    def add_dp_noise(self, server_round: int, participants: int) -> None:
+        """The Gaussian mechanism on the mean update (pfl_privacy), and the privacy
+        spent so far, per round and at the top of results.json."""
+        cfg = self.cfg
+        if self._accountant is None:
+            sample_rate = min(1.0, cfg.fraction_fit)  # the share of clients in a round
+            self._accountant = PrivacyAccountant(cfg.dp_noise_multiplier, sample_rate, cfg.dp_delta)
+        std = noise_std(cfg.dp_noise_multiplier, cfg.dp_clipping_norm, participants)
+        noisy = [a.copy() for a in self.global_arrays]
+        add_noise(noisy, std, self._dp_rng)
+        self.set_global(noisy)
+        self._accountant.step()
+        epsilon = self._accountant.epsilon()
+        extra = self.rounds.setdefault(server_round, RoundLog()).extra
+        extra.update(dp_epsilon=epsilon, dp_noise_std=std)
+        if self.recorder is not None:
+            self.recorder.extra.update(dp_epsilon=epsilon, dp_delta=cfg.dp_delta)
 
     def set_global(self, arrays: NDArrays) -> None:
         self.global_arrays = arrays
@@ -335,6 +358,8 @@ class PFLStrategy(Strategy):
             else:
                 try:
                     arrays = parameters_to_ndarrays(res.parameters)
+                    if self.cfg.secure_aggregation:
+                        arrays = self.from_secure_sum(server_round, arrays)
                     reason = self.check_reply(key, arrays, res.num_examples)
                 except Exception as err:  # noqa: BLE001 - undecodable bytes
                     reason = f"undecodable payload ({type(err).__name__}: {err})"
@@ -368,9 +393,38 @@ class PFLStrategy(Strategy):
             )
             return self.global_payload(), {}
         accepted.sort(key=lambda r: r.client_key)  # order-independent aggregation
+        if self.cfg.dp_mode == "server":
+            for r in accepted:
+                clip_update(r.arrays, self.global_arrays, self.cfg.dp_clipping_norm)
         self.aggregate(server_round, accepted)
+        if self.cfg.dp_mode != "off":
+            self.add_dp_noise(server_round, len(accepted))
         self.save_checkpoint(server_round)
         return self.global_payload(), {"replies": len(accepted)}
+
+    def from_secure_sum(self, server_round: int, arrays: NDArrays) -> NDArrays:
+        """SecAgg+ hands every reply the same unmasked weighted mean, dequantized to
+        float64: back to the spec's dtypes (integers rounded). The usual per-reply
+        checks (shape, finite, max-abs-value) then check that aggregate, and the
+        round records its largest value against the clipping range (a value at the
+        range was clipped)."""
+        if len(arrays) != len(self.spec):
+            return arrays  # check_reply rejects it
+        out = []
+        for s, a in zip(self.spec, arrays):
+            out.append((np.rint(a) if np.dtype(s.dtype).kind in "iu" else a).astype(s.dtype))
+        largest = max((float(np.abs(a).max()) for a in arrays if a.size), default=0.0)
+        extra = self.rounds.setdefault(server_round, RoundLog()).extra
+        extra["secagg_aggregate_max_abs"] = largest
+        extra["secagg_clipping_range"] = self.cfg.secagg_clipping_range
+        if largest >= self.cfg.secagg_clipping_range * (1 - 1e-6):
+            log.warning(
+                "round %d: the secure aggregate reaches secagg-clipping-range=%g: values "
+                "were clipped; raise the range",
+                server_round,
+                self.cfg.secagg_clipping_range,
+            )
+        return out
 
     def aggregate(self, server_round: int, replies: list[Reply]) -> None:
         """Turn the accepted replies into the next global shared tensors."""

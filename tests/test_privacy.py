@@ -1,0 +1,130 @@
+"""Differential privacy on the shared update: clipping, the Gaussian noise, the
+privacy accountant, and the config errors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from flwr.common import parameters_to_ndarrays
+
+from pfl_privacy import PrivacyAccountant, clip_update
+from run_config.schema import ConfigError, parse_run_config
+from server_app.inprocess import run_inprocess
+from tests.helpers import FakeProxy, config, fit_res, make_client, make_strategy
+
+
+def test_clip_update_bounds_the_update_and_keeps_integers() -> None:
+    rng = np.random.default_rng(0)
+    received = [rng.normal(size=(30, 20)).astype(np.float32), np.array(7, dtype=np.int64)]
+    upload = [received[0] + 5 * rng.normal(size=(30, 20)).astype(np.float32), np.array(9)]
+    norm = clip_update(upload, received, 1.5)
+    assert norm > 1.5
+    assert np.linalg.norm(upload[0].astype(np.float64) - received[0]) == pytest.approx(
+        1.5, rel=1e-5
+    )
+    assert upload[1] == 9 and upload[0].dtype == np.float32
+    small = [received[0] + 1e-3, received[1]]
+    before = small[0].copy()
+    clip_update(small, received, 1.5)  # already inside the ball: unchanged
+    np.testing.assert_array_equal(small[0], before)
+
+
+def test_client_side_dp_uploads_a_clipped_update() -> None:
+    cfg = config(method="fedper", **{"dp-mode": "client", "dp-clipping-norm": 0.05})
+    client, _ = make_client(cfg)
+    sent = parameters_to_ndarrays(make_strategy(cfg).global_payload())
+    upload, n, _ = client.fit(sent, {"server-round": 1})
+    update = np.sqrt(
+        sum(float(np.sum((u.astype(np.float64) - s) ** 2)) for u, s in zip(upload, sent))
+    )
+    assert update <= 0.05 * (1 + 1e-5)
+    # the personal head trained unclipped and stayed home
+    assert client.roles.personal and len(upload) == len(client.roles.shared)
+
+
+@pytest.mark.parametrize("mode", ["client", "server"])
+def test_the_noise_has_the_stated_std(mode: str) -> None:
+    cfg = config(
+        method="fedavg",
+        **{"dp-mode": mode, "dp-noise-multiplier": 2.0, "dp-clipping-norm": 0.5, "hidden-dim": 256},
+    )
+    strategy = make_strategy(cfg)
+    start = [a.copy() for a in strategy.global_arrays]
+    replies = [(FakeProxy(k), fit_res(start, f"c{k}", 10 * (k + 1))) for k in range(4)]
+    strategy.aggregate_fit(1, replies, [])
+    noise = np.concatenate([(a - s).ravel() for a, s in zip(strategy.global_arrays, start)])
+    expected = 2.0 * 0.5 / 4  # noise multiplier x clipping norm / participants
+    assert noise.size > 5000
+    assert noise.std() == pytest.approx(expected, rel=0.05)
+    assert abs(noise.mean()) < 4 * expected / math.sqrt(noise.size)
+    assert strategy.rounds[1].extra["dp_noise_std"] == pytest.approx(expected)
+
+
+def test_server_side_clipping_bounds_each_update() -> None:
+    cfg = config(method="fedavg", **{"dp-mode": "server", "dp-noise-multiplier": 0.0})
+    strategy = make_strategy(cfg)
+    start = [a.copy() for a in strategy.global_arrays]
+    far = [a + 10.0 for a in start]
+    strategy.aggregate_fit(
+        1, [(FakeProxy(1), fit_res(far, "c1")), (FakeProxy(2), fit_res(start, "c2"))], []
+    )
+    moved = np.sqrt(
+        sum(
+            float(np.sum((a.astype(np.float64) - s) ** 2))
+            for a, s in zip(strategy.global_arrays, start)
+        )
+    )
+    assert moved == pytest.approx(1.0 / 2, rel=1e-4)  # one update clipped to 1, averaged with 0
+
+
+def test_epsilon_matches_the_rdp_of_the_gaussian_mechanism() -> None:
+    """Full participation (q = 1): the Gaussian mechanism's RDP is alpha / (2 z^2) per
+    round; epsilon at delta by the conversion of Balle et al. (2020), which Opacus uses."""
+    from opacus.accountants import RDPAccountant
+
+    z, rounds, delta = 1.3, 20, 1e-5
+    acc = PrivacyAccountant(z, 1.0, delta)
+    for _ in range(rounds):
+        acc.step()
+    alphas = np.array(RDPAccountant.DEFAULT_ALPHAS, dtype=float)
+    rdp = rounds * alphas / (2 * z**2)
+    eps = rdp - (np.log(delta) + np.log(alphas)) / (alphas - 1) + np.log((alphas - 1) / alphas)
+    assert acc.epsilon() == pytest.approx(float(np.nanmin(eps)), rel=1e-6)
+    assert PrivacyAccountant(0.0, 1.0, delta).epsilon() is None  # no noise, no guarantee
+
+
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        ({"method": "factorized-fl-beta", "dp-mode": "client"}, "'dp-mode'"),
+        ({"method": "fedfac-static", "dp-mode": "server"}, "'dp-mode'"),
+        ({"method": "fedper", "dp-mode": "server", "secure-aggregation": True}, "'dp-mode'"),
+        ({"method": "fedper", "dp-mode": "client", "aggregation": "weighted"}, "'aggregation'"),
+        ({"dp-noise-multiplier": -1}, "'dp-noise-multiplier'"),
+        ({"dp-clipping-norm": 0}, "'dp-clipping-norm'"),
+        ({"dp-delta": 1.5}, "'dp-delta'"),
+        ({"dp-mode": "sometimes"}, "'dp-mode'"),
+    ],
+)
+def test_bad_privacy_values_name_the_key(raw: dict, key: str) -> None:
+    with pytest.raises(ConfigError, match=key):
+        parse_run_config(raw)
+
+
+def test_a_dp_run_records_a_finite_epsilon(tmp_path) -> None:
+    config_ = {
+        "method": "fedper",
+        "dp-mode": "client",
+        "dp-noise-multiplier": 1.0,
+        "num-server-rounds": 3,
+        "sim-samples": 60,
+        "hidden-dim": 16,
+        "output-dir": str(tmp_path),
+        "run-name": "dp",
+    }
+    res = run_inprocess(config_, 3)
+    eps = [r["dp_epsilon"] for r in res["rounds"]]
+    assert all(math.isfinite(e) for e in eps) and eps == sorted(eps)  # spent grows per round
+    assert res["dp_epsilon"] == eps[-1] and res["dp_delta"] == 1e-5
