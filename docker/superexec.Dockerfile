@@ -11,6 +11,10 @@ COPY models ./models
 COPY methods ./methods
 COPY pfl_data ./pfl_data
 COPY run_config ./run_config
+COPY run_results ./run_results
+COPY pfl_store ./pfl_store
+COPY pfl_privacy ./pfl_privacy
+COPY pflower_cli ./pflower_cli
 # flwr is in the base image already: install the app's other dependencies (torch from
 # PyPI ships its CUDA runtime) without replacing Flower.
 RUN sed -i 's/.*flwr\[simulation\].*//' pyproject.toml \

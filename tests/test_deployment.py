@@ -287,8 +287,10 @@ def test_simulation_joins_an_existing_ray_cluster(tmp_path: Path) -> None:
 
 def test_secure_supernode_restart_restores_personal_state(federations) -> None:
     fed: LoopbackFederation = federations["secure"]
-    fed.wait_for(lambda: _rounds_done(fed.root) >= 1, RUN_TIMEOUT, "round 1 (secure)")
     path = _state_file(fed.root, "site-b")
+    # site-b trained once (eval-in-fit records round 1 only with round 2's replies)
+    fed.wait_for(path.exists, RUN_TIMEOUT, "site-b's first fit (secure)")
+    time.sleep(1)  # the atomic rename is done; let the reply go out
     with np.load(path) as saved:
         digest = str(saved["__sha256__"])
         head = {k: saved[k] for k in saved.files if k != "__sha256__"}
@@ -333,6 +335,21 @@ def test_secure_deployment_refuses_an_unregistered_supernode(federations) -> Non
     assert sorted(res["rounds"][-1]["per_client_accuracy"]) == SITES
     listed = fed.flwr("supernode", "list", "loopback", "--format", "json").stdout
     assert all(str(i) in listed for i in fed.node_ids.values())
+
+
+def test_secure_aggregation_over_tls_with_authenticated_sites(federations) -> None:
+    """A second run on the TLS + authentication federation, with SecAgg+ on: the
+    server only ever unmasks the sum of the three sites' uploads."""
+    fed: LoopbackFederation = federations["secure"]
+    assert fed.wait_run(fed.run_id, RUN_TIMEOUT) == "finished:completed"  # the first run
+    cfg = {**_run_config(fed.root, "fedavg"), "run-name": "secagg", "num-server-rounds": 2}
+    run_id = fed.run({**cfg, "secure-aggregation": True})
+    assert fed.wait_run(run_id, RUN_TIMEOUT) == "finished:completed"
+    res = json.loads((fed.root / "out" / "secagg" / "results.json").read_text())
+    assert [r["round"] for r in res["rounds"]] == [1, 2]
+    assert sorted(res["rounds"][-1]["per_client_accuracy"]) == SITES
+    assert all(0 < r["secagg_aggregate_max_abs"] < 8.0 for r in res["rounds"])
+    assert res["config"]["secure-aggregation"] is True
 
 
 def test_plain_deployment_completes_and_keeps_personal_state_on_each_site(federations) -> None:

@@ -200,6 +200,9 @@ def test_end_to_end_on_default_data(tmp_path):
             "method": "dualfed",
             "num-server-rounds": 2,
             "supcon-lambda": 1.0,
+            # the pipeline, not the paper's schedule: batch 256 is 2 steps an epoch here
+            "lr": 0.05,
+            "batch-size": 32,
             "output-dir": str(tmp_path),
             "run-name": "dualfed",
         },

@@ -158,7 +158,11 @@ def test_training_goes_on_under_dropout(tmp_path: Path) -> None:
     COUNTS["dropout-failures"] = failures
     assert failures > 0 and len(rounds) == 4
     assert all(r["replies"] + r["failures"] == 5 for r in rounds)
-    assert all(len(r["per_client_accuracy"]) == 5 for r in rounds)  # dropped clients come back
+    # eval-in-fit: round r's evaluations come with round r + 1's fit replies, so a client
+    # that drops out of round r + 1 has none for round r; everyone is back at the end
+    for r, nxt in zip(rounds, rounds[1:]):
+        assert len(r["per_client_accuracy"]) == nxt["replies"]
+    assert len(rounds[-1]["per_client_accuracy"]) == 5  # dropped clients come back
     assert rounds[-1]["accuracy_mean"] > rounds[0]["accuracy_mean"]
 
 
