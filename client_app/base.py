@@ -9,6 +9,7 @@ Methods override ``local_train`` (the schedule) and, where they need to, the
 
 from __future__ import annotations
 
+import logging
 import zlib
 from typing import Any
 
@@ -24,6 +25,8 @@ from models.roles import Roles, get_arrays, set_arrays
 from pfl_data import ClientData
 from pfl_privacy import clip_update
 from run_config.schema import RunConfig
+
+log = logging.getLogger("flwr.pflower")
 
 CLIENT_KEY = "client-key"
 EVAL = "eval-"  # fit metrics that carry the previous round's evaluation
@@ -121,7 +124,20 @@ class PFLClient(NumPyClient):
         self.load_personal_state(state)
 
     def store_personal(self) -> None:
-        self.store.save(self.personal_state())
+        """Keep the personal state, unless training diverged: non-finite values are
+        not stored, so the next round starts from the last good state (and the
+        server rejects the non-finite upload)."""
+        state = self.personal_state()
+        bad = [k for k, a in state.items() if a.dtype.kind == "f" and not np.isfinite(a).all()]
+        if bad:
+            log.warning(
+                "client %s: training diverged (non-finite %s); the personal state from "
+                "before this round is kept",
+                self.client_key,
+                ", ".join(bad[:3]),
+            )
+            return
+        self.store.save(state)
 
     # ---- hooks a method overrides --------------------------------------------------------
 

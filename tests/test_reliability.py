@@ -285,3 +285,17 @@ def test_same_config_and_seed_give_the_same_results(tmp_path: Path) -> None:
         assert r1["per_client_accuracy"] == r2["per_client_accuracy"]
         assert r1["bytes_up"] == r2["bytes_up"]
     _count("determinism-runs")
+
+
+def test_a_diverged_round_keeps_the_personal_state_from_before(caplog) -> None:
+    cfg = config(method="fedper", lr=0.05)
+    client, _ = make_client(cfg)
+    payload = parameters_to_ndarrays(make_strategy(cfg).global_payload())
+    client.fit(payload, {"server-round": 1})
+    good = {k: v.copy() for k, v in client.store.load().items()}
+    poisoned = [np.full_like(a, np.nan) for a in payload]  # a global state that diverges
+    upload, _, _ = client.fit(poisoned, {"server-round": 2})
+    assert not np.isfinite(upload[0]).all()  # the server's checks reject this upload
+    kept = client.store.load()
+    assert all(np.array_equal(kept[k], good[k]) for k in good)
+    assert "training diverged" in caplog.text
