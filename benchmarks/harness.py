@@ -212,6 +212,22 @@ PRESETS: dict[str, Preset] = {
             seeds=(0, 1),
             common={"model": "cnn4"},
         ),
+        Preset(
+            "cpu-fedfac-cifar10-resnet8",
+            "The cpu-fedfac-cifar10 setting with ResNet-8 (Lambda: every block's first conv, "
+            "the channels off the residual path), one seed (a CPU budget).",
+            ("fedavg", "fedper", "fedfac-static", "fedfac-dynamic"),
+            (
+                Setting(
+                    "cifar10-dir0.1-10c-resnet8",
+                    10,
+                    {"dataset": CIFAR10_DEV, "partitioner": "dirichlet", "alpha": 0.1},
+                ),
+            ),
+            rounds=10,
+            seeds=(0,),
+            common={"model": "resnet8"},
+        ),
         # ---- full paper scale: GPU machines only (documented, not run on this CPU) ----
         Preset(
             "gpu-feddecomp-cifar10",
