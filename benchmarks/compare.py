@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import statistics
 import sys
@@ -33,6 +34,13 @@ def parse_pairs(text: str) -> dict[str, object]:
 
     pairs = [p for p in text.replace(",", " ").split() if p]
     return tomllib.loads("\n".join(f"{k} = {v}" for k, v in (p.split("=", 1) for p in pairs)))
+
+
+def _quote(arg: str) -> str:
+    """Shell quoting that keeps TOML's single quotes readable."""
+    if re.fullmatch(r"[\w./:=,-]+", arg):
+        return arg
+    return f'"{arg}"' if '"' not in arg else shlex.quote(arg)
 
 
 def main() -> None:
@@ -91,7 +99,7 @@ def main() -> None:
         cells += [f"{100 * statistics.mean(b):.1f}", *ex, f"{statistics.mean(s):.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
     table = "\n".join(lines)
-    command = "python -m benchmarks.compare " + shlex.join(sys.argv[1:])
+    command = "python -m benchmarks.compare " + " ".join(_quote(a) for a in sys.argv[1:])
     (out / f"{name}.md").write_text(
         f"# {name}\n\n{args.clients} clients, {args.rounds} rounds, seeds {args.seeds}, each "
         f"method with its own `auto` settings{'; ' + ', '.join(args.set) if args.set else ''}.\n"
