@@ -148,6 +148,7 @@ class RunConfig(BaseModel):
     fa_quantile: float = _field(0.5, alias="fa-quantile", ge=0, le=1)
     fa_kappa: float = _field(0.85, alias="fa-kappa", gt=0, le=1)
     fa_input: Literal["weights", "updates"] = _field("weights", alias="fa-input")
+    fa_smoothing: float = _field(0.0, alias="fa-smoothing", ge=0, lt=1)  # 0: the paper
     fa_split: Literal["fa", "true", "oracle", "random"] = _field("fa", alias="fa-split")
     new_clients: int = _field(0, alias="new-clients", ge=0)
     new_client_sites: str = _field("", alias="new-client-sites")  # deployment: site names

@@ -97,6 +97,7 @@ class FedFacStrategy(PFLStrategy):
         self.held_out: set[str] = set()
         self.model_spec = wire_spec(model, list(model.state_dict()))  # Ensemble's shared models
         self._compact: Parameters | None = None  # the payload with shared Lambda rows only
+        self._communalities: dict[str, np.ndarray] = {}  # fa-smoothing's running average
 
     # ---- the split --------------------------------------------------------------------------
 
@@ -147,7 +148,9 @@ class FedFacStrategy(PFLStrategy):
                     w - start for w, start in zip(per_client, self.starts(layer, replies))
                 ]
             fit = self.factor_analysis(per_client)
-            new[layer] = shared_elements(fit.communalities, self.cfg.fa_quantile)
+            new[layer] = shared_elements(
+                self.smoothed(layer, fit.communalities), self.cfg.fa_quantile
+            )
             factors[layer] = fit.num_factors
         extra = self.rounds[server_round].extra
         if self.shared is not None:
@@ -155,6 +158,18 @@ class FedFacStrategy(PFLStrategy):
             extra["fa_changed_fraction"] = changed / sum(self.sizes.values())
         extra["fa_num_factors"] = factors
         self.set_split(new)
+
+    def smoothed(self, layer: str, communalities: np.ndarray) -> np.ndarray:
+        """``fa-smoothing`` = beta > 0: an exponential average of each element's
+        communality over the rounds (dynamic FedFac), so that one noisy round does
+        not flip an element between shared and personal (docs/fedfac.md measures
+        the churn without it). beta = 0: this round's FA alone (the paper)."""
+        beta = self.cfg.fa_smoothing
+        previous = self._communalities.get(layer)
+        if beta > 0 and previous is not None:
+            communalities = beta * previous + (1 - beta) * communalities
+        self._communalities[layer] = communalities
+        return communalities
 
     def set_split(self, shared: dict[str, np.ndarray] | None) -> None:
         self.shared = shared

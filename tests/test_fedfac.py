@@ -423,3 +423,14 @@ def test_new_client_sites_hold_out_named_deployment_sites():
         everyone._start(manager)
     with pytest.raises(ConfigError, match="'new-clients' and 'new-client-sites'"):
         make(new_clients=1, new_client_sites="site-b")
+
+
+def test_fa_smoothing_averages_communalities_over_rounds():
+    *_, strategy = make("fedfac-dynamic", fa_smoothing=0.75)
+    first = strategy.smoothed("features.1", np.ones(200))
+    second = strategy.smoothed("features.1", np.zeros(200))
+    np.testing.assert_allclose(first, 1.0)
+    np.testing.assert_allclose(second, 0.75)  # 0.75 * 1 + 0.25 * 0
+    *_, plain = make("fedfac-dynamic")
+    plain.smoothed("features.1", np.ones(200))
+    np.testing.assert_allclose(plain.smoothed("features.1", np.zeros(200)), 0.0)
