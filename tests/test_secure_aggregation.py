@@ -83,3 +83,25 @@ def test_secure_runs_equal_plain_runs_up_to_quantization(method: str, tmp_path: 
     assert abs(secure["final_accuracy_mean"] - plain["final_accuracy_mean"]) <= 0.01
     for record in secure["rounds"]:
         assert 0 < record["secagg_aggregate_max_abs"] < 8.0
+
+
+@pytest.mark.slow
+def test_client_side_dp_composes_with_secure_aggregation(tmp_path: Path) -> None:
+    from server_app.simulate import simulate
+
+    config = {
+        **SMALL,
+        "method": "fedper",
+        "secure-aggregation": True,
+        "dp-mode": "client",
+        "dp-noise-multiplier": 0.5,
+        "dp-clipping-norm": 0.5,
+        "output-dir": str(tmp_path),
+        "run-name": "secagg-dp",
+    }
+    res = simulate(config, 3, num_cpus=2.0)
+    assert [r["round"] for r in res["rounds"]] == [1, 2]
+    eps = [r["dp_epsilon"] for r in res["rounds"]]
+    assert all(e is not None and np.isfinite(e) for e in eps) and eps[0] < eps[1]
+    assert res["dp_epsilon"] == eps[-1]
+    assert all("secagg_aggregate_max_abs" in r for r in res["rounds"])
