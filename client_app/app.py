@@ -60,8 +60,9 @@ def build_client(context: Context, overrides: dict[str, Any] | None = None) -> C
         torch.set_num_threads(1)  # simulated clients share the machine's cores
     method = get_method(cfg.method)
     model = copy.deepcopy(_template(cfg, data_path))
-    data = load_client_data(cfg, partition_id, num_partitions, data_path)
     state_dir = str(node.get("state-dir", ""))
+    # a deployed ClientApp is a fresh process per message: keep decoded data on site
+    data = load_client_data(cfg, partition_id, num_partitions, data_path, state_dir)
     store: PersonalStore = (
         DiskStore(state_dir, experiment_id(cfg), site) if state_dir else ContextStore(context)
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -87,10 +88,12 @@ def _to_tensors(
 # 2.4 ms, benchmarks/overhead.py). 256 slots bound the memory to 256 clients' tensors.
 @lru_cache(maxsize=256)
 def load_client_data(
-    cfg: RunConfig, partition_id: int, num_partitions: int, data_path: str = ""
+    cfg: RunConfig, partition_id: int, num_partitions: int, data_path: str = "", cache_dir: str = ""
 ) -> ClientData:
     """One client's data. ``data_path`` (a site's own data in deployment)
-    replaces ``cfg.dataset`` and is used whole, without partitioning."""
+    replaces ``cfg.dataset`` and is used whole, without partitioning. With a
+    ``cache_dir`` (a site's state directory) decoded image data are kept there
+    between messages (pfl_data/cache.py)."""
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition id {partition_id} not in [0, {num_partitions})")
     if cfg.dataset == "synthetic" and not data_path and not cfg.client_data_paths:
@@ -99,4 +102,13 @@ def load_client_data(
         return _to_tensors(*split_train_test(x, y, cfg.test_fraction, cfg.seed + partition_id))
     from pfl_data.hf import load_client_arrays
 
-    return _to_tensors(*load_client_arrays(cfg, partition_id, num_partitions, data_path))
+    def build() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        return load_client_arrays(cfg, partition_id, num_partitions, data_path)
+
+    if not cache_dir:
+        return _to_tensors(*build())
+    from pfl_data.cache import cache_key, cached_arrays
+
+    key = cache_key(cfg, partition_id, num_partitions, data_path)
+    arrays = cached_arrays(Path(cache_dir) / "data-cache", key, build)
+    return _to_tensors(*(np.array(a) for a in arrays))  # memory-mapped -> owned, writable

@@ -1,0 +1,120 @@
+"""A site-local cache of one client's decoded, normalised arrays.
+
+A deployed ClientApp runs in a fresh process for every message and would decode
+the site's images again each time. With a state directory (``state-dir`` in the
+node config) the first message writes the four arrays as .npy files under
+``<state-dir>/data-cache/<key>/``; later messages memory-map them. The key hashes
+the data's fingerprint (for every file under the data path: relative name, size
+and modification time) and every config key that shapes a client's data, so a
+changed data set or config gets a new entry. A cache that fails its checksum or
+does not load is rebuilt, and the log says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from run_config.schema import RunConfig
+
+log = logging.getLogger("flwr.pflower")
+
+Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+NAMES = ("x_train", "y_train", "x_test", "y_test")
+# The keys that decide what one client's arrays are (everything else trains them).
+SHAPING_KEYS = (
+    "dataset",
+    "partitioner",
+    "alpha",
+    "classes-per-client",
+    "partition-by",
+    "test-fraction",
+    "train-per-client",
+    "test-per-client",
+    "permute-labels",
+    "num-domains",
+    "domain-shift",
+    "client-data-paths",
+    "seed",
+    "sim-samples",
+    "sim-dim",
+    "hidden-dim",
+    "sim-shared-neurons",
+    "sim-shared-covariates",
+    "sim-noise",
+)
+
+
+def fingerprint(path: str) -> list[tuple[str, int, int]]:
+    """(relative name, size, mtime in ns) of every file under ``path`` (or of it)."""
+    root = Path(path).expanduser()
+    if not root.exists():
+        return []
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+    out = []
+    for f in files:
+        st = f.stat()
+        out.append((str(f.relative_to(root)) if f != root else f.name, st.st_size, st.st_mtime_ns))
+    return out
+
+
+def cache_key(cfg: RunConfig, partition_id: int, num_partitions: int, data_path: str) -> str:
+    config = cfg.as_dict()
+    paths = [data_path] if data_path else [cfg.dataset]
+    paths += [p.strip() for p in cfg.client_data_paths.split(",") if p.strip()]
+    payload = {
+        "config": {k: config[k] for k in SHAPING_KEYS},
+        "partition": [partition_id, num_partitions, data_path],
+        "data": {p: fingerprint(p) for p in paths},
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _digest(arrays: Arrays) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(str(a.dtype).encode() + str(a.shape).encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def cached_arrays(
+    cache_root: Path,
+    key: str,
+    build: Callable[[], Arrays],
+) -> Arrays:
+    """The arrays under ``cache_root/key`` (memory-mapped), built and written the
+    first time, rebuilt when the entry is corrupt."""
+    entry = cache_root / key
+    meta = entry / "meta.json"
+    if meta.exists():
+        try:
+            arrays = tuple(np.load(entry / f"{n}.npy", mmap_mode="r") for n in NAMES)
+            if json.loads(meta.read_text())["sha256"] != _digest(arrays):
+                raise ValueError("checksum mismatch")
+            log.info("data cache: loaded %s", entry)
+            return arrays  # type: ignore[return-value]
+        except (OSError, ValueError, KeyError) as err:
+            log.warning("data cache: %s is unusable (%s); rebuilding it", entry, err)
+            shutil.rmtree(entry, ignore_errors=True)
+    arrays = build()
+    cache_root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=cache_root, prefix=".tmp-"))
+    try:
+        for name, a in zip(NAMES, arrays):
+            np.save(tmp / f"{name}.npy", np.ascontiguousarray(a), allow_pickle=False)
+        (tmp / "meta.json").write_text(json.dumps({"sha256": _digest(arrays)}))
+        os.replace(tmp, entry)  # atomic: another process sees all of it or none
+        log.info("data cache: wrote %s", entry)
+    except OSError as err:  # e.g. a concurrent writer won the rename: theirs is equal
+        log.info("data cache: not written (%s)", err)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return arrays
