@@ -85,19 +85,20 @@ def accuracy(args: argparse.Namespace) -> None:
                 )
                 print(json.dumps(rows[-1]), flush=True)
     _write("accuracy", rows, args)
-    fig, ax = plt.subplots(figsize=(6, 4))
+    lines = {}
     for method in ("fedper", "feddecomp"):
         mine = [r for r in rows if r["method"] == method]
-        xs = [r["target_epsilon"] for r in mine]
-        labels = ["inf" if math.isinf(x) else f"{x:g}" for x in xs]
-        ax.plot(labels, [100 * r["final_accuracy_mean"] for r in mine], marker="o", label=method)
-    ax.set_xlabel(f"epsilon at delta {DELTA:g} ({args.rounds} rounds; inf = no DP)")
-    ax.set_ylabel("final accuracy, mean over clients (%)")
-    ax.set_title("client-side DP on CIFAR-10 dev (cnn4, 10 clients, Dir 0.1)", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(OUT / "accuracy.png", dpi=120)
+        xs = [
+            "inf" if math.isinf(r["target_epsilon"]) else f"{r['target_epsilon']:g}" for r in mine
+        ]
+        lines[method] = (xs, [100 * r["final_accuracy_mean"] for r in mine])
+    _plot(
+        "accuracy",
+        lines,
+        f"epsilon at delta {DELTA:g} ({args.rounds} rounds; inf = no DP)",
+        "final accuracy, mean over clients (%)",
+        "client-side DP on CIFAR-10 dev (cnn4, 10 clients, Dir 0.1)",
+    )
 
 
 def secagg(args: argparse.Namespace) -> None:
@@ -129,22 +130,32 @@ def secagg(args: argparse.Namespace) -> None:
                 )
                 print(json.dumps(rows[-1]), flush=True)
     _write("secagg", rows, args)
-    fig, ax = plt.subplots(figsize=(6, 4))
+    lines = {}
     for secure in (False, True):
         mine = [r for r in rows if r["secure"] == secure]
-        ax.plot(
-            [r["clients"] for r in mine],
-            [r["seconds_per_round"] for r in mine],
-            marker="o",
-            label="SecAgg+" if secure else "plain",
-        )
-    ax.set_xlabel("clients")
-    ax.set_ylabel("seconds per round (rounds 2..R)")
-    ax.set_title("FedAvg on the embedded default, Ray simulation, 2-core CPU", fontsize=10)
+        label = "SecAgg+" if secure else "plain"
+        lines[label] = ([r["clients"] for r in mine], [r["seconds_per_round"] for r in mine])
+    _plot(
+        "secagg",
+        lines,
+        "clients",
+        "seconds per round (rounds 2..R)",
+        "FedAvg on the embedded default, Ray simulation, 2-core CPU",
+    )
+
+
+def _plot(name: str, lines: dict[str, tuple[list, list]], x: str, y: str, title: str) -> None:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, (xs, ys) in lines.items():
+        ax.plot(xs, ys, marker="o", label=label)
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(OUT / "secagg.png", dpi=120)
+    fig.savefig(OUT / f"{name}.png", dpi=120)
+    plt.close(fig)
 
 
 def _write(name: str, rows: list[dict], args: argparse.Namespace) -> None:

@@ -21,15 +21,12 @@ from torch import nn
 
 from client_app.state import PersonalStore
 from client_app.train import cross_entropy, evaluate, train_epochs
-from models.roles import Roles, get_arrays, set_arrays
+from models.roles import CLIENT_KEY, EVAL_PREFIX, EVALUATE_FIRST, Roles, get_arrays, set_arrays
 from pfl_data import ClientData
 from pfl_privacy import clip_update
 from run_config.schema import RunConfig
 
 log = logging.getLogger("flwr.pflower")
-
-CLIENT_KEY = "client-key"
-EVAL = "eval-"  # fit metrics that carry the previous round's evaluation
 
 
 class PFLClient(NumPyClient):
@@ -72,16 +69,16 @@ class PFLClient(NumPyClient):
         self.restore_personal()
         self.receive(parameters, config)
         evaluation: dict[str, Scalar] = {}
-        if config.get("evaluate-first"):  # the previous round's evaluation (eval-in-fit)
+        if config.get(EVALUATE_FIRST):  # the previous round's evaluation (eval-in-fit)
             loss, scores = self.score()
-            evaluation = {f"{EVAL}{k}": v for k, v in scores.items()}
+            evaluation = {f"{EVAL_PREFIX}{k}": v for k, v in scores.items()}
             evaluation.update(
-                {f"{EVAL}loss": loss, f"{EVAL}num-examples": int(self.y_test.shape[0])}
+                {
+                    f"{EVAL_PREFIX}loss": loss,
+                    f"{EVAL_PREFIX}num-examples": int(self.y_test.shape[0]),
+                }
             )
-        generator = torch.Generator().manual_seed(
-            self.cfg.seed * 1_000_003 + int(config.get("server-round", 0)) * 7919 + self.seed_offset
-        )
-        metrics = self.local_train(config, generator)
+        metrics = self.local_train(config, self.round_generator(config))
         self.store_personal()
         upload = self.upload(config)
         if self.cfg.dp_mode == "client":  # only the shared update leaves, clipped
@@ -105,6 +102,13 @@ class PFLClient(NumPyClient):
     @property
     def seed_offset(self) -> int:
         return zlib.crc32(self.client_key.encode())
+
+    def round_generator(self, config: dict[str, Scalar]) -> torch.Generator:
+        """This client's random stream for this round (shuffling, augmentation)."""
+        server_round = int(config.get("server-round", 0))
+        return torch.Generator().manual_seed(
+            self.cfg.seed * 1_000_003 + server_round * 7919 + self.seed_offset
+        )
 
     def personal_state(self) -> dict[str, np.ndarray]:
         """What survives between rounds: the personal tensors (plus method extras)."""

@@ -30,19 +30,21 @@ import numpy as np
 import torch
 from flwr.common import NDArrays, Scalar
 
-from client_app.base import CLIENT_KEY, PFLClient
+from client_app.base import PFLClient
 from client_app.train import evaluate, train_epochs
 from models.fedfac import (
+    FULL_UPLOAD,
+    HELD_OUT,
     MASK_KEY,
+    PHASE,
+    UPLOAD_START,
     element_entries,
     layer_sizes,
     parse_layers,
     unpack_mask,
 )
-from models.roles import get_arrays, set_arrays
+from models.roles import CLIENT_KEY, get_arrays, set_arrays
 
-HELD_OUT = "fa-held-out"
-PHASE = "fa-phase"  # "share-model" (fit) / "ensemble" (evaluate): the consented Ensemble
 _LOCAL = "fedfac.local."
 _MASK = "fedfac.mask."
 
@@ -113,13 +115,14 @@ class FedFacClient(PFLClient):
                         own = torch.as_tensor(self.local[entry][personal])
                         state[entry][torch.as_tensor(personal)] = own.to(state[entry].device)
         self.personal.update(masks)
-        weights = [f"{layer}.weight" for layer in self.entries]
-        self.start = dict(zip(weights, get_arrays(self.model, weights)))
+        if config.get(UPLOAD_START):  # fa-input=updates: keep where this round began
+            weights = [f"{layer}.weight" for layer in self.entries]
+            self.start = dict(zip(weights, get_arrays(self.model, weights)))
 
     def upload(self, config: dict[str, Scalar]) -> NDArrays:
         arrays = super().upload(config)
-        if config.get("fa-full-upload", True):
-            if config.get("fa-upload-start"):  # fa-input=updates: where personal rows began
+        if config.get(FULL_UPLOAD, True):
+            if config.get(UPLOAD_START):  # fa-input=updates: where personal rows began
                 masks = self.masks(config)
                 arrays += [
                     self.start[f"{layer}.weight"][personal] for layer, personal in masks.items()
@@ -187,10 +190,6 @@ class FedFacClient(PFLClient):
                 hooks.append(p.register_hook(lambda g, m=grad_mask: g * m))
                 keep[entry] = (rows, state[entry][~rows].clone())
                 params.append(p)
-        server_round = int(config.get("server-round", 0))
-        generator = torch.Generator().manual_seed(
-            self.cfg.seed * 1_000_003 + server_round * 7919 + self.seed_offset
-        )
         try:
             train_epochs(
                 self.model,
@@ -199,7 +198,7 @@ class FedFacClient(PFLClient):
                 self.y_train,
                 self.cfg.local_epochs,
                 self.cfg,
-                generator,
+                self.round_generator(config),
             )
         finally:
             for h in hooks:

@@ -3,8 +3,9 @@ in ``fa-layers`` by factor analysis, static (FA once) or dynamic (FA every round
 
 Split rule: no whole tensor is personal; the per-element split lives in the
 strategy (FA) and travels as a mask. Schedule: plain local training of the whole
-model. Aggregation: sample-weighted mean of the shared elements. The paper trains
-with Adam, lr 1e-3: run with ``optimizer="adam" lr=0.001``.
+model. Aggregation: sample-weighted mean of the shared elements. The paper's Adam,
+lr 1e-3 is the ``auto`` schedule (run_config/defaults.py); ``fa-layers`` resolves
+per backbone and is checked against the model (``check_fa_layers``).
 """
 
 from __future__ import annotations

@@ -4,8 +4,6 @@ personal mask travels in a Flower config (packed bits)."""
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 from torch import nn
 
@@ -15,6 +13,10 @@ _SPLITTABLE = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _BN = (nn.modules.batchnorm._BatchNorm,)
 
 MASK_KEY = "fa-personal:"  # + layer name -> packed bits, 1 = personal element
+HELD_OUT = "fa-held-out"  # instruction: the new clients' keys; metric: "I am one"
+FULL_UPLOAD = "fa-full-upload"  # instruction: upload every Lambda element (for FA)
+UPLOAD_START = "fa-upload-start"  # instruction: also the personal rows' start values
+PHASE = "fa-phase"  # "share-model" (fit) / "ensemble" (evaluate): the consented Ensemble
 
 
 def parse_layers(spec: str) -> list[str]:
@@ -79,15 +81,3 @@ def pack_mask(mask: np.ndarray) -> bytes:
 def unpack_mask(data: bytes, size: int) -> np.ndarray:
     """Inverse of ``pack_mask`` for a layer of ``size`` elements."""
     return np.unpackbits(np.frombuffer(data, dtype=np.uint8), count=size).astype(bool)
-
-
-def array_to_bytes(array: np.ndarray) -> bytes:
-    """An array as .npy bytes (no pickle), for a config or metrics value."""
-    buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
-    return buf.getvalue()
-
-
-def bytes_to_array(data: bytes) -> np.ndarray:
-    """Inverse of ``array_to_bytes``."""
-    return np.load(io.BytesIO(data), allow_pickle=False)

@@ -14,6 +14,11 @@ import numpy as np
 import torch
 from torch import nn
 
+# Keys on the wire, read by both sides (clients and strategies import them from here).
+CLIENT_KEY = "client-key"  # fit/evaluate metrics: the stable client identity
+EVALUATE_FIRST = "evaluate-first"  # fit instruction: score before training (eval-in-fit)
+EVAL_PREFIX = "eval-"  # fit metrics carrying that score (eval-accuracy, eval-loss, ...)
+
 SplitRule = Callable[[nn.Module], set[str]]
 """Returns the names of the personal state_dict entries of a model."""
 

@@ -27,22 +27,14 @@ METHODS = (
     "fedfac-dynamic",
     "dualfed",
 )
-# Secure aggregation gives the server only the sum of the uploads; these methods need more.
-_NEEDS_EACH = "its aggregation reads every client's upload on its own"
-SECURE_AGGREGATION_REFUSED = {
+# Secure aggregation and DP both work on one mean of updates taken from one global
+# state; these methods aggregate (or pay out) per client, so they refuse both.
+ONLY_PER_CLIENT = {
     "local": "nothing leaves a client, so there is nothing to aggregate",
-    "factorized-fl-alpha": f"{_NEEDS_EACH} (a per-client mixture weighted by similarity of v)",
-    "factorized-fl-beta": f"{_NEEDS_EACH} (a per-client mixture weighted by similarity of v)",
-    "fedfac-static": f"{_NEEDS_EACH} (factor analysis of the individual uploads)",
-    "fedfac-dynamic": f"{_NEEDS_EACH} (factor analysis of the individual uploads)",
-}
-_PER_CLIENT = "its clients receive payloads other than the one global state an update is taken from"
-DP_REFUSED = {
-    "local": "nothing leaves a client",
-    "factorized-fl-alpha": f"{_PER_CLIENT} (per-client mixtures)",
-    "factorized-fl-beta": f"{_PER_CLIENT} (per-client mixtures)",
-    "fedfac-static": f"{_PER_CLIENT} (element masks; factor analysis of each upload)",
-    "fedfac-dynamic": f"{_PER_CLIENT} (element masks; factor analysis of each upload)",
+    "factorized-fl-alpha": "its aggregation is a per-client mixture of the individual uploads",
+    "factorized-fl-beta": "its aggregation is a per-client mixture of the individual uploads",
+    "fedfac-static": "its aggregation runs factor analysis on the individual uploads",
+    "fedfac-dynamic": "its aggregation runs factor analysis on the individual uploads",
 }
 PARTITIONERS = ("iid", "dirichlet", "dirichlet-client", "pathological", "natural", "domain")
 
@@ -214,7 +206,7 @@ class RunConfig(BaseModel):
     def _secure_aggregation_fits_the_method(self) -> RunConfig:
         if not self.secure_aggregation:
             return self
-        why = SECURE_AGGREGATION_REFUSED.get(self.method)
+        why = ONLY_PER_CLIENT.get(self.method)
         if why is not None:
             raise ValueError(
                 f"config key 'secure-aggregation': method '{self.method}' cannot use it: {why}"
@@ -225,7 +217,7 @@ class RunConfig(BaseModel):
     def _dp_fits_the_method(self) -> RunConfig:
         if self.dp_mode == "off":
             return self
-        why = DP_REFUSED.get(self.method)
+        why = ONLY_PER_CLIENT.get(self.method)
         if why is not None:
             raise ValueError(f"config key 'dp-mode': method '{self.method}' cannot use it: {why}")
         if self.dp_mode == "server" and self.secure_aggregation:

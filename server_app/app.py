@@ -67,7 +67,7 @@ def make_server_app(overrides: dict[str, Any] | None = None) -> ServerApp:
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         components = build_server(context, overrides)
-        cfg = parse_run_config({**context.run_config, **(overrides or {})})
+        cfg = components.strategy.cfg  # the run config build_server validated
         if not cfg.secure_aggregation:
             start_grid(grid=grid, config=components.config, strategy=components.strategy)
             return

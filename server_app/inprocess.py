@@ -106,7 +106,7 @@ class LocalProxy(ClientProxy):
     def get_properties(
         self, ins: GetPropertiesIns, timeout: float | None, group_id: int | None
     ) -> GetPropertiesRes:
-        raise NotImplementedError
+        return self._client().get_properties(ins)
 
     def reconnect(
         self, ins: ReconnectIns, timeout: float | None, group_id: int | None

@@ -33,7 +33,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 from torch import nn
 
-from models.roles import TensorSpec
+from models.roles import CLIENT_KEY, EVAL_PREFIX, EVALUATE_FIRST, TensorSpec
 from pfl_privacy import PrivacyAccountant, add_noise, clip_update, noise_std
 from run_config.schema import ConfigError, RunConfig
 from run_results import RunRecorder
@@ -46,7 +46,6 @@ from strategies.checkpoint import (
 
 log = logging.getLogger("flwr.pflower")
 
-CLIENT_KEY = "client-key"
 WAIT_S = 600  # how long a round waits for min-available-clients
 SETTLE_S = 30  # how long the first round waits for registrations to settle
 
@@ -59,9 +58,6 @@ class Reply:
     arrays: NDArrays
     num_examples: int
     metrics: dict[str, Scalar]
-
-
-EVAL = "eval-"  # fit metrics carrying the previous round's evaluation (eval-in-fit)
 
 
 @dataclass
@@ -190,7 +186,7 @@ class PFLStrategy(Strategy):
             sample_rate = min(1.0, cfg.fraction_fit)  # the share of clients in a round
             self._accountant = PrivacyAccountant(cfg.dp_noise_multiplier, sample_rate, cfg.dp_delta)
         std = noise_std(cfg.dp_noise_multiplier, cfg.dp_clipping_norm, participants)
-        noisy = [a.copy() for a in self.global_arrays]
+        noisy = list(self.global_arrays)  # add_noise replaces the float arrays, not in place
         add_noise(noisy, std, self._dp_rng)
         self.set_global(noisy)
         self._accountant.step()
@@ -319,7 +315,7 @@ class PFLStrategy(Strategy):
             config: dict[str, Scalar] = {"server-round": self.round_offset + server_round}
             config.update(self.client_config(key, server_round))
             if self.eval_in_fit(server_round):
-                config["evaluate-first"] = True
+                config[EVALUATE_FIRST] = True
             out.append((proxy, FitIns(payload, config)))
         return out
 
@@ -477,7 +473,9 @@ class PFLStrategy(Strategy):
         """The previous round's evaluations that fit replies carry (eval-in-fit)."""
         out = []
         for r in replies:
-            metrics = {k[len(EVAL) :]: v for k, v in r.metrics.items() if k.startswith(EVAL)}
+            metrics = {
+                k[len(EVAL_PREFIX) :]: v for k, v in r.metrics.items() if k.startswith(EVAL_PREFIX)
+            }
             if "accuracy" not in metrics:
                 continue
             n = metrics.pop("num-examples", 0)

@@ -14,8 +14,6 @@ from strategies.base import Evaluation, PFLStrategy
 class FedCPStrategy(PFLStrategy):
     """Sample-weighted mean of phi, h_g and the CPN; records per-client PIR."""
 
-    default_aggregation = "weighted"
-
     def round_extras(self, server_round: int, evals: list[Evaluation]) -> dict[str, Any]:
         pir: dict[str, float] = {}
         for e in evals:

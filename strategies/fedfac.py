@@ -49,16 +49,20 @@ from threadpoolctl import threadpool_limits
 from torch import nn
 
 from models.fedfac import (
+    FULL_UPLOAD,
+    HELD_OUT,
     MASK_KEY,
+    PHASE,
+    UPLOAD_START,
     element_entries,
     layer_sizes,
     pack_mask,
     parse_layers,
 )
-from models.roles import TensorSpec, wire_spec
+from models.roles import CLIENT_KEY, TensorSpec, wire_spec
 from run_config.schema import RunConfig
 from run_results import RunRecorder
-from strategies.base import CLIENT_KEY, PFLStrategy, Reply, RoundLog, payload_bytes
+from strategies.base import PFLStrategy, Reply, RoundLog, payload_bytes
 from strategies.factor_analysis import (
     FactorResult,
     layer_matrix,
@@ -67,8 +71,6 @@ from strategies.factor_analysis import (
 )
 
 log = logging.getLogger("flwr.pflower")
-
-HELD_OUT = "fa-held-out"
 
 
 class FedFacStrategy(PFLStrategy):
@@ -237,9 +239,9 @@ class FedFacStrategy(PFLStrategy):
         return self._compact
 
     def client_config(self, client_key: str | None, server_round: int) -> dict[str, Scalar]:
-        config: dict[str, Scalar] = {"fa-full-upload": self.full_upload}
+        config: dict[str, Scalar] = {FULL_UPLOAD: self.full_upload}
         if self.upload_start():
-            config["fa-upload-start"] = True
+            config[UPLOAD_START] = True
         if self.held_out:
             config[HELD_OUT] = ",".join(sorted(self.held_out))
         if self.shared is not None:
@@ -388,7 +390,7 @@ class FedFacStrategy(PFLStrategy):
 
         def share(proxy: ClientProxy) -> FitRes | None:
             key = self.key_of(proxy)
-            config = {**self.client_config(key, server_round), "fa-phase": "share-model"}
+            config = {**self.client_config(key, server_round), PHASE: "share-model"}
             ins = FitIns(self.payload_for(key, server_round), config)
             try:
                 return proxy.fit(ins, None, server_round)
@@ -426,7 +428,7 @@ class FedFacStrategy(PFLStrategy):
             log.error("round %d: ensemble: no trained client shared its model", server_round)
             return []
         payload = ndarrays_to_parameters(models)
-        config = {**self.client_config(None, server_round), "fa-phase": "ensemble"}
+        config = {**self.client_config(None, server_round), PHASE: "ensemble"}
         accs = []
         for proxy in new:
             res = proxy.evaluate(EvaluateIns(payload, config), None, server_round)

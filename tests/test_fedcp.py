@@ -10,12 +10,11 @@ import torch.nn.functional as F
 from flwr.common import Context, RecordDict
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from client_app.base import CLIENT_KEY
 from client_app.fedcp import FedCPClient
 from client_app.state import ContextStore
 from methods import get_method
 from models.fedcp import FedCPModel, mmd_rbf
-from models.roles import get_arrays
+from models.roles import CLIENT_KEY, get_arrays
 from pfl_data import DataInfo, load_client_data
 from run_config.schema import RunConfig
 

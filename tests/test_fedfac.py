@@ -7,9 +7,9 @@ import pytest
 import torch
 from flwr.common import parameters_to_ndarrays
 
-from client_app.fedfac import HELD_OUT, FedFacClient
+from client_app.fedfac import FedFacClient
 from methods import get_method
-from models.fedfac import MASK_KEY, element_entries, unpack_mask
+from models.fedfac import HELD_OUT, MASK_KEY, element_entries, unpack_mask
 from pfl_data import data_info, load_client_data
 from run_config.schema import parse_run_config
 from strategies.base import Reply

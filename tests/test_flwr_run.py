@@ -9,25 +9,32 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _stop_local_superlink(flwr_home: Path) -> None:
-    out = subprocess.run(["pgrep", "-f", str(flwr_home)], capture_output=True, text=True)
-    for pid in out.stdout.split():
-        try:
-            os.kill(int(pid), signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    time.sleep(1)
+    """Stop the local SuperLink this test's `flwr run` started. flwr 1.39 starts it
+    detached and records no pid: it is the flower-superlink process whose command
+    line holds this test's own temporary FLWR_HOME (its database lives there), so
+    it is found by that unique path and stopped by pid, and waited for."""
+    ours = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if any("flower-superlink" in a for a in p.info["cmdline"] or [])
+        and any(str(flwr_home) in a for a in p.info["cmdline"] or [])
+    ]
+    for proc in ours:
+        proc.terminate()
+    _, alive = psutil.wait_procs(ours, timeout=15)
+    for proc in alive:
+        proc.kill()
 
 
 @pytest.mark.slow

@@ -98,7 +98,7 @@ def test_epsilon_matches_the_rdp_of_the_gaussian_mechanism() -> None:
 @pytest.mark.parametrize(
     ("raw", "key"),
     [
-        ({"method": "factorized-fl-beta", "dp-mode": "client"}, "'dp-mode'"),
+        ({"method": "factorized-fl-beta", "dp-mode": "client"}, "'dp-mode'.*per-client mixture"),
         ({"method": "fedfac-static", "dp-mode": "server"}, "'dp-mode'"),
         ({"method": "fedper", "dp-mode": "server", "secure-aggregation": True}, "'dp-mode'"),
         ({"method": "fedper", "dp-mode": "client", "aggregation": "weighted"}, "'aggregation'"),

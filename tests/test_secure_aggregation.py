@@ -8,17 +8,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from run_config.schema import SECURE_AGGREGATION_REFUSED, ConfigError, parse_run_config
+from run_config.schema import ONLY_PER_CLIENT, ConfigError, parse_run_config
 from strategies.base import PFLStrategy
 
 SMALL = {"sim-samples": 60, "hidden-dim": 16, "num-server-rounds": 2}
 
 
-@pytest.mark.parametrize("method", sorted(SECURE_AGGREGATION_REFUSED))
+@pytest.mark.parametrize("method", sorted(ONLY_PER_CLIENT))
 def test_methods_that_need_each_upload_refuse_naming_the_key(method: str) -> None:
     with pytest.raises(ConfigError, match="'secure-aggregation'") as err:
         parse_run_config({"method": method, "secure-aggregation": True})
-    assert SECURE_AGGREGATION_REFUSED[method] in str(err.value)
+    assert ONLY_PER_CLIENT[method] in str(err.value)
 
 
 @pytest.mark.parametrize(
