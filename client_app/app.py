@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import logging
 import random
+import time
 from functools import lru_cache
 from typing import Any
 
@@ -22,6 +23,7 @@ from flwr.common import Context, Message, MessageType
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from torch import nn
 
+from client_app import timing
 from client_app.state import ContextStore, DiskStore, PersonalStore
 from methods import get_method
 from pfl_data import data_info, load_client_data
@@ -50,6 +52,7 @@ def experiment_id(cfg: RunConfig) -> str:
 
 def build_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
     cfg = parse_run_config({**context.run_config, **(overrides or {})})
+    timing.mark("config")
     node = context.node_config
     partition_id = int(node.get("partition-id", 0))
     num_partitions = int(node.get("num-partitions", 1))
@@ -60,9 +63,11 @@ def build_client(context: Context, overrides: dict[str, Any] | None = None) -> C
         torch.set_num_threads(1)  # simulated clients share the machine's cores
     method = get_method(cfg.method)
     model = copy.deepcopy(_template(cfg, data_path))
+    timing.mark("model")
     state_dir = str(node.get("state-dir", ""))
     # a deployed ClientApp is a fresh process per message: keep decoded data on site
     data = load_client_data(cfg, partition_id, num_partitions, data_path, state_dir)
+    timing.mark("data")
     store: PersonalStore = (
         DiskStore(state_dir, experiment_id(cfg), site) if state_dir else ContextStore(context)
     )
@@ -110,10 +115,19 @@ def make_client_app(overrides: dict[str, Any] | None = None) -> ClientApp:
             return secaggplus_mod(msg, context, call_next)
         return call_next(msg, context)
 
+    def phases_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+        timing.begin(msg.metadata.created_at)
+        reply = call_next(msg, context)
+        if context.run_config.get("log-phases", (overrides or {}).get("log-phases", False)):
+            timing.mark("reply")
+            log.info(timing.line())
+        return reply
+
     def client_fn(context: Context) -> Client:
         return build_client(context, overrides)
 
-    return ClientApp(client_fn=client_fn, mods=[dropout_mod, secure_mod])
+    return ClientApp(client_fn=client_fn, mods=[phases_mod, dropout_mod, secure_mod])
 
 
 app = make_client_app()
+timing.APP_IMPORTED = time.time()

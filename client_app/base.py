@@ -19,6 +19,7 @@ from flwr.client import NumPyClient
 from flwr.common import NDArrays, Scalar
 from torch import nn
 
+from client_app import timing
 from client_app.state import PersonalStore
 from client_app.train import cross_entropy, evaluate, train_epochs
 from models.roles import CLIENT_KEY, EVAL_PREFIX, EVALUATE_FIRST, Roles, get_arrays, set_arrays
@@ -68,9 +69,11 @@ class PFLClient(NumPyClient):
     ) -> tuple[NDArrays, int, dict[str, Scalar]]:
         self.restore_personal()
         self.receive(parameters, config)
+        timing.mark("personal state")
         evaluation: dict[str, Scalar] = {}
         if config.get(EVALUATE_FIRST):  # the previous round's evaluation (eval-in-fit)
             loss, scores = self.score()
+            timing.mark("evaluate")
             evaluation = {f"{EVAL_PREFIX}{k}": v for k, v in scores.items()}
             evaluation.update(
                 {
@@ -79,10 +82,12 @@ class PFLClient(NumPyClient):
                 }
             )
         metrics = self.local_train(config, self.round_generator(config))
+        timing.mark("train")
         self.store_personal()
         upload = self.upload(config)
         if self.cfg.dp_mode == "client":  # only the shared update leaves, clipped
             clip_update(upload, parameters, self.cfg.dp_clipping_norm)
+        timing.mark("store + upload")
         return (
             upload,
             int(self.y_train.shape[0]) if self.weight_by_samples else 1,
@@ -94,7 +99,9 @@ class PFLClient(NumPyClient):
     ) -> tuple[float, int, dict[str, Scalar]]:
         self.restore_personal()
         self.receive(parameters, config)
+        timing.mark("personal state")
         loss, metrics = self.score()
+        timing.mark("evaluate")
         return loss, int(self.y_test.shape[0]), {CLIENT_KEY: self.client_key, **metrics}
 
     # ---- personal state ------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -86,11 +87,55 @@ def only_trainable(model: nn.Module, params: Iterable[nn.Parameter]) -> Iterator
             p.requires_grad_(before[id(p)])
 
 
+# ---- optimizers without torch._dynamo ---------------------------------------------------
+# torch.optim imports torch._dynamo on an optimizer's first use: its methods are wrapped by
+# torch._compile._disable_dynamo (imports on first call) and step() by a graph-break wrapper
+# (imports on every call). That is 2-5 s in every new process, and a deployed ClientApp is
+# a new process per message. Nothing here is compiled, so the two optimizers below skip the
+# wrappers and do exactly what they do outside compilation (tests/test_foundation.py checks
+# the updates are bit-identical and that a fresh process never imports torch._dynamo).
+
+
+def _mark_dynamo_disabled(cls: type) -> None:
+    """Pre-fill the cache ``_disable_dynamo``'s wrapper fills on first call."""
+    inner_code = torch._compile._disable_dynamo(lambda: None).__code__
+    for attr in vars(cls).values():
+        fn = getattr(attr, "__wrapped__", None)
+        if getattr(attr, "__code__", None) is inner_code and fn is not None:
+            setattr(fn, "__dynamo_disable", fn)
+
+
+def _undecorated(fn: Callable[..., Any]) -> Callable[..., Any]:
+    while hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+    return fn
+
+
+class SGD(torch.optim.SGD):
+    _raw_step = staticmethod(_undecorated(torch.optim.SGD.step))
+
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        with torch.set_grad_enabled(self.defaults["differentiable"]):
+            return self._raw_step(self, closure)
+
+
+class Adam(torch.optim.Adam):
+    _raw_step = staticmethod(_undecorated(torch.optim.Adam.step))
+
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        with torch.set_grad_enabled(self.defaults["differentiable"]):
+            return self._raw_step(self, closure)
+
+
+for _cls in (torch.optim.Optimizer, torch.optim.SGD, torch.optim.Adam):
+    _mark_dynamo_disabled(_cls)
+
+
 def make_optimizer(params: list[nn.Parameter], cfg: RunConfig) -> torch.optim.Optimizer:
     """A fresh optimizer for one phase of a schedule."""
     if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        return Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
 
 def train_epochs(

@@ -45,6 +45,8 @@ from strategies.checkpoint import (
 )
 
 log = logging.getLogger("flwr.pflower")
+# evaluate metrics whose mean over clients each round record keeps (as name_mean)
+RECORDED_METRICS = ("accuracy-", "logit-norm-")
 
 WAIT_S = 600  # how long a round waits for min-available-clients
 SETTLE_S = 30  # how long the first round waits for registrations to settle
@@ -94,6 +96,13 @@ class RoundLog:
     failures: int = 0
     train_losses: list[float] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    marks: dict[str, float] = field(default_factory=dict)  # server phase ends (perf_counter)
+
+    def server_seconds(self) -> dict[str, float]:
+        """The server's side of the round: configuring the messages, waiting for
+        the clients' replies (transport, queues and the clients' work), aggregating."""
+        points = [("started", self.started), *self.marks.items()]
+        return {b: round(tb - ta, 4) for (_, ta), (b, tb) in zip(points, points[1:])}
 
 
 def payload_bytes(parameters: Parameters) -> int:
@@ -317,6 +326,7 @@ class PFLStrategy(Strategy):
             if self.eval_in_fit(server_round):
                 config[EVALUATE_FIRST] = True
             out.append((proxy, FitIns(payload, config)))
+        rl.marks["configure"] = time.perf_counter()
         return out
 
     def check_reply(self, client_key: str, arrays: NDArrays, num_examples: int) -> str | None:
@@ -341,6 +351,7 @@ class PFLStrategy(Strategy):
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
         rl = self.rounds.setdefault(server_round, RoundLog())
+        rl.marks["waiting for clients"] = time.perf_counter()
         rl.failures = len(failures)
         for failure in failures:
             log.warning("round %d: a client failed: %s", server_round, failure_reason(failure))
@@ -396,6 +407,7 @@ class PFLStrategy(Strategy):
         if self.cfg.dp_mode != "off":
             self.add_dp_noise(server_round, len(accepted))
         self.save_checkpoint(server_round)
+        rl.marks["aggregate"] = time.perf_counter()
         return self.global_payload(), {"replies": len(accepted)}
 
     def from_secure_sum(self, server_round: int, arrays: NDArrays) -> NDArrays:
@@ -505,7 +517,7 @@ class PFLStrategy(Strategy):
         extras: dict[str, list[float]] = {}
         for e in evals:
             for name, value in e.metrics.items():
-                if name.startswith("accuracy-") and isinstance(value, (int, float)):
+                if name.startswith(RECORDED_METRICS) and isinstance(value, (int, float)):
                     extras.setdefault(name, []).append(float(value))
         keys = sorted(per_client)
         mean = float(np.mean([per_client[k] for k in keys]))
@@ -521,6 +533,7 @@ class PFLStrategy(Strategy):
             "bytes_up": rl.bytes_up,
             "bytes_down_eval": rl.bytes_down_eval,
             "seconds": (rl.ended or time.perf_counter()) - rl.started,
+            "server_seconds": rl.server_seconds(),
             "replies": rl.replies,
             "rejected": rl.rejected,
             "failures": rl.failures,

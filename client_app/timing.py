@@ -1,0 +1,67 @@
+"""Where a ClientApp message's time goes (``log-phases=true``).
+
+A deployed ClientApp is a fresh process per message (Flower 1.39), so the phases
+run from the server creating the message to the reply leaving the handler:
+``queued`` (the SuperNode's next poll and the process spawn), ``python+flwr``
+(interpreter start, Flower's imports, loading the app), ``app imports`` (torch and
+this project), ``handover`` (Flower's reading of the message), then the handler's
+own marks (config, data, model, personal state, training, evaluation, upload).
+One ``pflower-phases {...}`` log line per message; the benchmarks parse it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+PREFIX = "pflower-phases "
+
+
+def _process_started() -> float:
+    """This process's start as epoch seconds (Linux /proc; else now)."""
+    try:
+        ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+        uptime = float(open("/proc/uptime").read().split()[0])
+        return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.time()
+
+
+PROCESS_STARTED = _process_started()
+APP_IMPORT_STARTED = time.time()  # client_app/__init__ imports this module first
+APP_IMPORTED = APP_IMPORT_STARTED  # set at the end of client_app/app.py
+
+_marks: list[tuple[str, float]] = []
+
+
+def begin(created_at: float) -> None:
+    """A message arrived (``created_at``: when the server made it, epoch seconds)."""
+    _marks.clear()
+    if PROCESS_STARTED < created_at:  # a process that outlives messages (simulation)
+        _marks.extend([("created", created_at), ("queued", time.time())])
+        return
+    _marks.extend(
+        [
+            ("created", created_at),
+            ("queued", PROCESS_STARTED),
+            ("python+flwr", APP_IMPORT_STARTED),
+            ("app imports", APP_IMPORTED),
+            ("handover", time.time()),
+        ]
+    )
+
+
+def mark(phase: str) -> None:
+    """``phase`` ended now (it started at the previous mark)."""
+    if _marks:
+        _marks.append((phase, time.time()))
+
+
+def summary() -> dict[str, float]:
+    """Seconds per phase, in order."""
+    return {name: round(end - start, 4) for (_, start), (name, end) in zip(_marks, _marks[1:])}
+
+
+def line() -> str:
+    return PREFIX + json.dumps(summary())

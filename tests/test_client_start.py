@@ -1,0 +1,83 @@
+"""A ClientApp message's fixed cost: the optimizers that skip torch._dynamo, and the
+per-message phase log (client_app/timing.py) and the server's phases."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from client_app import timing
+from client_app.train import SGD, Adam
+from run_config.schema import parse_run_config
+from server_app.inprocess import run_inprocess
+
+
+def _train(opt_cls: type, **kw) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    opt = opt_cls(model.parameters(), **kw)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        x, y = torch.randn(8, 6, generator=gen), torch.randint(0, 3, (8,), generator=gen)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize(
+    "ours, theirs, kw",
+    [
+        (SGD, torch.optim.SGD, {"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-3}),
+        (SGD, torch.optim.SGD, {"lr": 0.05}),
+        (Adam, torch.optim.Adam, {"lr": 1e-2, "weight_decay": 1e-4}),
+    ],
+)
+def test_the_optimizers_update_exactly_as_torch_optim(ours, theirs, kw):
+    for a, b in zip(_train(ours, **kw), _train(theirs, **kw)):
+        assert torch.equal(a, b)
+
+
+def test_a_fresh_process_trains_without_importing_torch_dynamo():
+    code = (
+        "import sys, torch\n"
+        "from client_app.train import make_optimizer\n"
+        "from run_config.schema import parse_run_config\n"
+        "for opt in ('sgd', 'adam'):\n"
+        "    m = torch.nn.Linear(4, 2)\n"
+        "    o = make_optimizer(list(m.parameters()), parse_run_config({'optimizer': opt}))\n"
+        "    m(torch.randn(3, 4)).sum().backward(); o.step(); o.zero_grad()\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_a_message_logs_its_phases_and_the_server_records_its_own(tmp_path, caplog):
+    cfg = {
+        "method": "fedper",
+        "dataset": "synthetic",
+        "sim-samples": 40,
+        "num-server-rounds": 2,
+        "log-phases": True,
+        "output-dir": str(tmp_path),
+        "run-name": "phases",
+    }
+    parse_run_config(cfg)
+    with caplog.at_level("INFO", logger="flwr.pflower"):
+        res = run_inprocess(cfg, 2)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(timing.PREFIX)]
+    assert len(lines) == 2 * 2 + 2  # a fit per client and round, then the closing evaluate
+    fit = json.loads(lines[-3][len(timing.PREFIX) :])
+    # in-process, the process predates the message: the phases start at "queued"
+    expected = ["queued", "config", "model", "data", "personal state", "evaluate", "train"]
+    assert list(fit)[: len(expected)] == expected and "store + upload" in fit
+    assert all(v >= 0 for v in fit.values())
+    for record in res["rounds"]:
+        server = record["server_seconds"]
+        assert list(server) == ["configure", "waiting for clients", "aggregate"]
+        assert sum(server.values()) <= record["seconds"] + 1e-6
