@@ -9,6 +9,7 @@ operator would. Every process is started here, owned here, and killed by pid
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
@@ -16,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +62,56 @@ def descendants(pid: int) -> list[int]:
             out.append(child)
             todo.append(child)
     return out
+
+
+class CountingRelay:
+    """A TCP relay 127.0.0.1:port -> 127.0.0.1:target counting bytes each way.
+
+    Hand-written because what we want is the byte count of the
+    real gRPC/HTTP2 stream, which no Flower hook exposes.
+    """
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        (self.port,) = free_ports(1)
+        self.up = 0  # SuperNodes -> SuperLink
+        self.down = 0  # SuperLink -> SuperNodes
+        self._ready = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+        self._ready.wait(10)
+
+    def _serve(self) -> None:
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+        self._ready.set()
+        async with server:
+            await server.serve_forever()
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, up: bool):
+        try:
+            while data := await reader.read(65536):
+                if up:
+                    self.up += len(data)
+                else:
+                    self.down += len(data)
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        except OSError:
+            writer.close()
+            return
+        await asyncio.gather(
+            self._pipe(reader, up_writer, True), self._pipe(up_reader, writer, False)
+        )
 
 
 @dataclass

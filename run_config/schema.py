@@ -6,6 +6,7 @@ value fails before any training with a message naming the key.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -126,6 +127,8 @@ class RunConfig(BaseModel):
     run_name: str = _field("", alias="run-name")
     checkpoint_every: int = _field(1, alias="checkpoint-every", ge=0)  # 0: never
     tensorboard: bool = False  # event files under the run dir (the tensorboard extra)
+    # one `pflower-phases {...}` log line per ClientApp message: where its time goes
+    log_phases: bool = _field(False, alias="log-phases")
     resume_from: str = _field("", alias="resume-from")  # a server-state.npz or its run dir
 
     # the FedFac simulation study generator (the embedded default data set)
@@ -166,6 +169,7 @@ class RunConfig(BaseModel):
     supcon_lambda: float = _field(40.0, alias="supcon-lambda", ge=0)
     supcon_temperature: float = _field(0.2, alias="supcon-temperature", gt=0)
     dual_schedule: Literal["stagewise", "simultaneous"] = _field("stagewise", alias="dual-schedule")
+    dual_combine: Literal["logits", "probabilities"] = _field("logits", alias="dual-combine")
     projector_hidden: int = _field(256, alias="projector-hidden", ge=1)
 
     # FedDecomp (paper defaults: CIFAR-10's best R_c = R_l = 0.6, E_lora = 2)
@@ -195,10 +199,16 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _backbone_keys(self) -> RunConfig:
-        if self.pretrained_weights and self.model != "resnet18":
+        weights = self.pretrained_weights
+        if weights and self.model != "resnet18":
             raise ValueError(
                 f"config key 'pretrained-weights': only model 'resnet18' loads pretrained "
                 f"weights (got model '{self.model}')"
+            )
+        if weights and weights != "imagenet" and not Path(weights).expanduser().is_file():
+            raise ValueError(
+                f"config key 'pretrained-weights': no weight file at {weights!r} (give a "
+                "ResNet-18 state_dict saved with torch.save, or 'imagenet' for torchvision's)"
             )
         return self
 

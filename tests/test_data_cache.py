@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.common import subset_parquet
+from benchmarks.presets import subset_parquet
 from pfl_data import load_client_data
 from run_config.schema import parse_run_config
 

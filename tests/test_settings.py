@@ -13,7 +13,7 @@ import pytest
 import torch
 from flwr.common import parameters_to_ndarrays
 
-from benchmarks.common import subset_parquet
+from benchmarks.presets import subset_parquet
 from client_app.train import augment_batch, evaluate
 from methods import get_method
 from models.backbones import build_backbone

@@ -1,0 +1,69 @@
+"""``python -m benchmarks list | run PRESET [...]``: run a preset's missing cells,
+then write its report (docs/results/<preset>.md and plots by default)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from benchmarks import presets
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["cell"]:  # one cell, in its own process (the runner starts it)
+        from benchmarks.runner import run_cell_here
+
+        run_cell_here(argv[1])
+        return 0
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="the presets and what each runs")
+    run = sub.add_parser("run", help="run a preset's missing cells, then report")
+    run.add_argument("preset", help="a name under benchmarks/presets, or a .toml path")
+    run.add_argument("--seeds", nargs="+", type=int, help="default: the preset's")
+    run.add_argument("--rounds", type=int, help="default: the preset's (a shorter trial)")
+    run.add_argument("--rows", nargs="+", help="only these row labels")
+    run.add_argument("--rerun", action="store_true", help="rerun complete cells too")
+    run.add_argument("--report-only", action="store_true", help="only rewrite the report")
+    run.add_argument("--cell-timeout", type=float, help="seconds per cell")
+    run.add_argument("--runs", type=Path, default=presets.RUNS, help="where the cells run")
+    args = parser.parse_args(argv)
+    if args.command == "list":
+        for name in presets.names():
+            p = presets.load(name)
+            rows = ", ".join(label for label, _, _ in p.rows())
+            print(f"{name}{' [GPU]' if p.gpu else ''}: {p.description}\n    rows: {rows}")
+        return 0
+    from benchmarks import report, runner
+
+    preset = presets.load(args.preset)
+    manifest_path = args.runs / preset.name / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    if manifest.get("rounds") != args.rounds:  # another round count: another experiment
+        manifest = {}
+    # the command that makes the report: what to run, not how often it was retried
+    command = "python -m benchmarks " + shlex.join(a for a in argv if a != "--rerun")
+    if not args.report_only:
+        manifest["commands"] = list(dict.fromkeys([*manifest.get("commands", []), command]))
+    seeds = sorted({*(args.seeds or preset.seeds), *manifest.get("seeds", [])})
+    manifest.update(seeds=seeds, rounds=args.rounds)
+    manifest_path.parent.mkdir(parents=True, exist_ok=True)
+    manifest_path.write_text(json.dumps(manifest, indent=1))
+    todo = preset.cells(args.seeds, args.rounds, args.runs)
+    if args.rows:
+        todo = [c for c in todo if c.label in args.rows]
+    failed = []
+    if not args.report_only:
+        failed = runner.run_preset(preset, todo, args.cell_timeout, args.rerun)
+    cells = preset.cells(seeds, args.rounds, args.runs)
+    path = report.write(preset, cells, manifest.get("commands", []))
+    print(f"report: {path}" + (f"; {len(failed)} failed: {failed}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""Presets are data: ``benchmarks/presets/<name>.toml`` -> a grid of runs.
+
+A preset names methods, settings (table columns: data, clients, rounds) and
+variants (extra rows: a method with keys on top), seeds, and the paper's
+numbers. Reserved keys in ``[config]``, a setting or a variant: ``engine``
+(inprocess | simulation | plain | deployment), ``clients``, ``rounds``,
+``num-cpus``, ``num-gpus``; every other key is a run-config key.
+String values may name data: ``{dev}`` (the CIFAR-10 dev set),
+``{dev:N}`` (a seeded N-row subset of it), ``{fashion}`` (Fashion-MNIST).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+PRESET_DIR = Path(__file__).resolve().parent / "presets"
+RUNS = REPO / "outputs" / "benchmarks"
+DATA_CACHE = REPO / "outputs" / "data"
+SHARED_DATA = REPO.parent / "shared" / "data"  # ../shared/data beside the checkout
+CIFAR10_DEV = SHARED_DATA / "cifar10-dev-12k.parquet"
+FASHION_IDX = Path("/usr/share/datasets/fashion-mnist")
+RESERVED = ("engine", "clients", "rounds", "num-cpus", "num-gpus", "paper")
+ENGINES = ("inprocess", "simulation", "plain", "deployment")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run: a table row (label) in a setting, for one seed."""
+
+    preset: str
+    setting: str
+    label: str
+    seed: int
+    engine: str
+    clients: int
+    rounds: int
+    config: dict[str, Any]  # the complete run config (method, seed, rounds, output paths)
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    probe: str = ""
+
+    @property
+    def dir(self) -> Path:
+        return Path(self.config["output-dir"]) / self.config["run-name"]
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    description: str
+    methods: tuple[str, ...]
+    seeds: tuple[int, ...]
+    settings: dict[str, dict[str, Any]]  # name -> reserved and config keys
+    variants: dict[str, dict[str, Any]]  # row suffix -> keys ("" = the method alone)
+    config: dict[str, Any]
+    method_config: dict[str, dict[str, Any]]
+    report: dict[str, Any] = field(default_factory=dict)  # extras, plots, ratio-to
+    probe: str = ""
+    gpu: bool = False
+
+    def rows(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """(label, method, keys) in table order: each method with each variant; a
+        variant that names its own ``method`` is one row of its own."""
+        rows = []
+        for m in self.methods:
+            for v, keys in self.variants.items():
+                if "method" not in keys:
+                    rows.append((f"{m} {v}".strip(), m, keys))
+        own = [(v, k["method"], k) for v, k in self.variants.items() if "method" in k]
+        return rows + own
+
+    def cells(
+        self, seeds: list[int] | None = None, rounds: int | None = None, runs: Path = RUNS
+    ) -> list[Cell]:
+        """The grid, setting-major (every row of a setting before the next setting)."""
+        out = []
+        for sname, setting in self.settings.items():
+            for seed in seeds if seeds is not None else self.seeds:
+                for label, method, variant in self.rows():
+                    keys = {
+                        **self.config,
+                        **setting,
+                        **self.method_config.get(method, {}),
+                        **variant,
+                    }
+                    run_cfg = {k: resolve(v) for k, v in keys.items() if k not in RESERVED}
+                    slug = re.sub(r"[^\w.=-]+", "_", label)
+                    run_cfg.update(
+                        {
+                            "method": method,
+                            "seed": seed,
+                            "num-server-rounds": rounds or keys.get("rounds", 10),
+                            "output-dir": str(runs / self.name / sname),
+                            "run-name": f"{slug}-seed{seed}",
+                        }
+                    )
+                    out.append(
+                        Cell(
+                            self.name,
+                            sname,
+                            label,
+                            seed,
+                            keys.get("engine", "inprocess"),
+                            int(keys.get("clients", 10)),
+                            run_cfg["num-server-rounds"],
+                            run_cfg,
+                            float(keys.get("num-cpus", 1.0)),
+                            float(keys.get("num-gpus", 0.0)),
+                            self.probe,
+                        )
+                    )
+        return out
+
+    def paper(self, setting: str) -> dict[str, str]:
+        return {k: str(v) for k, v in self.settings[setting].get("paper", {}).items()}
+
+
+def load(name: str) -> Preset:
+    """A preset by name (a file under benchmarks/presets) or by path."""
+    path = Path(name) if name.endswith(".toml") else PRESET_DIR / f"{name}.toml"
+    if not path.exists():
+        raise SystemExit(f"no preset {name!r}; known: {', '.join(names())}")
+    raw = tomllib.loads(path.read_text())
+    from run_config.schema import METHODS
+
+    methods = tuple(raw.get("methods", []))
+    named = [*methods, *(v["method"] for v in raw.get("variants", {}).values() if "method" in v)]
+    unknown = [m for m in named if m not in METHODS]
+    if unknown or not named:
+        raise SystemExit(f"{path.name}: unknown or no methods {unknown}; known: {METHODS}")
+    config = dict(raw.get("config", {}))
+    for key in ("engine", "clients", "rounds"):  # top-level shorthands
+        if key in raw:
+            config[key] = raw[key]
+    variants = {"": {}} if raw.get("base-row", True) else {}
+    variants.update(raw.get("variants", {}))
+    settings = raw.get("settings") or {"default": {}}
+    for sname, keys in [*settings.items(), *variants.items()]:
+        engine = {**config, **keys}.get("engine", "inprocess")
+        if engine not in ENGINES:
+            raise SystemExit(f"{path.name} [{sname}]: engine {engine!r} not in {ENGINES}")
+    return Preset(
+        name=path.stem,
+        description=raw.get("description", "").strip(),
+        methods=methods,
+        seeds=tuple(raw.get("seeds", [0])),
+        settings=settings,
+        variants=variants,
+        config=config,
+        method_config=raw.get("method-config", {}),
+        report=raw.get("report", {}),
+        probe=raw.get("probe", ""),
+        gpu=bool(raw.get("gpu", False)),
+    )
+
+
+def names() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))
+
+
+def resolve(value: Any) -> Any:
+    """``{dev}``, ``{dev:N}`` and ``{fashion}`` -> a data file (made once)."""
+    if not isinstance(value, str) or not value.startswith("{"):
+        return value
+    match = re.fullmatch(r"\{(dev|fashion)(?::(\d+))?\}", value)
+    if not match:
+        raise SystemExit(f"unknown data placeholder {value!r}: {{dev}}, {{dev:N}}, {{fashion}}")
+    if match[1] == "fashion":
+        return fashion_parquet()
+    return subset_parquet(int(match[2] or 0), seed=0)
+
+
+def subset_parquet(rows: int, seed: int, out_dir: Path = DATA_CACHE) -> str:
+    """A seeded ``rows``-row subset of the dev set (0 = all of it): a smaller file
+    decodes faster in every client process."""
+    if not CIFAR10_DEV.exists():
+        raise SystemExit(f"the CIFAR-10 dev set is missing: {CIFAR10_DEV}")
+    if rows <= 0:
+        return str(CIFAR10_DEV)
+    import pyarrow.parquet as pq
+
+    path = out_dir / f"cifar10-dev-{rows}-seed{seed}.parquet"
+    if not path.exists():
+        table = pq.read_table(CIFAR10_DEV)
+        keep = np.sort(np.random.default_rng(seed).choice(table.num_rows, rows, replace=False))
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        pq.write_table(table.take(keep), tmp)
+        tmp.replace(path)
+    return str(path)
+
+
+def fashion_parquet() -> str:
+    """Debian's Fashion-MNIST IDX files as one parquet file (made once)."""
+    path = DATA_CACHE / "fashion-mnist.parquet"
+    if not path.exists():
+        if not FASHION_IDX.exists():
+            raise SystemExit("Fashion-MNIST is missing: apt-get install -y dataset-fashion-mnist")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "pfl_data.convert_idx", str(FASHION_IDX), str(path)]
+        subprocess.run(cmd, cwd=REPO, check=True)
+    return str(path)

@@ -1,0 +1,236 @@
+"""One reporter: a preset's cells -> ``<out>/<preset>.md`` (a table per setting, the
+command that made it) and ``<out>/<preset>-<setting>.png`` (curves, accuracy
+against bytes, per-client accuracy, any per-round extras). Numbers only: what they
+mean is written in docs/, after reading them.
+
+``[report]`` keys of a preset: ``out`` (default docs/results), ``extras`` (record
+keys as ``name`` or ``name:final|mean|sum|max``, looked up in the run's probe, its
+top level, then its rounds), ``curves`` (per-round keys drawn), ``per-client``
+(draw each client's final accuracy), ``heatmap`` (a per-round client x client
+matrix, e.g. Factorized-FL's ``ffl_mixture``, drawn for the last round of seed 0),
+``ratio-to`` (a row label: s/round divided by that row's).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.presets import REPO, RESERVED, Cell, Preset
+from benchmarks.runner import is_complete, load_results
+
+AGGREGATES = {"final": lambda v: v[-1], "mean": np.mean, "sum": np.sum, "max": np.max}
+
+
+def extra_value(res: dict[str, Any], spec: str) -> float | None:
+    """One number per run for ``name[:agg]``."""
+    name, _, agg = spec.partition(":")
+    for source in (res.get("probe", {}), res):
+        if isinstance(source.get(name), (int, float)):
+            return float(source[name])
+    values = [r[name] for r in res["rounds"] if isinstance(r.get(name), (int, float))]
+    return float(AGGREGATES[agg or "final"](values)) if values else None
+
+
+def summarise(cells: list[Cell]) -> dict[str, Any]:
+    """One table row from a row's cells (one per seed): only complete runs count."""
+    runs = [(c, load_results(c)) for c in cells if is_complete(c)]
+    if not runs:
+        reasons = []
+        for c in cells:
+            status = c.dir / "cell.json"
+            if status.exists():
+                reasons.append(json.loads(status.read_text()).get("reason", ""))
+        return {"n": 0, "reason": next((r for r in reasons if r), "not run")}
+    results = [r for _, r in runs]
+    n_rounds = min(len(r["rounds"]) for r in results)
+    curves = np.array([[x["accuracy_mean"] for x in r["rounds"][:n_rounds]] for r in results])
+    traffic = [
+        [x.get("bytes_up", 0) + x.get("bytes_down", 0) for x in r["rounds"]] for r in results
+    ]
+    peaks = []
+    for c, _ in runs:
+        status = c.dir / "cell.json"
+        if status.exists():
+            peaks.append(json.loads(status.read_text()).get("peak_rss", 0) / 1e6)
+    secs = [[x["seconds"] for x in r["rounds"]] for r in results]
+    return {
+        "n": len(results),
+        "final": [r["final_accuracy_mean"] for r in results],
+        "best": [r["best_accuracy_mean"] for r in results],
+        "best_pooled": [r.get("best_accuracy_pooled", r["final_accuracy_pooled"]) for r in results],
+        "mb": float(np.mean([sum(t) / 1e6 / len(t) / cells[0].clients for t in traffic])),
+        # steady state: the median round after the first (start-up costs land in round 1)
+        "s_round": float(np.mean([np.median(s[1:] if len(s) > 1 else s) for s in secs])),
+        "peak_mb": float(np.mean(peaks)) if peaks else float("nan"),
+        "curve": curves.mean(axis=0),
+        "curve_std": curves.std(axis=0),
+        "cum_mb": np.cumsum(np.mean([t[:n_rounds] for t in traffic], axis=0)) / 1e6,
+        "per_client": list(results[0]["rounds"][-1].get("per_client_accuracy", {}).values()),
+        "rounds": [r["rounds"][:n_rounds] for r in results],
+        "results": results,
+    }
+
+
+def _pct(values: list[float]) -> str:
+    arr = 100 * np.asarray(values, dtype=float)
+    return f"{arr.mean():.1f} ± {arr.std(ddof=1):.1f}" if len(arr) > 1 else f"{arr.mean():.1f}"
+
+
+def _num(value: float | None) -> str:
+    if value is None or not np.isfinite(value):
+        return ""
+    return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+
+
+def table(preset: Preset, setting: str, rows: dict[str, dict[str, Any]]) -> list[str]:
+    extras = list(preset.report.get("extras", []))
+    ratio_to = preset.report.get("ratio-to", "")
+    base = rows.get(ratio_to, {}).get("s_round") if ratio_to else None
+    paper = preset.paper(setting)
+    head = ["row", "seeds", "final acc (%)", "best acc (%)", "best pooled (%)", "MB/client/round"]
+    head += ["s/round", *([f"x {ratio_to}"] if ratio_to else []), "peak RSS (MB)", *extras]
+    head += ["paper"] if paper else []
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for label, row in rows.items():
+        method = label.split(" ")[0]
+        cells = [f"`{label}`", str(row["n"])]
+        if not row["n"]:
+            cells += [f"failed: {row['reason'][:160]}"] + [""] * (len(head) - 3)
+            lines.append("| " + " | ".join(cells) + " |")
+            continue
+        cells += [_pct(row["final"]), _pct(row["best"]), _pct(row["best_pooled"])]
+        cells += [f"{row['mb']:.3g}", f"{row['s_round']:.2f}"]
+        if ratio_to:
+            cells.append(f"{row['s_round'] / base:.1f}" if base else "")
+        cells.append(_num(row["peak_mb"]))
+        for spec in extras:
+            values = [v for r in row["results"] if (v := extra_value(r, spec)) is not None]
+            cells.append(_num(float(np.mean(values))) if values else "")
+        if paper:
+            cells.append(paper.get(label, paper.get(method, "") if label == method else ""))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def phases_table(rows: dict[str, dict[str, Any]]) -> list[str]:
+    """Where a round's time goes: the median ClientApp message phase by phase
+    (deployments log them) and the server's side (every run records it), seed 0."""
+    cols = {}
+    for label, row in rows.items():
+        if not row["n"]:
+            continue
+        res = row["results"][0]
+        server = [r["server_seconds"] for r in res["rounds"][1:] if r.get("server_seconds")]
+        phases = {f"client: {k}": v for k, v in res.get("client_phases", {}).items()}
+        for k in dict.fromkeys(k for s in server for k in s):
+            phases[f"server: {k}"] = float(np.median([s[k] for s in server if k in s]))
+        if phases:
+            cols[label] = phases
+    if not any(any(k.startswith("client") for k in c) for c in cols.values()):
+        return []
+    names = list(dict.fromkeys(k for c in cols.values() for k in c))
+    lines = ["", "| phase (s, median; seed 0) | " + " | ".join(cols) + " |"]
+    lines.append("|---" * (len(cols) + 1) + "|")
+    for name in names:
+        lines.append(f"| {name} | " + " | ".join(_num(c.get(name)) for c in cols.values()) + " |")
+    return lines
+
+
+def plot(preset: Preset, setting: str, rows: dict[str, dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = list(preset.report.get("curves", []))
+    per_client = bool(preset.report.get("per-client", False))
+    done = {k: v for k, v in rows.items() if v["n"]}
+    key = preset.report.get("heatmap", "")  # a per-round {"clients", "matrix"} record
+    heat = {k: v["rounds"][0][-1][key] for k, v in done.items() if key in v["rounds"][0][-1]}
+    panels = 2 + len(curves) + per_client + len(heat)
+    fig, axes = plt.subplots(1, panels, figsize=(4.6 * panels, 3.8), squeeze=False)
+    axes = axes[0]
+    for i, (label, row) in enumerate(done.items()):
+        color = f"C{i % 10}"
+        x = np.arange(1, len(row["curve"]) + 1)
+        axes[0].plot(x, 100 * row["curve"], marker="o", ms=3, color=color, label=label)
+        low, high = row["curve"] - row["curve_std"], row["curve"] + row["curve_std"]
+        axes[0].fill_between(x, 100 * low, 100 * high, color=color, alpha=0.15)
+        axes[1].plot(row["cum_mb"], 100 * row["curve"], marker="o", ms=3, color=color)
+        for ax, key in zip(axes[2:], curves):
+            series = [[r.get(key) for r in rr] for rr in row["rounds"]]
+            series = [s for s in series if all(isinstance(v, (int, float)) for v in s)]
+            if series:
+                ax.plot(x, np.mean(series, axis=0), marker="o", ms=3, color=color)
+            ax.set(xlabel="round", title=key)
+        if per_client and row["per_client"]:
+            pc = 100 * np.asarray(row["per_client"])
+            axes[2 + len(curves)].scatter(np.full(len(pc), i), pc, s=12, color=color)
+    axes[0].set(xlabel="round", ylabel="accuracy, mean over clients (%)")
+    axes[0].set_title(f"{preset.name}: {setting}")
+    axes[1].set(xlabel="cumulative MB sent (up + down)", ylabel="accuracy (%)")
+    axes[1].set_title("accuracy vs communication")
+    if any(r["cum_mb"][-1] > 0 for r in done.values()):
+        firsts = [r["cum_mb"][0] for r in done.values() if r["cum_mb"][0] > 0]
+        axes[1].set_xscale("symlog", linthresh=min(firsts))  # zero-byte Local fits too
+    if per_client:
+        ax = axes[2 + len(curves)]
+        ax.set_xticks(range(len(done)), list(done), rotation=45, ha="right", fontsize=7)
+        ax.set(ylabel="final accuracy (%)", title="each client (seed 0)")
+    for ax, (label, record) in zip(axes[panels - len(heat) :], heat.items()):
+        image = ax.imshow(np.asarray(record["matrix"]), vmin=0, vmax=1, cmap="viridis")
+        ax.set(xlabel="from client", ylabel="client", title=f"{label}: {key}, last round")
+        fig.colorbar(image, ax=ax, fraction=0.046)
+    if done:
+        axes[0].legend(fontsize=7)
+    for ax in axes[: panels - len(heat)]:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _shown(value: Any) -> Any:
+    if isinstance(value, str) and os.path.isabs(value):  # the report is committed
+        return os.path.relpath(value, REPO)
+    return value
+
+
+def write(preset: Preset, cells: list[Cell], commands: list[str]) -> Path:
+    """The preset's markdown report and plots; returns the report's path."""
+    out = REPO / preset.report.get("out", "docs/results")
+    lines = [f"# {preset.name}", "", preset.description, "", "Made with:", "", "```"]
+    lines += [*commands, "```", ""]
+    lines += [
+        "Accuracy: mean over clients of each client's accuracy on its own test split, "
+        "after the round (mean ± sample std over seeds); *pooled*: over all test samples. "
+        "MB/client/round: serialized payloads, down and up. s/round: the median round after "
+        "the first. Peak RSS: the run's process tree. Generated by benchmarks/report.py: "
+        "do not edit by hand.",
+        "",
+    ]
+    for setting in preset.settings:
+        mine = [c for c in cells if c.setting == setting]
+        rows = {}
+        for label, _, _ in preset.rows():
+            rows[label] = summarise([c for c in mine if c.label == label])
+        first = mine[0]
+        keys = {**preset.config, **preset.settings[setting]}
+        shown = ", ".join(f"{k}={_shown(v)}" for k, v in keys.items() if k not in RESERVED)
+        lines += [f"## {setting}", ""]
+        lines += [f"{first.engine}, {first.clients} clients, {first.rounds} rounds; {shown}", ""]
+        lines += table(preset, setting, rows)
+        lines += phases_table(rows)
+        image = out / f"{preset.name}-{setting}.png"
+        plot(preset, setting, rows, image)
+        lines += ["", f"![{setting}]({image.name})", ""]
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{preset.name}.md"
+    path.write_text("\n".join(lines).rstrip() + "\n")
+    return path

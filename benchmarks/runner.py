@@ -1,0 +1,262 @@
+"""One runner: every cell of a preset in its own process, resumable, with progress.
+
+Engines (what one cell runs, all through the real Strategy and ClientApp):
+* ``inprocess``: server_app/inprocess.py (Flower's round loop, real Messages, no Ray);
+* ``simulation``: ``flwr``'s Ray simulation (server_app/simulate.py);
+* ``deployment``: a loopback SuperLink + one SuperNode per client (deploy/loopback.py),
+  the run submitted with ``flwr run``; the wire bytes counted by a TCP relay;
+* ``plain``: the floor: the same clients' local training and evaluation in a plain
+  PyTorch loop in one process, no Flower (a Local run without the framework).
+A cell is complete when its results.json holds every round for the same config.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.presets import REPO, Cell, Preset
+
+# ----------------------------------------------------------------------------- resume
+
+
+def load_results(cell: Cell) -> dict[str, Any] | None:
+    try:
+        return json.loads((cell.dir / "results.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def is_complete(cell: Cell) -> bool:
+    """results.json holds every round, for exactly this cell's config."""
+    res = load_results(cell)
+    if res is None or len(res.get("rounds", [])) < cell.rounds:
+        return False
+    stored = res.get("config", {})  # where the runs live is not part of the experiment
+    return all(stored.get(k) == v for k, v in cell.config.items() if k != "output-dir")
+
+
+# ----------------------------------------------------------------------------- one cell
+
+
+def cell_spec(cell: Cell) -> str:
+    return json.dumps({k: getattr(cell, k) for k in Cell.__dataclass_fields__})
+
+
+def run_cell_here(spec_json: str) -> None:
+    """Inside the cell's process: validate the config, run the engine, then the probe."""
+    from run_config.schema import parse_run_config
+
+    cell = Cell(**json.loads(spec_json))
+    parse_run_config(cell.config)  # a bad preset fails before any training
+    if cell.engine == "inprocess":
+        from server_app.inprocess import run_inprocess
+
+        run_inprocess(cell.config, cell.clients)
+    elif cell.engine == "simulation":
+        from server_app.simulate import simulate
+
+        simulate(cell.config, cell.clients, num_cpus=cell.num_cpus, num_gpus=cell.num_gpus)
+    elif cell.engine == "deployment":
+        _deployment(cell)
+    else:
+        _plain_loop(cell)
+    if cell.probe:
+        from benchmarks.probes import PROBES
+
+        res = json.loads((cell.dir / "results.json").read_text())
+        res["probe"] = PROBES[cell.probe](res, cell.clients)
+        (cell.dir / "results.json").write_text(json.dumps(res, indent=1))
+
+
+def _plain_loop(cell: Cell) -> None:
+    """Local training of every client, one after another, in one thread: the floor a
+    round of the framework is measured against. Writes a results.json like a run's."""
+    import torch
+
+    from client_app.train import evaluate, train_epochs
+    from methods import get_method
+    from pfl_data import data_info, load_client_data
+    from run_config.schema import parse_run_config
+
+    torch.set_num_threads(1)  # as each simulated client
+    cfg = parse_run_config(cell.config)
+    method = get_method(cfg.method)
+    info = data_info(cfg)
+    data = [load_client_data(cfg, i, cell.clients) for i in range(cell.clients)]
+    models = []
+    for _ in range(cell.clients):
+        torch.manual_seed(cfg.seed)
+        models.append(method.build_model(cfg, info))
+    rounds, t_start = [], time.perf_counter()
+    for rnd in range(1, cell.rounds + 1):
+        t0, accs, correct, total = time.perf_counter(), [], 0.0, 0
+        for i, (model, d) in enumerate(zip(models, data)):
+            gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + rnd * 7919 + i)
+            params = list(model.parameters())
+            train_epochs(model, params, d.x_train, d.y_train, cfg.local_epochs, cfg, gen)
+            _, acc = evaluate(model, d.x_test, d.y_test)
+            accs.append(acc)
+            correct, total = correct + acc * len(d.y_test), total + len(d.y_test)
+        rounds.append(
+            {
+                "round": rnd,
+                "accuracy_mean": sum(accs) / len(accs),
+                "accuracy_pooled": correct / total,
+                "per_client_accuracy": {f"client-{i}": a for i, a in enumerate(accs)},
+                "bytes_up": 0,
+                "bytes_down": 0,
+                "seconds": time.perf_counter() - t0,
+            }
+        )
+    finals = [r["accuracy_mean"] for r in rounds]
+    cell.dir.mkdir(parents=True, exist_ok=True)
+    res = {
+        "method": cfg.method,
+        "config": cell.config,
+        "rounds": rounds,
+        "best_accuracy_mean": max(finals),
+        "final_accuracy_mean": finals[-1],
+        "best_accuracy_pooled": max(r["accuracy_pooled"] for r in rounds),
+        "final_accuracy_pooled": rounds[-1]["accuracy_pooled"],
+        "total_bytes_up": 0,
+        "total_bytes_down": 0,
+        "total_seconds": time.perf_counter() - t_start,
+    }
+    (cell.dir / "results.json").write_text(json.dumps(res, indent=1))
+
+
+def _deployment(cell: Cell) -> None:
+    """A loopback deployment, one SuperNode per client, dialing the SuperLink through
+    a byte-counting relay; the run's results.json gains the wire bytes."""
+    import numpy as np
+
+    from client_app.timing import PREFIX
+    from deploy.loopback import CountingRelay, LoopbackFederation
+
+    with tempfile.TemporaryDirectory(prefix="pflower-experiment-") as tmp:
+        fed = LoopbackFederation(Path(tmp))
+        try:
+            fed.start_superlink()
+            relay = CountingRelay(fed.fleet_port)
+            fed.fleet_port = relay.port  # SuperNodes dial the relay
+            for i in range(cell.clients):
+                site = f"site-{i}"
+                fed.nodes[site] = fed.start_supernode(site, i, cell.clients, Path(tmp) / site)
+            for site, proc in fed.nodes.items():
+                fed.wait_for(lambda p=proc: "SuperNode ID" in p.text(), 300, site, proc)
+            t0 = time.perf_counter()
+            status = fed.wait_run(fed.run({**cell.config, "log-phases": True}), 3600)
+            wall = time.perf_counter() - t0
+        finally:
+            fed.close()
+        phases = [
+            json.loads(ln.split(PREFIX, 1)[1])
+            for proc in fed.nodes.values()
+            for ln in proc.text().splitlines()
+            if PREFIX in ln
+        ]
+    res = json.loads((cell.dir / "results.json").read_text())
+    res.update(wire_bytes_up=relay.up, wire_bytes_down=relay.down, run_status=status)
+    res["wall_seconds_per_round"] = wall / cell.rounds
+    # the median ClientApp message, phase by phase (client_app/timing.py)
+    names = list(dict.fromkeys(k for p in phases for k in p))
+    res["client_phases"] = {
+        k: float(np.median([p[k] for p in phases if k in p])) for k in names
+    } | {"messages": len(phases)}
+    (cell.dir / "results.json").write_text(json.dumps(res, indent=1))
+
+
+# ----------------------------------------------------------------------------- the runner
+
+
+def _tree_rss(pid: int) -> int:
+    """Resident memory of a process and all its descendants (Ray workers included)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.NoSuchProcess:
+            continue
+    return total
+
+
+def run_cell(cell: Cell, timeout: float | None) -> tuple[bool, float, str]:
+    """One cell in a subprocess, its peak memory sampled; (ok, seconds, reason)."""
+    cell.dir.mkdir(parents=True, exist_ok=True)
+    (cell.dir / "results.json").unlink(missing_ok=True)  # a partial run from before
+    log_path = cell.dir / "cell.log"
+    peak, t0, reason = [0], time.perf_counter(), ""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks", "cell", cell_spec(cell)],
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+        def sample() -> None:
+            while proc.poll() is None:
+                peak[0] = max(peak[0], _tree_rss(proc.pid))
+                time.sleep(0.2)
+
+        threading.Thread(target=sample, daemon=True).start()
+        try:
+            if proc.wait(timeout=timeout) != 0:
+                reason = f"exit code {proc.returncode}"
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            reason = f"timed out after {timeout:.0f}s"
+    seconds = time.perf_counter() - t0
+    if not reason and not is_complete(cell):
+        reason = "no complete results.json"
+    if reason:
+        lines = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
+        errors = [ln for ln in lines if "rror" in ln] or lines or ["empty log"]
+        reason += f": {errors[-1].strip()[:300]} (log: {log_path})"
+    status = {"ok": not reason, "seconds": seconds, "reason": reason, "peak_rss": peak[0]}
+    (cell.dir / "cell.json").write_text(json.dumps(status, indent=2))
+    return not reason, seconds, reason
+
+
+def run_preset(
+    preset: Preset,
+    cells: list[Cell],
+    timeout: float | None = None,
+    rerun: bool = False,
+) -> list[str]:
+    """Run the cells not complete yet, printing progress; returns the failed labels."""
+    failed: list[str] = []
+    started, ran = time.perf_counter(), 0
+    for i, cell in enumerate(cells, 1):
+        head = f"[{i}/{len(cells)}] {cell.setting} / {cell.label} / seed {cell.seed}"
+        if not rerun and is_complete(cell):
+            print(f"{head}: complete, reused", flush=True)
+            continue
+        print(f"{head}: running ({cell.engine}, {cell.clients} clients) ...", flush=True)
+        ok, seconds, reason = run_cell(cell, timeout)
+        ran += 1
+        left = (time.perf_counter() - started) / ran * (len(cells) - i)
+        if ok:
+            best = (load_results(cell) or {}).get("best_accuracy_mean", 0.0)
+            print(f"{head}: ok in {seconds:.0f}s, best acc {best:.4f} (~{left:.0f}s left)")
+        else:
+            failed.append(f"{cell.setting} / {cell.label} / seed {cell.seed}")
+            print(f"{head}: FAILED in {seconds:.0f}s: {reason}", flush=True)
+    return failed

@@ -1,0 +1,227 @@
+"""Benchmarks as data: preset files, the grid, resume, the report, the engines."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks import presets, report, runner
+from benchmarks.__main__ import main
+from benchmarks.probes import fedfac_recovery
+
+
+def _preset(tmp_path: Path, text: str, name: str = "trial") -> presets.Preset:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text)
+    return presets.load(str(path))
+
+
+GRID = """
+description = "a grid"
+methods = ["fedavg", "local"]
+clients = 3
+rounds = 2
+[config]
+dataset = "synthetic"
+lr = 0.1
+[method-config.local]
+lr = 0.2
+[variants.small]
+sim-samples = 60
+[variants.alone]
+method = "fedper"
+lr = 0.3
+[settings.a]
+hidden-dim = 16
+[settings.b]
+clients = 4
+rounds = 3
+paper = { fedavg = "50.0" }
+"""
+
+
+def test_every_shipped_preset_is_a_valid_grid_of_run_configs(monkeypatch, tmp_path):
+    from run_config.schema import parse_run_config
+
+    # data placeholders stand for a file name here: nothing is decoded or written
+    monkeypatch.setattr(
+        presets, "resolve", lambda v: str(presets.CIFAR10_DEV) if v == "{dev}" else v
+    )
+    assert len(presets.names()) >= 20
+    for name in presets.names():
+        preset = presets.load(name)
+        assert preset.description, name
+        for cell in preset.cells(runs=tmp_path):
+            config = {k: v for k, v in cell.config.items() if not str(v).startswith("{")}
+            parse_run_config(config)  # every key known, every value valid
+
+
+def test_rows_settings_and_key_precedence(tmp_path):
+    preset = _preset(tmp_path, GRID)
+    labels = [label for label, _, _ in preset.rows()]
+    # each method with each variant, then a variant that names its own method, alone
+    assert labels == ["fedavg", "fedavg small", "local", "local small", "alone"]
+    cells = preset.cells(seeds=[0, 1], runs=tmp_path / "runs")
+    assert len(cells) == 2 * 2 * 5
+    by = {(c.setting, c.label, c.seed): c for c in cells}
+    assert by["a", "fedavg", 0].config["lr"] == 0.1  # [config]
+    assert by["a", "local", 0].config["lr"] == 0.2  # method-config over config
+    assert by["a", "alone", 0].config["lr"] == 0.3  # a variant over everything
+    assert by["a", "alone", 0].config["method"] == "fedper"
+    assert by["a", "local small", 1].config["sim-samples"] == 60
+    assert by["a", "fedavg", 0].config["hidden-dim"] == 16
+    b = by["b", "fedavg", 1]
+    assert (b.clients, b.rounds, b.config["num-server-rounds"]) == (4, 3, 3)
+    assert "paper" not in b.config and "clients" not in b.config  # reserved keys
+    assert preset.paper("b") == {"fedavg": "50.0"}
+    # distinct directories: no two cells share results
+    assert len({c.dir for c in cells}) == len(cells)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('methods = ["fedavgx"]', "unknown"),
+        ('methods = ["fedavg"]\nengine = "ray"', "engine"),
+        ('methods = ["fedavg"]\n[config]\ndataset = "{cifar}"', "placeholder"),
+    ],
+)
+def test_a_bad_preset_fails_naming_the_problem(tmp_path, text, message):
+    with pytest.raises(SystemExit, match=message):
+        _preset(tmp_path, text).cells(runs=tmp_path)
+
+
+def test_dev_subset_placeholder_makes_a_seeded_subset_once(tmp_path):
+    import pyarrow.parquet as pq
+
+    path = presets.subset_parquet(50, 0, tmp_path)
+    again = presets.subset_parquet(50, 0, tmp_path)
+    assert path == again and pq.read_table(path).num_rows == 50
+    assert presets.subset_parquet(0, 0, tmp_path) == str(presets.CIFAR10_DEV)
+
+
+def _fake(cell: presets.Cell, accs: list[float], up: int, seconds: list[float], **top) -> None:
+    rounds = [
+        {
+            "round": i + 1,
+            "accuracy_mean": a,
+            "accuracy_pooled": a - 0.01,
+            "bytes_up": up,
+            "bytes_down": 2 * up,
+            "seconds": s,
+            "failures": i,
+            "per_client_accuracy": {"client-0": a},
+        }
+        for i, (a, s) in enumerate(zip(accs, seconds))
+    ]
+    cell.dir.mkdir(parents=True, exist_ok=True)
+    res = {
+        "config": cell.config,
+        "rounds": rounds,
+        "best_accuracy_mean": max(accs),
+        "final_accuracy_mean": accs[-1],
+        "best_accuracy_pooled": max(accs) - 0.01,
+        "final_accuracy_pooled": accs[-1] - 0.01,
+        **top,
+    }
+    (cell.dir / "results.json").write_text(json.dumps(res))
+
+
+def test_complete_needs_every_round_and_the_same_config(tmp_path):
+    cell = _preset(tmp_path, GRID).cells(seeds=[0], runs=tmp_path)[0]
+    assert not runner.is_complete(cell)
+    _fake(cell, [0.5], 10, [1.0])  # 1 of 2 rounds
+    assert not runner.is_complete(cell)
+    _fake(cell, [0.5, 0.6], 10, [1.0, 2.0])
+    assert runner.is_complete(cell)
+    changed = presets.Cell(**{**cell.__dict__, "config": {**cell.config, "lr": 0.123}})
+    assert not runner.is_complete(changed)  # a changed preset reruns the cell
+
+
+def test_summary_statistics_and_extras(tmp_path):
+    preset = _preset(tmp_path, GRID)
+    c0, c1 = [c for c in preset.cells(seeds=[0, 1], runs=tmp_path) if c.label == "fedavg"][:2]
+    _fake(c0, [0.5, 0.7], 300, [9.0, 2.0], probe={"index_recovery": 0.25})
+    _fake(c1, [0.6, 0.9], 300, [9.0, 4.0], probe={"index_recovery": 0.75})
+    row = report.summarise([c0, c1])
+    assert row["n"] == 2
+    assert np.mean(row["final"]) == pytest.approx(0.8)
+    assert report._pct(row["final"]) == "80.0 ± 14.1"  # sample std of 0.7, 0.9
+    assert row["mb"] == pytest.approx(900 / 1e6 / 3)  # a round's up + down, per client
+    assert row["s_round"] == pytest.approx(3.0)  # the rounds after the first
+    res = json.loads((c0.dir / "results.json").read_text())
+    assert report.extra_value(res, "index_recovery") == 0.25  # the probe
+    assert report.extra_value(res, "failures:sum") == 1.0  # per-round, aggregated
+    assert report.extra_value(res, "failures") == 1.0  # final round by default
+    assert report.extra_value(res, "absent") is None
+    # a row with no complete run says why
+    missing = [c for c in preset.cells(seeds=[0], runs=tmp_path) if c.label == "local"]
+    assert report.summarise(missing) == {"n": 0, "reason": "not run"}
+
+
+def test_the_recovery_probe_compares_the_final_split_with_the_teacher():
+    from pfl_data import simulation_study
+    from run_config.schema import parse_run_config
+
+    config = {"dataset": "synthetic", "method": "fedfac-static", "sim-samples": 40}
+    truth = simulation_study(parse_run_config(config), 3).shared_neurons
+    res = {"config": config, "rounds": [{"fa_shared_mask": {"features.1": truth.tolist()}}]}
+    assert fedfac_recovery(res, 3) == {"index_recovery": 1.0}
+    res["rounds"][-1]["fa_shared_mask"] = {"features.1": (~truth).tolist()}
+    assert fedfac_recovery(res, 3) == {"index_recovery": 0.0}
+
+
+@pytest.mark.slow
+def test_a_preset_runs_reports_resumes_and_isolates_a_crash(tmp_path, capsys):
+    out = tmp_path / "docs"
+    text = f"""
+description = "tiny"
+methods = ["fedavg", "local"]
+clients = 3
+rounds = 2
+[config]
+dataset = "synthetic"
+sim-samples = 60
+hidden-dim = 16
+[variants.plain]
+method = "local"
+engine = "plain"
+[report]
+out = "{out}"
+per-client = true
+ratio-to = "plain"
+"""
+    path = tmp_path / "tiny.toml"
+    path.write_text(text)
+    runs = tmp_path / "runs"
+    args = ["run", str(path), "--runs", str(runs)]
+    assert main(args) == 0
+    preset = presets.load(str(path))
+    cells = preset.cells(runs=runs)
+    results = {c.label: json.loads((c.dir / "results.json").read_text()) for c in cells}
+    assert {len(r["rounds"]) for r in results.values()} == {2}
+    assert results["fedavg"]["total_bytes_up"] > 0 and results["local"]["total_bytes_up"] == 0
+    assert len(results["plain"]["rounds"][-1]["per_client_accuracy"]) == 3  # the plain loop
+    assert json.loads((cells[0].dir / "cell.json").read_text())["peak_rss"] > 10e6
+    md = (out / "tiny.md").read_text()
+    assert f"python -m benchmarks run {path}" in md
+    assert "| `fedavg` | 1 |" in md and "| `plain` | 1 |" in md and "x plain" in md
+    assert (out / "tiny-default.png").stat().st_size > 10_000
+    mtimes = {c.label: os.stat(c.dir / "results.json").st_mtime_ns for c in cells}
+
+    # rerun: nothing runs again, the results are untouched
+    capsys.readouterr()
+    assert main(args) == 0
+    assert capsys.readouterr().out.count("complete, reused") == 3
+    assert {c.label: os.stat(c.dir / "results.json").st_mtime_ns for c in cells} == mtimes
+
+    # a crashing cell (an invalid config) fails alone, the exit code says so
+    path.write_text(text + '[variants.broken]\nmethod = "fedavg"\nalpha = -1.0\n')
+    assert main(args) == 1
+    md = (out / "tiny.md").read_text()
+    assert "| `broken` | 0 | failed: exit code" in md and "alpha" in md
+    assert {c.label: os.stat(c.dir / "results.json").st_mtime_ns for c in cells} == mtimes
