@@ -17,7 +17,7 @@ import numpy as np
 from flwr.common import NDArrays, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 from torch import nn
 
-from models.factorized_fl import IDX, Wire
+from models.factorized_fl import Wire
 from models.roles import TensorSpec
 from run_config.schema import RunConfig
 from run_results import RunRecorder
@@ -104,11 +104,13 @@ class FactorizedFLStrategy(PFLStrategy):
         cfg = self.cfg
         new: dict[str, Parameters] = {}
         kept_counts = []
+        mixture = np.zeros((len(replies), len(replies)))  # row k: whom client k learns from
         for k, reply in enumerate(replies):
             keep, w = matching_weights(
                 sim[k], k, cfg.ffl_sim_threshold, cfg.ffl_min_aggr, cfg.ffl_epsilon
             )
             kept_counts.append(len(keep))
+            mixture[k, keep] = w
             mine = weighted_mean([dense[i] for i in keep], list(w))
             new[reply.client_key] = ndarrays_to_parameters(self.wire.encode(mine))
         self.payloads.update(new)  # only after every aggregate of the round is built
@@ -120,12 +122,10 @@ class FactorizedFLStrategy(PFLStrategy):
             "ffl_kept_mean": float(np.mean(kept_counts)),
             "ffl_similarity_mean": float(off_diag.mean()) if off_diag.size else 1.0,
             "ffl_similarity": {"clients": keys, "matrix": np.round(sim, 4).tolist()},
+            "ffl_mixture": {"clients": keys, "matrix": np.round(mixture, 4).tolist()},
         }
-        if self.wire.sparse:  # beta: the fraction of mu entries actually sent
-            total = sum(int(np.prod(self.wire.shapes[n])) for n in self.wire.sparse)
-            sent = [
-                sum(a.size for s, a in zip(self.spec, r.arrays) if s.name.endswith(IDX))
-                for r in replies
-            ]
-            extra["ffl_mu_density"] = float(np.mean(sent) / total)
+        if self.wire.sparse:  # beta: the share of mu entries kept (|mu| >= threshold)
+            mus = [a for d in dense for n, a in zip(self.wire.shared, d) if n in self.wire.sparse]
+            kept = sum(int(np.count_nonzero(a)) for a in mus)
+            extra["ffl_mu_density"] = kept / max(1, sum(a.size for a in mus))
         self.rounds.setdefault(server_round, RoundLog()).extra.update(extra)

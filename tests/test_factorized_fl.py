@@ -12,14 +12,17 @@ from client_app.base import PFLClient
 from client_app.state import ContextStore
 from methods import get_method
 from models.factorized_fl import (
+    DENSE,
+    INDEX,
+    MASK,
     MU,
     U,
     V,
+    decode_sparse,
+    encode_sparse,
     factorized_layers,
-    from_sparse,
     matching_layer,
     mu_l1,
-    to_sparse,
 )
 from models.roles import get_arrays, wire_spec
 from pfl_data import ClientData, DataInfo, data_info, load_client_data
@@ -123,14 +126,15 @@ def test_pruning_drops_small_mu_at_eval_and_on_the_wire() -> None:
     torch.testing.assert_close(layer.weight, (p.original0 @ p.original1 + kept).t())
     client.model.train()
     torch.testing.assert_close(layer.weight, (p.original0 @ p.original1 + mu).t())
-    idx, val = to_sparse(mu.numpy(), 0.1)
-    assert idx.tolist() == [2, 3] and val.tolist() == pytest.approx([0.2, -0.5])
-    np.testing.assert_array_equal(from_sparse(idx, val, tuple(mu.shape)), kept.numpy())
-    # beta's upload carries exactly the kept entries of every mu, as int32 + float32
+    layout, val = encode_sparse(mu.numpy(), 0.1)
+    assert layout[0] == INDEX and layout[1:].view("<i4").tolist() == [2, 3]  # 2 of many
+    assert val.tolist() == pytest.approx([0.2, -0.5])
+    np.testing.assert_array_equal(decode_sparse(layout, val, tuple(mu.shape)), kept.numpy())
+    # beta's upload carries exactly the kept entries of every mu
     wire = client.wire
     sent = dict(zip([s.name for s in wire.up_spec()], client.upload({}), strict=True))
     name = "features.1" + MU
-    assert sent[name + "#idx"].dtype == np.int32 and sent[name + "#idx"].tolist() == [2, 3]
+    assert sent[name + "#layout"].dtype == np.uint8 and sent[name + "#val"].size == 2
     assert name not in sent
 
 
@@ -216,13 +220,35 @@ def test_beta_reply_roundtrip_and_bad_sparse_rejected() -> None:
         match, dict(zip(strat.wire.shared, dense))[strat.wire.match].reshape(-1)
     )
     names = [s.name for s in strat.wire.up_spec()]
-    j = names.index("features.1" + MU + "#idx")
-    bad = list(params)
-    bad[j] = bad[j].copy()
-    bad[j][0] = 10**6
-    assert "outside" in strat.check_reply("client-0", bad, n)
-    bad[j] = np.concatenate([params[j][:1], params[j][:1], params[j][2:]])
-    assert "repeated" in strat.check_reply("client-0", bad, n)
+    j = names.index("features.1" + MU + "#layout")
+    size = int(np.prod(strat.wire.shapes["features.1" + MU]))
+    broken = {
+        "outside": (np.array([INDEX, *np.array([size], "<i4").view(np.uint8)], np.uint8), [1.0]),
+        "repeated": (np.concatenate([[INDEX], np.array([3, 3], "<i4").view(np.uint8)]), [1, 2]),
+        "bitmask": (np.array([MASK, 255], np.uint8), [1.0] * 8),  # too short for the tensor
+        "unknown layout": (np.array([7], np.uint8), []),
+        "dense layout": (np.array([DENSE], np.uint8), [1.0]),
+    }
+    for problem, (layout, values) in broken.items():
+        bad = list(params)
+        bad[j], bad[j + 1] = layout.astype(np.uint8), np.asarray(values, np.float32)
+        assert problem in strat.check_reply("client-0", bad, n), problem
+
+
+@pytest.mark.parametrize("density", [0.0, 0.01, 0.2, 0.6, 1.0])
+def test_sparse_mu_takes_the_cheapest_layout_and_roundtrips(density: float) -> None:
+    rng = np.random.default_rng(0)
+    mu = rng.standard_normal((9, 4096)).astype(np.float32)
+    mu[rng.random(mu.shape) >= density] = 0.0
+    layout, values = encode_sparse(mu, 1e-12)
+    np.testing.assert_array_equal(decode_sparse(layout, values, mu.shape), mu)
+    n, k = mu.size, int(np.count_nonzero(mu))
+    costs = {DENSE: 4 * n, INDEX: 8 * k, MASK: -(-n // 8) + 4 * k}
+    assert layout[0] == min(costs, key=costs.get)
+    sent = layout.nbytes + values.nbytes
+    assert sent <= min(costs.values()) + 1  # + the layout byte
+    if density >= 0.6:  # indices alone would cost more than the dense tensor here
+        assert sent <= 4 * n + 1 < 8 * k
 
 
 # ---- similarity matching and per-client aggregation ------------------------------------------
@@ -264,16 +290,20 @@ def test_each_client_gets_its_own_aggregate_from_the_round_inputs() -> None:
         _reply(strat, "c2", 10.0, b),
     ]
     strat.aggregate(1, replies)
-    got = {
-        k: parameters_to_ndarrays(strat.payload_for(k, 2))[0].flat[0] for k in ("c0", "c1", "c2")
-    }
     s01 = cosine_matrix(np.stack([a, a + 0.1 * b]))[0, 1]
-    w = np.exp([1.0, s01]) / np.exp([1.0, s01]).sum()
-    assert got["c0"] == pytest.approx(w[1] * 2.0, rel=1e-5)  # c2 (s = 0) is not kept
-    assert got["c2"] == pytest.approx(10.0)  # only itself passes tau
-    assert len({round(float(x), 4) for x in got.values()}) == 3  # three different payloads
+    w = np.exp([1.0, s01]) / np.exp([1.0, s01]).sum()  # softmax(epsilon * s), self first
+    # c2 (s = 0.1 with c1, 0 with c0) keeps only itself; c0 and c1 keep each other.
+    # Every aggregate comes from the round's inputs: the reference's in-place
+    # overwrite would give c1 a mix of c0's *new* aggregate instead of its 0.0.
+    expected = {"c0": w[1] * 2.0, "c1": w[0] * 2.0, "c2": 10.0}
+    for key, value in expected.items():
+        for arr in parameters_to_ndarrays(strat.payload_for(key, 2)):
+            np.testing.assert_allclose(arr, value, rtol=1e-5, err_msg=key)
     extra = strat.rounds[1].extra
     assert np.allclose(np.diag(extra["ffl_similarity"]["matrix"]), 1.0)
+    # whom each client learns from: row k holds k's mixture weights (results.json)
+    mixture = np.array(extra["ffl_mixture"]["matrix"])
+    np.testing.assert_allclose(mixture, [[w[0], w[1], 0], [w[1], w[0], 0], [0, 0, 1]], atol=1e-4)
     # round 2: only c0 reports; c1 and c2 keep their aggregates, a new client gets the global
     c1_before = parameters_to_ndarrays(strat.payload_for("c1", 3))[0].copy()
     strat.aggregate(2, [_reply(strat, "c0", 5.0, a)])
