@@ -114,7 +114,14 @@ class ResNet18(Backbone):
         if weights_path == "imagenet":
             _load_imagenet(net)
         elif weights_path:
-            net.load_state_dict(torch.load(weights_path, map_location="cpu", weights_only=True))
+            try:
+                net.load_state_dict(torch.load(weights_path, map_location="cpu", weights_only=True))
+            except (RuntimeError, OSError, ValueError) as err:
+                raise ValueError(
+                    f"config key 'pretrained-weights': {weights_path} is not a ResNet-18 "
+                    f"state_dict ({type(err).__name__}: {str(err).splitlines()[0]})"
+                ) from err
+            log.info("resnet18: loaded pretrained weights from %s", weights_path)
         if in_channels != 3:
             net.conv1 = nn.Conv2d(in_channels, 64, 7, stride=2, padding=3, bias=False)
         dim = net.fc.in_features

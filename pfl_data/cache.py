@@ -50,6 +50,7 @@ SHAPING_KEYS = (
     "sim-shared-neurons",
     "sim-shared-covariates",
     "sim-noise",
+    "pretrained-weights",  # ImageNet normalisation
 )
 
 

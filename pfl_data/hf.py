@@ -39,6 +39,8 @@ SPLIT_COLUMN = "split"
 ROW_COLUMN = "__row__"
 DOMAIN_SHIFTS = ("identity", "grayscale", "rotate90", "colour-shift", "blur", "invert")
 _STATS_ROWS = 2048  # rows used to compute per-channel normalisation statistics
+IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)  # torchvision's weights
+IMAGENET_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
 
 
 # ----------------------------------------------------------------------------- sources
@@ -84,9 +86,14 @@ class _Source:
                 self._done[todo] = True
             return self._cache[idx].astype(np.float32) / 255.0
 
-    def normalise(self, x: np.ndarray) -> np.ndarray:
+    def normalise(self, x: np.ndarray, imagenet: bool = False) -> np.ndarray:
+        """Per-channel standardisation: the data set's own statistics, or ImageNet's
+        (what torchvision's pretrained weights were trained on) for 3-channel images."""
         shape = (1, -1, 1, 1) if self.is_image else (1, -1)
-        return ((x - self.mean.reshape(shape)) / self.std.reshape(shape)).astype(np.float32)
+        mean, std = self.mean, self.std
+        if imagenet and self.is_image and self.input_shape[0] == 3:
+            mean, std = IMAGENET_MEAN, IMAGENET_STD
+        return ((x - mean.reshape(shape)) / std.reshape(shape)).astype(np.float32)
 
 
 def _decode(cell: Any, mode: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -570,10 +577,11 @@ def load_client_arrays(
     if cfg.permute_labels:
         perm = label_permutation(src.num_classes, cfg.seed, partition_id)
         y_tr, y_te = perm[y_tr], perm[y_te]
+    imagenet = bool(cfg.pretrained_weights)  # pretrained weights expect ImageNet's statistics
     return (
-        src.normalise(x_tr),
+        src.normalise(x_tr, imagenet),
         y_tr.astype(np.int64),
-        src.normalise(x_te),
+        src.normalise(x_te, imagenet),
         y_te.astype(np.int64),
     )
 
