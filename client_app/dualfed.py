@@ -113,18 +113,32 @@ class DualFedClient(PFLClient):
         main_loss = self.stage1(generator)  # each train_epochs call makes a fresh optimizer
         return {"train-loss": main_loss, "global-head-loss": self.stage2(generator)}
 
+    def combined(self, z: torch.Tensor) -> torch.Tensor:
+        """The prediction h_p(u) + h_s(z): the logits summed, or (``dual-combine=
+        probabilities``) the two heads' softmax outputs, returned as log((p_p + p_s) / 2)
+        so that cross-entropy and argmax apply unchanged."""
+        m = self.model
+        personal, glob = m.personal_logits(z), m.head(z)
+        if self.cfg.dual_combine == "logits":
+            return personal + glob
+        return torch.log((F.softmax(personal, dim=1) + F.softmax(glob, dim=1)) / 2)
+
     def score(self) -> tuple[float, dict[str, Scalar]]:
-        """Combined (h_p + h_s), global-only (h_s) and personal-only (h_p) accuracy."""
+        """The combined accuracy, each head's alone, and the heads' logit scales (the
+        mean L2 norm of their logit vectors: which head dominates a logit sum)."""
         m = self.model
         m.eval()
         z = encode(m, self.x_test)
-        loss, acc = evaluate(
-            m, z, self.y_test, predict=lambda zb: m.personal_logits(zb) + m.head(zb)
-        )
+        loss, acc = evaluate(m, z, self.y_test, predict=self.combined)
         _, acc_global = evaluate(m, z, self.y_test, predict=m.head)
         _, acc_personal = evaluate(m, z, self.y_test, predict=m.personal_logits)
+        with torch.no_grad():
+            norm_global = float(m.head(z).norm(dim=1).mean()) if len(z) else 0.0
+            norm_personal = float(m.personal_logits(z).norm(dim=1).mean()) if len(z) else 0.0
         return loss, {
             "accuracy": acc,
             "accuracy-global": acc_global,
             "accuracy-personal": acc_personal,
+            "logit-norm-global": norm_global,
+            "logit-norm-personal": norm_personal,
         }
