@@ -103,6 +103,7 @@ AUTO_KEYS = (
     "ffl-epsilon",
     "ffl-min-aggr",
     "eval-in-fit",
+    "supcon-lambda",
 )
 
 # The method-specific auto keys, and the methods that read them.
@@ -113,6 +114,7 @@ USED_BY = {
     "ffl-sim-threshold": _FFL,
     "ffl-epsilon": _FFL,
     "ffl-min-aggr": _FFL,
+    "supcon-lambda": ("dualfed",),
 }
 
 
@@ -178,6 +180,11 @@ def resolve_auto(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         if pending(key):
             out[key] = per_domain if domain else single
             resolved.append(key)
+    if pending("supcon-lambda"):
+        # DualFed: the reference's 40 is for an ImageNet-pretrained encoder; from random
+        # init it swamps the personal branch's CE (docs/dualfed.md: 53% -> 76%)
+        out["supcon-lambda"] = 40.0 if out.get("pretrained-weights") else 1.0
+        resolved.append("supcon-lambda")
     if pending("eval-in-fit"):
         # FedFac's new clients are scored in evaluate messages (LocalTrain, Ensemble)
         held_out = bool(out.get("new-clients")) or bool(str(out.get("new-client-sites", "")))

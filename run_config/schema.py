@@ -166,10 +166,10 @@ class RunConfig(BaseModel):
     cp_noisy_eval: bool = _field(False, alias="cp-noisy-eval")
 
     # DualFed (paper: tau = 0.2; lambda = 40 as the reference's PACS run with tau = 0.2)
-    supcon_lambda: float = _field(40.0, alias="supcon-lambda", ge=0)
+    supcon_lambda: float = _field(1.0, alias="supcon-lambda", ge=0)
     supcon_temperature: float = _field(0.2, alias="supcon-temperature", gt=0)
     dual_schedule: Literal["stagewise", "simultaneous"] = _field("stagewise", alias="dual-schedule")
-    dual_combine: Literal["logits", "probabilities"] = _field("logits", alias="dual-combine")
+    dual_combine: Literal["logits", "probabilities"] = _field("probabilities", alias="dual-combine")
     projector_hidden: int = _field(256, alias="projector-hidden", ge=1)
 
     # FedDecomp (paper defaults: CIFAR-10's best R_c = R_l = 0.6, E_lora = 2)
