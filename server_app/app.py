@@ -19,6 +19,7 @@ from run_config.schema import (
     parse_run_config,
 )
 from run_results import RunRecorder
+from server_app.grid import PollingGrid
 
 log = logging.getLogger("flwr.pflower")
 
@@ -66,6 +67,7 @@ def make_server_app(overrides: dict[str, Any] | None = None) -> ServerApp:
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
+        grid = PollingGrid(grid)  # replies noticed within 1 s, not 3 s
         components = build_server(context, overrides)
         cfg = components.strategy.cfg  # the run config build_server validated
         if not cfg.secure_aggregation:

@@ -81,3 +81,41 @@ def test_a_message_logs_its_phases_and_the_server_records_its_own(tmp_path, capl
         server = record["server_seconds"]
         assert list(server) == ["configure", "waiting for clients", "aggregate"]
         assert sum(server.values()) <= record["seconds"] + 1e-6
+
+
+class _FakeGrid:
+    """Replies to each message after ``delay`` pulls."""
+
+    def __init__(self, delay: int) -> None:
+        self.delay, self.pulls, self.pushed = delay, 0, []
+
+    def push_messages(self, messages):
+        self.pushed = [f"m{i}" for i, _ in enumerate(messages)]
+        return list(self.pushed)
+
+    def pull_messages(self, ids):
+        from types import SimpleNamespace
+
+        self.pulls += 1
+        if self.pulls <= self.delay:
+            return []
+        return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i)) for i in ids]
+
+    def get_node_ids(self):
+        return [1, 2]
+
+
+def test_the_server_grid_polls_replies_with_a_short_backoff(monkeypatch):
+    from server_app import grid as polling
+
+    slept = []
+    monkeypatch.setattr(polling.time, "sleep", slept.append)
+    fake = _FakeGrid(delay=12)
+    grid = polling.PollingGrid(fake)
+    replies = list(grid.send_and_receive(["a", "b"]))
+    assert sorted(r.metadata.reply_to_message_id for r in replies) == ["m0", "m1"]
+    assert fake.pulls == 13 and len(slept) == 12
+    assert slept[0] == polling.FIRST_WAIT and max(slept) == polling.LONGEST_WAIT
+    assert all(b >= a for a, b in zip(slept, slept[1:]))  # backs off, never past 1 s
+    assert sum(slept) < 12 * 3  # Flower's HttpGrid would sleep 3 s after every empty pull
+    assert list(grid.get_node_ids()) == [1, 2]  # everything else is the wrapped grid's
