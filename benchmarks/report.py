@@ -156,7 +156,7 @@ def plot(preset: Preset, setting: str, rows: dict[str, dict[str, Any]], path: Pa
     fig, axes = plt.subplots(1, panels, figsize=(4.6 * panels, 3.8), squeeze=False)
     axes = axes[0]
     for i, (label, row) in enumerate(done.items()):
-        color = f"C{i % 10}"
+        color = plt.cm.tab20(i % 20) if len(done) > 10 else f"C{i}"  # distinct colours
         x = np.arange(1, len(row["curve"]) + 1)
         axes[0].plot(x, 100 * row["curve"], marker="o", ms=3, color=color, label=label)
         low, high = row["curve"] - row["curve_std"], row["curve"] + row["curve_std"]

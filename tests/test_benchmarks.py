@@ -225,3 +225,53 @@ ratio-to = "plain"
     md = (out / "tiny.md").read_text()
     assert "| `broken` | 0 | failed: exit code" in md and "alpha" in md
     assert {c.label: os.stat(c.dir / "results.json").st_mtime_ns for c in cells} == mtimes
+
+
+def test_the_report_draws_heatmaps_and_tabulates_phases(tmp_path):
+    preset = _preset(
+        tmp_path,
+        GRID + f'[report]\nout = "{tmp_path / "docs"}"\nheatmap = "ffl_mixture"\n',
+    )
+    cells = [c for c in preset.cells(seeds=[0], runs=tmp_path / "runs") if c.setting == "a"]
+    for c in cells:
+        _fake(c, [0.5, 0.6], 10, [1.0, 2.0])
+        res = json.loads((c.dir / "results.json").read_text())
+        for r in res["rounds"]:
+            r["server_seconds"] = {"configure": 0.1, "waiting for clients": 2.0, "aggregate": 0.2}
+            r["ffl_mixture"] = {"clients": ["a", "b"], "matrix": [[0.7, 0.3], [0.4, 0.6]]}
+        if c.label == "fedavg":
+            res["client_phases"] = {"queued": 1.5, "app imports": 2.5, "train": 0.5}
+        (c.dir / "results.json").write_text(json.dumps(res))
+    rows = {c.label: report.summarise([c]) for c in cells}
+    lines = report.phases_table(rows)
+    assert any(ln.startswith("| client: queued | 1.5 |") for ln in lines)
+    assert any(ln.startswith("| server: waiting for clients | 2 |") for ln in lines)
+    path = tmp_path / "plot.png"
+    report.plot(preset, "a", rows, path)
+    assert path.stat().st_size > 10_000
+    # no client phases anywhere (a simulation): no phase table
+    for row in rows.values():
+        row["results"][0].pop("client_phases", None)
+    assert report.phases_table(rows) == []
+
+
+@pytest.mark.slow
+def test_a_deployment_cell_counts_wire_bytes_and_logs_each_message(tmp_path):
+    text = """
+description = "one deployed round"
+methods = ["fedper"]
+engine = "deployment"
+clients = 2
+rounds = 1
+[config]
+dataset = "synthetic"
+sim-samples = 40
+"""
+    cell = _preset(tmp_path, text).cells(runs=tmp_path / "runs")[0]
+    runner.run_cell(cell, timeout=600)
+    res = json.loads((cell.dir / "results.json").read_text())
+    assert res["run_status"] == "finished:completed" and len(res["rounds"]) == 1
+    assert res["wire_bytes_up"] > res["rounds"][0]["bytes_up"] > 0  # gRPC frames around it
+    phases = res["client_phases"]
+    assert phases["messages"] == 4  # a fit and the closing evaluate per client
+    assert {"queued", "python+flwr", "app imports", "train"} <= set(phases)
