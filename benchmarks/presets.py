@@ -145,6 +145,9 @@ def load(name: str) -> Preset:
     variants.update(raw.get("variants", {}))
     settings = raw.get("settings") or {"default": {}}
     for sname, keys in [*settings.items(), *variants.items()]:
+        tables = [k for k, v in keys.items() if isinstance(v, dict) and k != "paper"]
+        if tables:  # [settings.a.5] is a table "5" inside "a": the name needs quotes
+            raise SystemExit(f"{path.name} [{sname}]: {tables} are tables; quote names with dots")
         engine = {**config, **keys}.get("engine", "inprocess")
         if engine not in ENGINES:
             raise SystemExit(f"{path.name} [{sname}]: engine {engine!r} not in {ENGINES}")
