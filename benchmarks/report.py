@@ -67,6 +67,7 @@ def summarise(cells: list[Cell]) -> dict[str, Any]:
         # steady state: the median round after the first (start-up costs land in round 1)
         "s_round": float(np.mean([np.median(s[1:] if len(s) > 1 else s) for s in secs])),
         "peak_mb": float(np.mean(peaks)) if peaks else float("nan"),
+        "x": [x.get("round", i + 1) for i, x in enumerate(results[0]["rounds"][:n_rounds])],
         "curve": curves.mean(axis=0),
         "curve_std": curves.std(axis=0),
         "cum_mb": np.cumsum(np.mean([t[:n_rounds] for t in traffic], axis=0)) / 1e6,
@@ -157,7 +158,7 @@ def plot(preset: Preset, setting: str, rows: dict[str, dict[str, Any]], path: Pa
     axes = axes[0]
     for i, (label, row) in enumerate(done.items()):
         color = plt.cm.tab20(i % 20) if len(done) > 10 else f"C{i}"  # distinct colours
-        x = np.arange(1, len(row["curve"]) + 1)
+        x = np.asarray(row["x"])  # the recorded rounds (a round may have no record)
         axes[0].plot(x, 100 * row["curve"], marker="o", ms=3, color=color, label=label)
         low, high = row["curve"] - row["curve_std"], row["curve"] + row["curve_std"]
         axes[0].fill_between(x, 100 * low, 100 * high, color=color, alpha=0.15)
@@ -224,7 +225,8 @@ def write(preset: Preset, cells: list[Cell], commands: list[str]) -> Path:
         keys = {**preset.config, **preset.settings[setting]}
         shown = ", ".join(f"{k}={_shown(v)}" for k, v in keys.items() if k not in RESERVED)
         lines += [f"## {setting}", ""]
-        lines += [f"{first.engine}, {first.clients} clients, {first.rounds} rounds; {shown}", ""]
+        engines = ", ".join(dict.fromkeys(c.engine for c in mine))
+        lines += [f"{engines}; {first.clients} clients, {first.rounds} rounds; {shown}", ""]
         lines += table(preset, setting, rows)
         lines += phases_table(rows)
         image = out / f"{preset.name}-{setting}.png"

@@ -35,9 +35,11 @@ def load_results(cell: Cell) -> dict[str, Any] | None:
 
 
 def is_complete(cell: Cell) -> bool:
-    """results.json holds every round, for exactly this cell's config."""
+    """results.json reached the last round, for exactly this cell's config. (A round
+    none of whose clients could evaluate has no record: DP noise can do that.)"""
     res = load_results(cell)
-    if res is None or len(res.get("rounds", [])) < cell.rounds:
+    rounds = (res or {}).get("rounds", [])
+    if not rounds or max(len(rounds), rounds[-1].get("round", 0)) < cell.rounds:
         return False
     stored = res.get("config", {})  # where the runs live is not part of the experiment
     return all(stored.get(k) == v for k, v in cell.config.items() if k != "output-dir")
