@@ -118,7 +118,7 @@ def make_client_app(overrides: dict[str, Any] | None = None) -> ClientApp:
     def phases_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
         timing.begin(msg.metadata.created_at)
         reply = call_next(msg, context)
-        if context.run_config.get("log-phases", (overrides or {}).get("log-phases", False)):
+        if {**context.run_config, **(overrides or {})}.get("log-phases", False):
             timing.mark("reply")
             log.info(timing.line())
         return reply

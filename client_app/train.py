@@ -92,8 +92,9 @@ def only_trainable(model: nn.Module, params: Iterable[nn.Parameter]) -> Iterator
 # torch._compile._disable_dynamo (imports on first call) and step() by a graph-break wrapper
 # (imports on every call). That is 2-5 s in every new process, and a deployed ClientApp is
 # a new process per message. Nothing here is compiled, so the two optimizers below skip the
-# wrappers and do exactly what they do outside compilation (tests/test_foundation.py checks
-# the updates are bit-identical and that a fresh process never imports torch._dynamo).
+# wrappers and do exactly what they do outside compilation (the tests check
+# the updates are bit-identical and that a fresh process never imports torch._dynamo:
+# tests/test_client_start.py).
 
 
 def _mark_dynamo_disabled(cls: type) -> None:
@@ -111,20 +112,20 @@ def _undecorated(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-class SGD(torch.optim.SGD):
-    _raw_step = staticmethod(_undecorated(torch.optim.SGD.step))
+def _without_graph_break(base: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
+    """``base`` whose step() runs the undecorated update under the grad mode torch's
+    wrapper would set (no_grad unless ``differentiable``), without its dynamo import."""
+    raw_step = _undecorated(base.step)
 
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+    def step(self: torch.optim.Optimizer, closure: Callable[[], float] | None = None) -> Any:
         with torch.set_grad_enabled(self.defaults["differentiable"]):
-            return self._raw_step(self, closure)
+            return raw_step(self, closure)
+
+    return type(base.__name__, (base,), {"step": step, "__module__": __name__})
 
 
-class Adam(torch.optim.Adam):
-    _raw_step = staticmethod(_undecorated(torch.optim.Adam.step))
-
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        with torch.set_grad_enabled(self.defaults["differentiable"]):
-            return self._raw_step(self, closure)
+SGD = _without_graph_break(torch.optim.SGD)
+Adam = _without_graph_break(torch.optim.Adam)
 
 
 for _cls in (torch.optim.Optimizer, torch.optim.SGD, torch.optim.Adam):
