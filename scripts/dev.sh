@@ -16,9 +16,9 @@ setup() {
     # find_spec, not import: importing torch alone takes seconds, and `check` must not
     if ! "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None \
             for m in ('flwr', 'torch', 'torchvision', 'pfl_data', 'pflower_cli')))" 2>/dev/null \
-        || [ pyproject.toml -nt "$VENV/.installed" ]; then
+        || [ pyproject.toml -nt "$VENV/.installed" ] || [ constraints.txt -nt "$VENV/.installed" ]; then
         "$VENV/bin/pip" install -q --upgrade pip
-        "$VENV/bin/pip" install -q -e ".[dev]"
+        "$VENV/bin/pip" install -q -e ".[dev]" -c constraints.txt  # the tested versions
         touch "$VENV/.installed"
     fi
 }
