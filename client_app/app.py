@@ -33,9 +33,9 @@ log = logging.getLogger("flwr.pflower")
 
 
 @lru_cache(maxsize=4)
-def _template(cfg: RunConfig, data_path: str) -> nn.Module:
+def _template(cfg: RunConfig, data_path: str, state_dir: str) -> nn.Module:
     """The initial model, built once per process and copied per client."""
-    return get_method(cfg.method).build_model(cfg, data_info(cfg, data_path))
+    return get_method(cfg.method).build_model(cfg, data_info(cfg, data_path, state_dir))
 
 
 def pick_device(requested: str = "") -> torch.device:
@@ -62,9 +62,9 @@ def build_client(context: Context, overrides: dict[str, Any] | None = None) -> C
     if device.type == "cpu" and torch.get_num_threads() > 1 and "num-partitions" in node:
         torch.set_num_threads(1)  # simulated clients share the machine's cores
     method = get_method(cfg.method)
-    model = copy.deepcopy(_template(cfg, data_path))
-    timing.mark("model")
     state_dir = str(node.get("state-dir", ""))
+    model = copy.deepcopy(_template(cfg, data_path, state_dir))
+    timing.mark("model")
     # a deployed ClientApp is a fresh process per message: keep decoded data on site
     data = load_client_data(cfg, partition_id, num_partitions, data_path, state_dir)
     timing.mark("data")

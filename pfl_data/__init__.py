@@ -52,14 +52,26 @@ def simulation_study(cfg: RunConfig, num_partitions: int):  # noqa: ANN201 (Simu
     )
 
 
-def data_info(cfg: RunConfig, data_path: str = "") -> DataInfo:
-    """Input shape and number of classes of the configured data set."""
+def data_info(cfg: RunConfig, data_path: str = "", cache_dir: str = "") -> DataInfo:
+    """Input shape and number of classes of the configured data set. With a
+    ``cache_dir`` (a site's state directory) they are kept there: finding them
+    decodes the data set, which a deployed ClientApp would do every message."""
     first_client_path = cfg.client_data_paths.split(",")[0].strip()
     if cfg.dataset == "synthetic" and not data_path and not first_client_path:
         return DataInfo((cfg.sim_dim,), 2)
     from pfl_data.hf import hf_data_info
 
-    return hf_data_info(data_path or first_client_path or cfg.dataset)
+    source = data_path or first_client_path or cfg.dataset
+    if not cache_dir:
+        return hf_data_info(source)
+    from pfl_data.cache import cached_info, info_key
+
+    def build() -> tuple[tuple[int, ...], int]:
+        info = hf_data_info(source)
+        return info.input_shape, info.num_classes
+
+    shape, classes = cached_info(Path(cache_dir) / "data-cache", info_key(cfg, data_path), build)
+    return DataInfo(shape, classes)
 
 
 def split_train_test(

@@ -79,6 +79,43 @@ def cache_key(cfg: RunConfig, partition_id: int, num_partitions: int, data_path:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
 
 
+def info_key(cfg: RunConfig, data_path: str) -> str:
+    """What decides a data set's input shape and class count: the data and its transform."""
+    paths = [data_path] if data_path else [cfg.dataset]
+    paths += [p.strip() for p in cfg.client_data_paths.split(",") if p.strip()]
+    payload = {
+        "config": [cfg.dataset, cfg.client_data_paths, cfg.pretrained_weights],
+        "data": {p: fingerprint(p) for p in paths},
+    }
+    return "info-" + hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def cached_info(
+    cache_root: Path, key: str, build: Callable[[], tuple[tuple[int, ...], int]]
+) -> tuple[tuple[int, ...], int]:
+    """(input shape, number of classes) from ``cache_root/key.json``, else built
+    (which decodes the data set) and written; an unreadable entry is rebuilt."""
+    path = cache_root / f"{key}.json"
+    if path.exists():
+        try:
+            saved = json.loads(path.read_text())
+            shape, classes = tuple(int(d) for d in saved["input_shape"]), int(saved["num_classes"])
+            if not shape or classes < 1:
+                raise ValueError(f"implausible entry {saved}")
+            return shape, classes
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            log.warning("data cache: %s is unusable (%s); rebuilding it", path, err)
+    shape, classes = build()
+    try:
+        cache_root.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+        tmp.write_text(json.dumps({"input_shape": list(shape), "num_classes": classes}))
+        os.replace(tmp, path)  # atomic, as the arrays' entries
+    except OSError as err:
+        log.info("data cache: %s not written (%s)", path, err)
+    return shape, classes
+
+
 def _digest(arrays: Arrays) -> str:
     h = hashlib.sha256()
     for a in arrays:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from benchmarks.presets import subset_parquet
-from pfl_data import load_client_data
+from pfl_data import DataInfo, data_info, load_client_data
 from run_config.schema import parse_run_config
 
 
@@ -69,3 +69,30 @@ def test_a_corrupt_cache_is_rebuilt_and_logged(site, tmp_path, caplog) -> None:
     (entry / "y_test.npy").write_bytes(b"not an array")
     load_client_data.__wrapped__(cfg, 0, 1, site, str(state))
     assert caplog.text.count("rebuilding") == 2
+
+
+def test_data_info_is_kept_on_site_and_follows_the_data(
+    site, tmp_path, caplog, monkeypatch
+) -> None:
+    import pfl_data.hf
+
+    cfg = parse_run_config({"dataset": site})
+    state = str(tmp_path / "state")
+    decoded = []
+    real = pfl_data.hf.hf_data_info
+
+    def counting(source: str) -> DataInfo:
+        decoded.append(source)
+        return real(source)
+
+    monkeypatch.setattr(pfl_data.hf, "hf_data_info", counting)
+    first = data_info(cfg, site, state)
+    assert first == real(site) and decoded == [site]
+    assert data_info(cfg, site, state) == first and decoded == [site]  # read, not decoded
+    (info,) = (tmp_path / "state" / "data-cache").glob("info-*.json")
+    info.write_text("{not json")
+    assert data_info(cfg, site, state) == first and len(decoded) == 2
+    assert "unusable" in caplog.text and "rebuilding" in caplog.text
+    Path(site).touch()  # the site's data changed: decoded again, under a new key
+    assert data_info(cfg, site, state) == first and len(decoded) == 3
+    assert len(list((tmp_path / "state" / "data-cache").glob("info-*.json"))) == 2
