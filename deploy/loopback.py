@@ -140,10 +140,16 @@ class LoopbackFederation:
     # separate `flower-superexec` per SuperLink/SuperNode (the docker/ topology), each
     # authenticated with the SuperExec secret
     isolation: str = "subprocess"
+    # with isolation "process": the sites' SuperExec is deploy.warm_superexec
+    # (ClientApps forked from a process that has imported their libraries) and
+    # their SuperNodes deploy.fast_supernode (an idle poll that backs off)
+    warm: bool = False
     procs: list[Proc] = field(default_factory=list)
     nodes: dict[str, Proc] = field(default_factory=dict)  # for callers' bookkeeping
 
     def __post_init__(self) -> None:
+        if self.warm and self.isolation != "process":
+            raise ValueError("warm ClientApps need isolation='process' (their own SuperExec)")
         if self.auth and not self.tls:
             raise ValueError("SuperNode authentication needs TLS (Flower refuses otherwise)")
         self.root = Path(self.root)
@@ -322,8 +328,9 @@ class LoopbackFederation:
             "partition-id": partition_id,
             "num-partitions": num_partitions,
         }
+        supernode = [sys.executable, "-m", "deploy.fast_supernode"] if self.warm else []
         cmd = [
-            str(BIN / "flower-supernode"),
+            *(supernode or [str(BIN / "flower-supernode")]),
             "--superlink",
             f"127.0.0.1:{self.fleet_port}",
             "--port",
@@ -341,10 +348,11 @@ class LoopbackFederation:
         name = name or f"supernode-{site}"
         proc = self._spawn(name, cmd, self.root / "home" / name)
         if self.isolation == "process":  # the ClientApp's SuperExec, on the site's machine
+            superexec = [sys.executable, "-m", "deploy.warm_superexec"] if self.warm else []
             self._spawn(
                 f"superexec-{name}",
                 [
-                    str(BIN / "flower-superexec"),
+                    *(superexec or [str(BIN / "flower-superexec")]),
                     f"--runtime-api-address=127.0.0.1:{runtime_port}",
                     "--insecure",  # the site-local Runtime API, as in docker/
                     f"--superexec-auth-secret-file={self.secret}",

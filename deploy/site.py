@@ -8,14 +8,18 @@ Builds the ``flower-supernode`` command line (the site's identity, data, device
 and state directory go into the node config, which the ClientApp reads), prints
 it, and replaces this process with it (``--dry-run`` only prints). A thin
 wrapper on purpose: every flag maps one-to-one to a ``flower-supernode`` flag.
+By default (``--warm``) the SuperNode runs with ``--isolation process`` beside
+a warm SuperExec that forks each ClientApp (deploy/warm_superexec.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import shlex
 import shutil
+import subprocess
 import sys
 from collections.abc import Sequence
 
@@ -60,6 +64,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="the SuperNode's local Runtime API port (one per SuperNode on a host)",
     )
     p.add_argument("--max-wait-time", type=float, help="give up reconnecting after N seconds")
+    p.add_argument(
+        "--warm",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="ClientApps forked from a process that has imported their libraries, and an "
+        "idle poll that backs off (deploy/warm_superexec.py, deploy/fast_supernode.py); "
+        "--no-warm: Flower's own flower-supernode, a fresh process per message",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
     p.add_argument("extra", nargs="*", help="after --: passed to flower-supernode unchanged")
     args = p.parse_args(argv)
@@ -88,7 +100,11 @@ def supernode_command(args: argparse.Namespace) -> list[str]:
     if args.partition_id is not None:
         values["partition-id"] = args.partition_id
         values["num-partitions"] = args.num_partitions
-    cmd = [supernode_executable(), "--superlink", args.superlink]
+    if args.warm:  # Flower's SuperNode, its idle poll backing off; ClientApps from our SuperExec
+        cmd = [sys.executable, "-m", "deploy.fast_supernode", "--superlink", args.superlink]
+        cmd += ["--isolation", "process", "--superexec-auth-secret-file", secret_file(args)]
+    else:
+        cmd = [supernode_executable(), "--superlink", args.superlink]
     if args.insecure:
         cmd.append("--insecure")
     else:
@@ -102,13 +118,44 @@ def supernode_command(args: argparse.Namespace) -> list[str]:
     return cmd + list(args.extra)
 
 
+def secret_file(args: argparse.Namespace) -> str:
+    """The site-local secret its SuperNode and SuperExec share (never leaves the site)."""
+    return os.path.join(args.state_dir, "superexec.secret")
+
+
+def superexec_command(args: argparse.Namespace, parent_pid: int) -> list[str]:
+    """The warm SuperExec beside the SuperNode; it exits when ``parent_pid`` does."""
+    return [
+        sys.executable,
+        "-m",
+        "deploy.warm_superexec",
+        "--runtime-api-address",
+        f"127.0.0.1:{args.runtime_port}",
+        "--insecure",  # the site-local Runtime API, on loopback
+        "--superexec-auth-secret-file",
+        secret_file(args),
+        "--parent-pid",
+        str(parent_pid),
+    ]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     cmd = supernode_command(args)
+    if args.warm:
+        print(shlex.join(superexec_command(args, os.getpid())) + " &", flush=True)
     print(shlex.join(cmd), flush=True)
     if args.dry_run:
         return
     os.makedirs(args.state_dir, exist_ok=True)
+    if args.warm:
+        secret = secret_file(args)
+        if not os.path.exists(secret):
+            fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(secrets.token_hex(32))
+        # it watches this pid, which the SuperNode keeps after exec: one stops, both stop
+        subprocess.Popen(superexec_command(args, os.getpid()))
     os.execvp(cmd[0], cmd)  # the SuperNode takes over this process (signals, exit code)
 
 

@@ -15,6 +15,7 @@ COPY run_results ./run_results
 COPY pfl_store ./pfl_store
 COPY pfl_privacy ./pfl_privacy
 COPY pflower_cli ./pflower_cli
+COPY deploy ./deploy
 # flwr is in the base image already: install the app's other dependencies (torch from
 # PyPI ships its CUDA runtime) without replacing Flower.
 RUN sed -i 's/.*flwr\[simulation\].*//' pyproject.toml \

@@ -119,3 +119,48 @@ def test_the_server_grid_polls_replies_with_a_short_backoff(monkeypatch):
     assert all(b >= a for a, b in zip(slept, slept[1:]))  # backs off, never past 1 s
     assert sum(slept) < 12 * 3  # Flower's HttpGrid would sleep 3 s after every empty pull
     assert list(grid.get_node_ids()) == [1, 2]  # everything else is the wrapped grid's
+
+
+def test_the_site_idle_poll_backs_off_and_resets_on_a_message(monkeypatch):
+    import flwr.supernode.start_client_internal as loop
+
+    from deploy import fast_supernode
+
+    slept: list[float] = []
+    monkeypatch.setattr(fast_supernode.time, "sleep", slept.append)
+    monkeypatch.setattr(loop, "time", loop.time)  # undone after the test
+    monkeypatch.setattr(loop, "_pull_and_store_message", lambda **kw: kw["run_id"])
+    backoff = fast_supernode.install()
+    assert loop.time is backoff and loop.time.time() > 0  # the rest of `time` passes through
+    for _ in range(12):
+        loop.time.sleep(3)  # Flower's idle wait, as start_client_internal calls it
+    assert slept[:3] == pytest.approx([0.1, 0.15, 0.225])
+    assert slept[-1] == 3.0 and max(slept) == 3.0  # never slower than Flower's own pace
+    assert loop._pull_and_store_message(run_id=None) is None  # no message: no reset
+    loop.time.sleep(3)
+    assert slept[-1] == 3.0
+    assert loop._pull_and_store_message(run_id=7) == 7  # a message: fast again
+    loop.time.sleep(3)
+    loop.time.sleep(0.5)  # waiting for the local ClientApp's reply
+    assert slept[-2:] == pytest.approx([0.1, 0.1])
+
+
+def test_the_warm_superexec_forgets_exactly_the_projects_packages():
+    import tomllib
+    from pathlib import Path
+
+    from deploy import warm_superexec
+
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    wheel = pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]
+    assert set(warm_superexec.PROJECT_PACKAGES) == set(wheel) - {"deploy"}
+    # in a fresh interpreter: the libraries stay imported, the app's modules do not
+    code = (
+        "import sys; from deploy.warm_superexec import preload, PROJECT_PACKAGES; "
+        "loaded = preload(); "
+        "assert 'torch' in sys.modules and 'flwr' in sys.modules, loaded; "
+        "left = [m for m in sys.modules if m.split('.')[0] in PROJECT_PACKAGES]; "
+        "assert not left, left; print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip() == "ok", out.stderr

@@ -91,8 +91,9 @@ def federations(tmp_path_factory: pytest.TempPathFactory):
     """Start a plain (insecure, process isolation) and a secure (TLS + SuperNode auth)
     loopback deployment, 3 SuperNodes each, and submit one 3-round run to each."""
     # plain also runs the docker/ topology: a separate SuperExec next to each SuperLink
-    # and SuperNode (--isolation process, SuperExec secret); secure uses the default
-    plain = LoopbackFederation(tmp_path_factory.mktemp("plain"), isolation="process")
+    # and SuperNode (--isolation process, SuperExec secret), the sites' being the warm
+    # one (deploy/warm_superexec.py, deploy/fast_supernode.py); secure uses the default
+    plain = LoopbackFederation(tmp_path_factory.mktemp("plain"), isolation="process", warm=True)
     secure = LoopbackFederation(tmp_path_factory.mktemp("secure"), tls=True, auth=True)
     try:
         secure.make_certs([*SITES, "intruder"])
@@ -205,14 +206,25 @@ def test_site_launcher_builds_the_supernode_command(capsys: pytest.CaptureFixtur
             "--dry-run",
         ]
     )
-    line = capsys.readouterr().out.strip()
-    assert "flower-supernode --superlink 10.1.2.3:9092 --root-certificates ca.crt" in line
+    superexec, line = capsys.readouterr().out.strip().splitlines()
+    # warm by default: Flower's SuperNode (idle poll backing off) with process isolation,
+    # and the warm SuperExec beside it on the site-local Runtime API, sharing a secret
+    assert "-m deploy.fast_supernode --superlink 10.1.2.3:9092" in line
+    assert "--isolation process --superexec-auth-secret-file /var/lib/pflower/superexec." in line
+    assert "--root-certificates ca.crt" in line and "--port 9094" in line
+    assert "-m deploy.warm_superexec --runtime-api-address 127.0.0.1:9094 --insecure" in superexec
+    assert "--superexec-auth-secret-file /var/lib/pflower/superexec.secret" in superexec
     assert "--auth-supernode-private-key keys/hospital-a" in line
     assert "--insecure" not in line
     assert (
         """'site="hospital-a" state-dir="/var/lib/pflower" data-path="/data/site" """
         """device="cuda:0"'""" in line
     )
+    site_main(
+        ["--superlink=h:1", "--site=a", "--state-dir=s", "--insecure", "--no-warm", "--dry-run"]
+    )
+    (cold,) = capsys.readouterr().out.strip().splitlines()
+    assert "flower-supernode --superlink h:1 --insecure" in cold and "isolation" not in cold
     with pytest.raises(SystemExit):  # neither TLS nor an explicit --insecure
         site_main(["--superlink=h:1", "--site=a", "--state-dir=s", "--dry-run"])
     with pytest.raises(SystemExit):  # authentication over plain text is refused
@@ -368,10 +380,18 @@ def test_plain_deployment_completes_and_keeps_personal_state_on_each_site(federa
     assert not np.array_equal(heads[0], heads[1]) and not np.array_equal(heads[1], heads[2])
     # and the shared body was aggregated: bytes went both ways every round
     assert all(r["bytes_up"] > 0 and r["bytes_down"] > 0 for r in res["rounds"])
-    # the ClientApps ran in each site's own SuperExec process and read their state from disk
+    # the ClientApps ran in each site's own warm SuperExec (forked: no fresh interpreter,
+    # no flwr-clientapp process) and read their state from disk
     for site in SITES:
         superexec = next(p for p in fed.procs if p.name == f"superexec-supernode-{site}")
+        assert "warm superexec: " in superexec.text() and "(torch: True)" in superexec.text()
         assert f"restored personal state from {_state_file(fed.root, site)}" in superexec.text()
+        assert "ClientApp task failed" not in superexec.text()
+        assert "flwr-clientapp" not in " ".join(
+            Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+            for pid in descendants(superexec.popen.pid)
+            if Path(f"/proc/{pid}").exists()
+        )
 
 
 # ---- docker/: syntax, files, and every flag checked against the installed 1.39 CLIs ------------

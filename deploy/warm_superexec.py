@@ -1,0 +1,153 @@
+"""A site's SuperExec whose ClientApps start warm.
+
+    python -m deploy.warm_superexec --runtime-api-address 127.0.0.1:9094 \\
+        --insecure --superexec-auth-secret-file superexec.secret
+
+Flower 1.39 runs every ClientApp message in a fresh ``flwr-clientapp`` process,
+which starts Python and imports Flower, torch and the app before it reads the
+message: seconds per message (docs/PERFORMANCE.md). This is Flower's own
+``flower-superexec`` (same flags, same Runtime API, same authentication) with
+one change: it imports the ClientApp's libraries once, then forks a child per
+task, and the child runs Flower's ``run_clientapp`` exactly as ``flwr-clientapp``
+would. The app's own modules are not kept: each child imports them from the
+installed FAB, so a new app version is never served from a stale import.
+
+Use it with ``flower-supernode --isolation process`` in place of
+``flower-superexec`` (``LoopbackFederation(isolation="process", warm=True)``).
+Tasks other than ClientApps (none on a site today) start as Flower starts them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+# The app's top-level packages (pyproject's wheel packages but deploy/): imported
+# once to pull in their libraries, then dropped so children import them from the FAB.
+PROJECT_PACKAGES = (
+    "server_app",
+    "client_app",
+    "strategies",
+    "models",
+    "methods",
+    "pfl_data",
+    "run_config",
+    "run_results",
+    "pfl_store",
+    "pfl_privacy",
+    "pflower_cli",
+)
+# Flower polls its Runtime API for new tasks once a second by default; the API
+# is on the site's own machine, so a tenth of a second costs nothing.
+TASK_POLL_INTERVAL = "0.1"
+
+log = logging.getLogger("flwr")
+
+
+def preload() -> list[str]:
+    """Import the ClientApp's libraries; forget the project's own modules.
+
+    Returns the top-level libraries now loaded (for the start-up log line)."""
+    import flwr.supernode.runtime.run_clientapp  # noqa: F401 - what a child runs
+
+    try:
+        import client_app.app  # noqa: F401 - pulls in torch, numpy, pydantic, ...
+        import pfl_data.hf  # noqa: F401 - the image decoders (pyarrow, datasets)
+    except ImportError as err:  # the app is not installed here: Flower's imports only
+        log.warning("warm superexec: the app's libraries are not preloaded (%s)", err)
+    for name in [m for m in sys.modules if m.split(".")[0] in PROJECT_PACKAGES]:
+        del sys.modules[name]
+    return sorted({m.split(".")[0] for m in sys.modules if not m.startswith("_")})
+
+
+class ForkExecutor:
+    """Flower's Executor protocol: a ClientApp task runs in a fork of this process."""
+
+    def __init__(self, fallback: Any) -> None:
+        self.fallback = fallback  # Flower's SubprocessExecutor, for any other task
+        self.children: set[int] = set()
+
+    def get_eligible_capacity(self, supported_task_types: Any, **kw: Any) -> Any:
+        return self.fallback.get_eligible_capacity(supported_task_types, **kw)
+
+    def wait_for_capacity(self, *args: Any, **kw: Any) -> None:
+        self.fallback.wait_for_capacity(*args, **kw)
+
+    def launch(self, spec: Any) -> Any:
+        from flwr.supercore.constant import TaskType
+        from flwr.supercore.superexec.executor import LaunchResult
+
+        if spec.task_type != TaskType.CLIENT_APP or spec.runtime_dependency_install:
+            return self.fallback.launch(spec)
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into the parent's loop
+            os._exit(_run_child(spec))
+        self.children.add(pid)
+        return LaunchResult.accepted()
+
+    def reconcile(self) -> None:
+        """Reap finished children (no zombies)."""
+        for pid in list(self.children):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                self.children.discard(pid)
+        self.fallback.reconcile()
+
+    def close(self) -> None:
+        self.fallback.close()
+
+
+def _run_child(spec: Any) -> int:
+    """Flower's ``flwr-clientapp`` body for one task; the exit code."""
+    from flwr.supercore.tls import validate_and_resolve_root_certificates
+    from flwr.supernode.runtime.run_clientapp import run_clientapp
+
+    code = 1
+    try:
+        run_clientapp(
+            runtime_api_address=spec.runtime_api_address,
+            token=spec.token,
+            insecure=spec.insecure,
+            certificates=validate_and_resolve_root_certificates(
+                spec.root_certificates_path, spec.insecure
+            ),
+            parent_pid=spec.parent_pid,
+            runtime_dependency_install=False,
+        )
+        code = 0
+    except SystemExit as done:  # run_clientapp ends with flwr_exit -> sys.exit
+        code = done.code if isinstance(done.code, int) else 1
+    except BaseException:  # noqa: BLE001 - the child must not unwind into the parent's loop
+        logging.getLogger("flwr").exception("warm superexec: the ClientApp task failed")
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    return code
+
+
+def main() -> None:
+    os.environ.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", TASK_POLL_INTERVAL)
+    loaded = preload()
+    import flwr.supercore.superexec.run_superexec as superexec
+    from flwr.supercore.cli import flower_superexec
+    from flwr.supercore.constant import ExecutorType
+    from flwr.supercore.superexec.executor import get_executor
+
+    def fork_executor(executor_type: Any, **kw: Any) -> ForkExecutor:
+        if executor_type != ExecutorType.SUBPROCESS:
+            raise ValueError("the warm superexec runs ClientApps by fork, not by an executor")
+        return ForkExecutor(get_executor(executor_type, **kw))
+
+    # the one change to Flower's SuperExec: its executor (looked up by this name)
+    superexec.get_executor = fork_executor
+    log.info("warm superexec: %d libraries preloaded (torch: %s)", len(loaded), "torch" in loaded)
+    flower_superexec()  # Flower's CLI: its flags, its task loop, its signal handling
+
+
+if __name__ == "__main__":
+    main()
