@@ -3,7 +3,7 @@
 A preset names methods, settings (table columns: data, clients, rounds) and
 variants (extra rows: a method with keys on top), seeds, and the paper's
 numbers. Reserved keys in ``[config]``, a setting or a variant: ``engine``
-(inprocess | simulation | plain | deployment), ``clients``, ``rounds``,
+(inprocess | simulation | plain | deployment | deployment-warm), ``clients``, ``rounds``,
 ``num-cpus``, ``num-gpus``; every other key is a run-config key.
 String values may name data: ``{dev}`` (the CIFAR-10 dev set),
 ``{dev:N}`` (a seeded N-row subset of it), ``{fashion}`` (Fashion-MNIST).
@@ -29,7 +29,7 @@ SHARED_DATA = REPO.parent / "shared" / "data"  # ../shared/data beside the check
 CIFAR10_DEV = SHARED_DATA / "cifar10-dev-12k.parquet"
 FASHION_IDX = Path("/usr/share/datasets/fashion-mnist")
 RESERVED = ("engine", "clients", "rounds", "num-cpus", "num-gpus", "paper")
-ENGINES = ("inprocess", "simulation", "plain", "deployment")
+ENGINES = ("inprocess", "simulation", "plain", "deployment", "deployment-warm")
 
 
 @dataclass(frozen=True)

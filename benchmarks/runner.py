@@ -66,8 +66,8 @@ def run_cell_here(spec_json: str) -> None:
         from server_app.simulate import simulate
 
         simulate(cell.config, cell.clients, num_cpus=cell.num_cpus, num_gpus=cell.num_gpus)
-    elif cell.engine == "deployment":
-        _deployment(cell)
+    elif cell.engine.startswith("deployment"):
+        _deployment(cell, warm=cell.engine == "deployment-warm")
     else:
         _plain_loop(cell)
     if cell.probe:
@@ -135,16 +135,19 @@ def _plain_loop(cell: Cell) -> None:
     (cell.dir / "results.json").write_text(json.dumps(res, indent=1))
 
 
-def _deployment(cell: Cell) -> None:
+def _deployment(cell: Cell, warm: bool) -> None:
     """A loopback deployment, one SuperNode per client, dialing the SuperLink through
-    a byte-counting relay; the run's results.json gains the wire bytes."""
+    a byte-counting relay; the run's results.json gains the wire bytes. ``warm``: the
+    sites' ClientApps are forked by deploy.warm_superexec."""
     import numpy as np
 
     from client_app.timing import PREFIX
     from deploy.loopback import CountingRelay, LoopbackFederation
 
     with tempfile.TemporaryDirectory(prefix="pflower-experiment-") as tmp:
-        fed = LoopbackFederation(Path(tmp))
+        fed = LoopbackFederation(
+            Path(tmp), isolation="process" if warm else "subprocess", warm=warm
+        )
         try:
             fed.start_superlink()
             relay = CountingRelay(fed.fleet_port)
@@ -161,7 +164,7 @@ def _deployment(cell: Cell) -> None:
             fed.close()
         phases = [
             json.loads(ln.split(PREFIX, 1)[1])
-            for proc in fed.nodes.values()
+            for proc in fed.procs  # a SuperNode's, or its SuperExec's (warm) ClientApps
             for ln in proc.text().splitlines()
             if PREFIX in ln
         ]
