@@ -8,7 +8,9 @@ it (docs/PERFORMANCE.md). Here the idle sleep starts at 0.1 s after each message
 and grows 1.5 times per empty pull up to Flower's 3 s: a site picks up the next
 round quickly while the federation is busy and costs the SuperLink no more than
 Flower's own pace when it is idle. The waits for a local ClientApp's reply
-(0.5 s in Flower) become 0.1 s. Nothing else changes: same flags, same protocol.
+(0.5 s in Flower) become 0.1 s, and a message part not yet on the SuperLink is
+asked for again after 0.05 s (Flower: 1 s), doubling. Nothing else changes: same
+flags, same protocol.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 from typing import Any
 
 FIRST_WAIT, GROWTH = 0.1, 1.5
+FIRST_OBJECT_RETRY = 0.05  # Flower's first retry of a missing object: 1 s
 FLOWER_IDLE_WAIT = 3.0  # start_client_internal's sleep when no message came
 LOCAL_WAIT = 0.1  # in place of its 0.5 s polls of the node's own state
 
@@ -59,8 +62,23 @@ def install() -> IdleBackoff:
     return backoff
 
 
+def faster_object_retries() -> None:
+    """Retry a message part that is not there yet after 0.05 s, doubling, not after 1 s.
+
+    A SuperNode stores a message before its parts arrive, and a ClientApp that
+    starts at once (a warm one) asks for parts that are still on their way: with
+    Flower's 1 s first retry that cost about 1.7 s a CIFAR message here. Only the
+    first waits change (Flower's doubling and 10 s cap stay)."""
+    from flwr.supercore.inflatable import inflatable_utils as objects
+
+    for fn in (objects.pull_objects, objects.pull_and_inflate_object_from_tree):
+        assert fn.__kwdefaults__ is not None and "initial_backoff" in fn.__kwdefaults__
+        fn.__kwdefaults__["initial_backoff"] = FIRST_OBJECT_RETRY
+
+
 def main() -> None:
     install()
+    faster_object_retries()
     from flwr.supernode.cli.flower_supernode import flower_supernode
 
     flower_supernode()

@@ -138,13 +138,17 @@ def main() -> None:
     from flwr.supercore.constant import ExecutorType
     from flwr.supercore.superexec.executor import get_executor
 
+    from deploy.fast_supernode import faster_object_retries
+
     def fork_executor(executor_type: Any, **kw: Any) -> ForkExecutor:
         if executor_type != ExecutorType.SUBPROCESS:
             raise ValueError("the warm superexec runs ClientApps by fork, not by an executor")
         return ForkExecutor(get_executor(executor_type, **kw))
 
-    # the one change to Flower's SuperExec: its executor (looked up by this name)
+    # the change to Flower's SuperExec: its executor (looked up by this name), and
+    # children that ask again for a message part soon (deploy/fast_supernode.py)
     superexec.get_executor = fork_executor
+    faster_object_retries()
     log.info("warm superexec: %d libraries preloaded (torch: %s)", len(loaded), "torch" in loaded)
     flower_superexec()  # Flower's CLI: its flags, its task loop, its signal handling
 

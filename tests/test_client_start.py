@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -164,3 +165,24 @@ def test_the_warm_superexec_forgets_exactly_the_projects_packages():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_a_missing_message_part_is_asked_for_again_soon(monkeypatch):
+    from flwr.supercore.inflatable import inflatable_utils as objects
+
+    from deploy.fast_supernode import FIRST_OBJECT_RETRY, faster_object_retries
+
+    for fn in (objects.pull_objects, objects.pull_and_inflate_object_from_tree):
+        monkeypatch.setitem(fn.__kwdefaults__, "initial_backoff", 1)  # Flower's, restored after
+    faster_object_retries()
+    tries = iter([objects.ObjectUnavailableError("x"), objects.ObjectUnavailableError("x")])
+
+    def pull(object_id: str) -> bytes:
+        if (err := next(tries, None)) is not None:
+            raise err
+        return b"part"
+
+    t0 = time.monotonic()
+    assert objects.pull_objects(["x"], pull) == {"x": b"part"}
+    # two retries: about 0.05 + 0.1 s (jitter 20%), where Flower waits about 1 + 2 s
+    assert FIRST_OBJECT_RETRY == 0.05 and time.monotonic() - t0 < 0.5
