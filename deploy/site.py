@@ -142,20 +142,21 @@ def superexec_command(args: argparse.Namespace, parent_pid: int) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     cmd = supernode_command(args)
-    if args.warm:
-        print(shlex.join(superexec_command(args, os.getpid())) + " &", flush=True)
+    # it watches this pid, which the SuperNode keeps after exec: one stops, both stop
+    superexec = superexec_command(args, os.getpid()) if args.warm else []
+    if superexec:
+        print(shlex.join(superexec) + " &", flush=True)
     print(shlex.join(cmd), flush=True)
     if args.dry_run:
         return
     os.makedirs(args.state_dir, exist_ok=True)
-    if args.warm:
+    if superexec:
         secret = secret_file(args)
         if not os.path.exists(secret):
             fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as out:
                 out.write(secrets.token_hex(32))
-        # it watches this pid, which the SuperNode keeps after exec: one stops, both stop
-        subprocess.Popen(superexec_command(args, os.getpid()))
+        subprocess.Popen(superexec)
     os.execvp(cmd[0], cmd)  # the SuperNode takes over this process (signals, exit code)
 
 

@@ -6,10 +6,10 @@
 Flower 1.39 runs every ClientApp message in a fresh ``flwr-clientapp`` process,
 which starts Python and imports Flower, torch and the app before it reads the
 message: seconds per message (docs/PERFORMANCE.md). This is Flower's own
-``flower-superexec`` (same flags, same Runtime API, same authentication) with
-one change: it imports the ClientApp's libraries once, then forks a child per
-task, and the child runs Flower's ``run_clientapp`` exactly as ``flwr-clientapp``
-would. The app's own modules are not kept: each child imports them from the
+``flower-superexec`` (same flags, same Runtime API, same authentication), except
+that it imports the ClientApp's libraries once, then forks a child per task, and
+the child runs Flower's ``run_clientapp`` exactly as ``flwr-clientapp`` would
+(asking again soon for message parts still on their way: deploy/fast_supernode.py). The app's own modules are not kept: each child imports them from the
 installed FAB, so a new app version is never served from a stale import.
 
 Use it with ``flower-supernode --isolation process`` in place of
@@ -85,6 +85,7 @@ class ForkExecutor:
         if pid == 0:  # the child: never returns into the parent's loop
             os._exit(_run_child(spec))
         self.children.add(pid)
+        log.info("warm superexec: ClientApp task %d forked as pid %d", spec.task_id, pid)
         return LaunchResult.accepted()
 
     def reconcile(self) -> None:
