@@ -41,6 +41,7 @@ SHAPING_KEYS = (
     "test-per-client",
     "permute-labels",
     "num-domains",
+    "domain-groups",
     "domain-shift",
     "client-data-paths",
     "seed",

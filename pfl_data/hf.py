@@ -55,6 +55,7 @@ class _Source:
     num_classes: int
     input_shape: tuple[int, ...]
     columns: dict[str, np.ndarray]  # other plain columns (split, partition-by ids)
+    class_names: tuple[str, ...] = ()  # the label column's ClassLabel names, if any
     ds: Any = None  # datasets.Dataset with undecoded images (image sources)
     image_column: str | None = None
     mode: str = "RGB"
@@ -221,9 +222,11 @@ def _column(ds: Any, col: str) -> np.ndarray:
 
 
 def _is_id_column(name: str) -> bool:
-    """Tabular columns that are ids (natural partitions, splits), not features."""
+    """Tabular columns that are ids (natural partitions, splits) or label groups
+    (``coarse_label``: a feature made of it would leak the label), not features."""
     n = name.lower()
-    return n in (SPLIT_COLUMN, "id", "client", "user", "writer", "domain") or n.endswith("_id")
+    ids = (SPLIT_COLUMN, "id", "client", "user", "writer", "domain", "coarse_label")
+    return n in ids or n.endswith("_id")
 
 
 def _num_classes(ds: Any, label_col: str, labels: np.ndarray) -> int:
@@ -258,6 +261,8 @@ def source_from_dataset(ds: Any, name: str = "<in-memory>") -> _Source:
         if isinstance(feat, datasets.Value) or isinstance(feat, datasets.ClassLabel):
             plain[col] = _column(ds, col)
     src = _Source(name, labels, _num_classes(ds, label_col, labels), (), {})
+    if isinstance(ds.features[label_col], datasets.ClassLabel):
+        src.class_names = tuple(ds.features[label_col].names)
     if image_col is not None:
         raw = ds.cast_column(image_col, datasets.Image(decode=False))
         first = raw[0][image_col]
@@ -466,6 +471,36 @@ def dirichlet_client_partitions(
     return tuple(out)
 
 
+# CIFAR-10 has no coarse labels: its classes fall into two semantic groups
+CIFAR10_GROUPS = {
+    "vehicles": ("airplane", "automobile", "ship", "truck"),
+    "animals": ("bird", "cat", "deer", "dog", "frog", "horse"),
+}
+
+
+def semantic_groups(src: _Source) -> dict[str, np.ndarray] | None:
+    """Groups of semantically related classes, if the data set has them.
+
+    CIFAR-100's ``coarse_label`` column (each fine class's superclass), else
+    CIFAR-10's class names (vehicles, animals); None for any other data set.
+    """
+    coarse = src.columns.get("coarse_label")
+    if coarse is not None:
+        out: dict[str, set[int]] = {}
+        for fine, c in zip(src.labels.tolist(), coarse.tolist(), strict=True):
+            out.setdefault(f"coarse-{c}", set()).add(fine)
+        sets = list(out.values())
+        if sum(len(g) for g in sets) != len(set().union(*sets)):
+            raise ConfigError(
+                "config key 'domain-groups': column 'coarse_label' puts one class in two groups"
+            )
+        return {k: np.array(sorted(g)) for k, g in sorted(out.items())}
+    if set(src.class_names) == {n for g in CIFAR10_GROUPS.values() for n in g}:
+        index = {n: i for i, n in enumerate(src.class_names)}
+        return {k: np.array(sorted(index[n] for n in g)) for k, g in CIFAR10_GROUPS.items()}
+    return None
+
+
 def domain_groups(num_classes: int, num_domains: int, seed: int) -> tuple[np.ndarray, ...]:
     """Disjoint, seeded class subsets, one per domain (classes split evenly)."""
     if num_domains > num_classes:
@@ -477,24 +512,45 @@ def domain_groups(num_classes: int, num_domains: int, seed: int) -> tuple[np.nda
     return tuple(np.sort(g) for g in np.array_split(order, num_domains))
 
 
+def groups_for(src: _Source, kind: str, num_domains: int, seed: int) -> tuple[np.ndarray, ...]:
+    """The class groups of partitioner=domain (config key ``domain-groups``)."""
+    semantic = semantic_groups(src) if kind in ("auto", "semantic") else None
+    if semantic is not None:
+        names = src.class_names or tuple(str(c) for c in range(src.num_classes))
+        log.info(
+            "domain groups of %s: semantic, %s",
+            src.name,
+            "; ".join(f"{k}: {', '.join(names[c] for c in v)}" for k, v in semantic.items()),
+        )
+        return tuple(semantic.values())
+    if kind == "semantic":
+        raise ConfigError(
+            f"config key 'domain-groups': {src.name} has no semantic class groups (no "
+            "'coarse_label' column, and its classes are not CIFAR-10's); use 'random'"
+        )
+    log.info("domain groups of %s: %d seeded random class subsets", src.name, num_domains)
+    return domain_groups(src.num_classes, num_domains, seed)
+
+
 def domain_partitions(
-    labels: np.ndarray, num_classes: int, num_partitions: int, num_domains: int, seed: int
+    labels: np.ndarray, groups: tuple[np.ndarray, ...], num_partitions: int, seed: int
 ) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
     """Factorized-FL's domain-heterogeneous scenario.
 
-    Client i belongs to group i % num_domains; each group owns a disjoint subset of
-    the classes, relabelled 0..k-1 by a per-group seeded permutation; the group's
-    rows are split IID over its clients. Returns (rows, new labels) per client.
+    Client i belongs to group i % len(groups); each group owns a disjoint subset of
+    the classes, which each of its clients relabels 0..k-1 by its own seeded
+    permutation; the group's rows are split IID over its clients. Returns (rows,
+    new labels) per client (a client of a group that is not used gets none).
     """
-    groups = domain_groups(num_classes, num_domains, seed)
+    num_classes = int(max(int(g.max()) for g in groups)) + 1
     out: list[tuple[np.ndarray, np.ndarray]] = [None] * num_partitions  # type: ignore[list-item]
     for g, cls in enumerate(groups):
         rng = np.random.default_rng([seed, 11, g])
-        mapping = np.full(num_classes, -1, dtype=np.int64)
-        mapping[cls] = rng.permutation(len(cls))
-        members = list(range(g, num_partitions, num_domains))
+        members = list(range(g, num_partitions, len(groups)))
         rows = rng.permutation(np.flatnonzero(np.isin(labels, cls)))
         for client, chunk in zip(members, np.array_split(rows, max(1, len(members))), strict=False):
+            mapping = np.full(num_classes, -1, dtype=np.int64)
+            mapping[cls] = np.random.default_rng([seed, 11, g, client]).permutation(len(cls))
             chunk = np.sort(chunk)
             out[client] = (chunk, mapping[labels[chunk]])
     return tuple(out)
@@ -505,7 +561,9 @@ def _cached_hand_partitions(name: str, kind: str, num_partitions: int, key: tupl
     src = load_source(name)
     if kind == "dirichlet-client":
         return dirichlet_client_partitions(src.labels, src.num_classes, num_partitions, *key)
-    return domain_partitions(src.labels, src.num_classes, num_partitions, *key)
+    groups_kind, num_domains, seed = key
+    groups = groups_for(src, groups_kind, num_domains, seed)
+    return domain_partitions(src.labels, groups, num_partitions, seed)
 
 
 # ----------------------------------------------------------------------------- scenarios
@@ -610,7 +668,7 @@ def _partition(
         return tr, te, src.labels[tr], src.labels[te]
     if p == "domain":
         rows, labels = _cached_hand_partitions(
-            src.name, p, num_partitions, (cfg.num_domains, cfg.seed)
+            src.name, p, num_partitions, (cfg.domain_groups, cfg.num_domains, cfg.seed)
         )[partition_id]
         new = np.zeros(len(src.labels), dtype=np.int64)
         new[rows] = labels

@@ -78,6 +78,10 @@ class RunConfig(BaseModel):
     test_per_client: int = _field(100, alias="test-per-client", ge=1)
     permute_labels: bool = _field(False, alias="permute-labels")
     num_domains: int = _field(4, alias="num-domains", ge=1)
+    # partitioner=domain: the data's semantic class groups (CIFAR-100's coarse_label,
+    # CIFAR-10's vehicles/animals), or num-domains seeded random ones; auto: semantic
+    # when the data set has them
+    domain_groups: Literal["auto", "semantic", "random"] = _field("auto", alias="domain-groups")
     domain_shift: bool = _field(False, alias="domain-shift")
     client_data_paths: str = _field("", alias="client-data-paths")
     model: Literal["mlp", "cnn4", "resnet8", "resnet10", "resnet18"] = "mlp"
@@ -168,6 +172,9 @@ class RunConfig(BaseModel):
     # DualFed (paper: tau = 0.2; lambda = 40 as the reference's PACS run with tau = 0.2)
     supcon_lambda: float = _field(1.0, alias="supcon-lambda", ge=0)
     supcon_temperature: float = _field(0.2, alias="supcon-temperature", gt=0)
+    # stage 2 (h_s on the frozen z): auto = stage 1's local-epochs and lr (the paper's)
+    global_head_epochs: int = _field(1, alias="global-head-epochs", ge=1)
+    global_head_lr: float = _field(0.01, alias="global-head-lr", gt=0)
     dual_schedule: Literal["stagewise", "simultaneous"] = _field("stagewise", alias="dual-schedule")
     dual_combine: Literal["logits", "probabilities"] = _field("probabilities", alias="dual-combine")
     projector_hidden: int = _field(256, alias="projector-hidden", ge=1)
@@ -320,7 +327,11 @@ def check_against_data(cfg: RunConfig, num_classes: int) -> None:
             f"config key 'classes-per-client': {cfg.classes_per_client} is more than the "
             f"{num_classes} classes of the data set"
         )
-    if cfg.partitioner == "domain" and cfg.num_domains > num_classes:
+    if (
+        cfg.partitioner == "domain"
+        and cfg.domain_groups == "random"
+        and cfg.num_domains > num_classes
+    ):
         raise ConfigError(
             f"config key 'num-domains': {cfg.num_domains} domains need at least as many "
             f"classes, the data set has {num_classes}"

@@ -17,12 +17,14 @@ from pfl_data.hf import (
     dirichlet_client_partitions,
     domain_groups,
     domain_partitions,
+    groups_for,
     hf_data_info,
     label_permutation,
     library_partitions,
     load_client_arrays,
     load_source,
     natural_partition,
+    semantic_groups,
     source_from_dataset,
 )
 from run_config.schema import ConfigError, RunConfig, parse_run_config
@@ -183,19 +185,86 @@ def test_domain_groups_disjoint_classes():
     labels = np.arange(2000) % 10
     groups = domain_groups(10, 4, seed=0)
     assert sorted(np.concatenate(groups)) == list(range(10))
-    parts = domain_partitions(labels, 10, 8, 4, seed=0)
+    parts = domain_partitions(labels, groups, 8, seed=0)
     for g in range(4):
         cls = set(groups[g])
         members = [parts[i] for i in range(g, 8, 4)]
         for rows, new in members:
             assert set(labels[rows]) <= cls
-            assert set(new) <= set(range(len(cls)))
+            assert set(new) == set(range(len(cls)))
         assert not set(members[0][0]) & set(members[1][0])  # IID split within the group
     for g1 in range(4):
         for g2 in range(g1 + 1, 4):
             assert not set(labels[parts[g1][0]]) & set(labels[parts[g2][0]])
     with pytest.raises(ConfigError, match="num-domains"):
         domain_groups(3, 4, seed=0)
+
+
+def _class_map(rows: np.ndarray, new: np.ndarray, labels: np.ndarray) -> dict[int, int]:
+    pairs = set(zip(labels[rows].tolist(), new.tolist(), strict=True))
+    mapping = dict(pairs)
+    assert len(mapping) == len(pairs)  # one new label per class: a permutation
+    return mapping
+
+
+def test_each_client_permutes_its_groups_labels_its_own_way():
+    labels = np.arange(3000) % 10
+    groups = (np.array([0, 1, 8, 9]), np.array([2, 3, 4, 5, 6, 7]))
+    parts = domain_partitions(labels, groups, 10, seed=0)
+    maps = [_class_map(rows, new, labels) for rows, new in parts]
+    for g, cls in enumerate(groups):
+        members = range(g, 10, 2)
+        for i in members:
+            assert sorted(maps[i]) == cls.tolist()
+            assert sorted(maps[i].values()) == list(range(len(cls)))
+        # the clients of one group name the same classes differently
+        assert len({tuple(sorted(maps[i].items())) for i in members}) > 1
+
+
+def _cifar10_like(n: int = 200, coarse: bool = False):
+    names = [
+        "airplane",
+        "automobile",
+        "bird",
+        "cat",
+        "deer",
+        "dog",
+        "frog",
+        "horse",
+        "ship",
+        "truck",
+    ]
+    cols = {"x0": np.arange(n, dtype=np.float32), "label": (np.arange(n) % 10).tolist()}
+    feats = {"x0": datasets.Value("float32"), "label": datasets.ClassLabel(names=names)}
+    if coarse:  # CIFAR-100's layout: a superclass per row
+        cols["coarse_label"] = ((np.arange(n) % 10) // 5).tolist()
+        feats["coarse_label"] = datasets.ClassLabel(names=["first", "second"])
+        cols["fine_label"] = cols.pop("label")
+        feats["fine_label"] = datasets.ClassLabel(names=[f"c{i}" for i in range(10)])
+        del feats["label"]
+    return source_from_dataset(datasets.Dataset.from_dict(cols, features=datasets.Features(feats)))
+
+
+def test_semantic_groups_from_cifar10_names_and_from_coarse_labels():
+    groups = semantic_groups(_cifar10_like())
+    assert {k: v.tolist() for k, v in groups.items()} == {
+        "vehicles": [0, 1, 8, 9],
+        "animals": [2, 3, 4, 5, 6, 7],
+    }
+    coarse = semantic_groups(_cifar10_like(coarse=True))
+    assert [v.tolist() for v in coarse.values()] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+    src = _cifar10_like()
+    assert [g.tolist() for g in groups_for(src, "auto", 4, 0)] == [[0, 1, 8, 9], [2, 3, 4, 5, 6, 7]]
+    assert len(groups_for(src, "random", 4, 0)) == 4
+    plain = source_from_dataset(
+        datasets.Dataset.from_dict({"x0": [0.0, 1.0, 2.0], "label": [0, 1, 2]})
+    )
+    assert semantic_groups(plain) is None
+    assert len(groups_for(plain, "auto", 3, 0)) == 3  # no semantic groups: random ones
+    with pytest.raises(ConfigError, match="domain-groups"):
+        groups_for(plain, "semantic", 3, 0)
+    with pytest.raises(ConfigError, match="domain-groups"):
+        parse_run_config({"domain-groups": "coarse"})
 
 
 def test_domain_partitioner_end_to_end(image_parquet):
