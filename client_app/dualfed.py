@@ -2,7 +2,8 @@
 
 Stage-wise (the paper's default): stage 1 trains encoder, projector and personal
 classifier with CE(h_p(u)) + lambda * SupCon(u), the global classifier frozen;
-stage 2 trains only the global classifier with CE(h_s(z)) on z computed once
+stage 2 trains only the global classifier (``global-head-epochs`` at
+``global-head-lr``) with CE(h_s(z)) on z computed once
 under no_grad with the encoder frozen (eval mode, so its BN statistics stay
 untouched too). A fresh optimizer per stage. ``dual-schedule=simultaneous`` trains
 every parameter on the sum of both stages' losses for ``local-epochs``.
@@ -83,11 +84,14 @@ class DualFedClient(PFLClient):
         )
 
     def stage2(self, generator: torch.Generator) -> float:
-        """h_s alone for ``local-epochs`` on z = f(x) computed once, f frozen."""
+        """h_s alone for ``global-head-epochs`` at ``global-head-lr`` on z = f(x)
+        computed once, f frozen."""
         m, cfg = self.model, self.cfg
         z = encode(m, self.x_train)  # train_epochs over the head module sees z as its input
+        head_cfg = cfg.model_copy(update={"lr": cfg.global_head_lr})
+        epochs = cfg.global_head_epochs
         return train_epochs(
-            m.head, list(m.head.parameters()), z, self.y_train, cfg.local_epochs, cfg, generator
+            m.head, list(m.head.parameters()), z, self.y_train, epochs, head_cfg, generator
         )
 
     def simultaneous(self, generator: torch.Generator) -> float:

@@ -104,6 +104,8 @@ AUTO_KEYS = (
     "ffl-min-aggr",
     "eval-in-fit",
     "supcon-lambda",
+    "global-head-epochs",
+    "global-head-lr",
 )
 
 # The method-specific auto keys, and the methods that read them.
@@ -115,6 +117,8 @@ USED_BY = {
     "ffl-epsilon": _FFL,
     "ffl-min-aggr": _FFL,
     "supcon-lambda": ("dualfed",),
+    "global-head-epochs": ("dualfed",),
+    "global-head-lr": ("dualfed",),
 }
 
 
@@ -185,6 +189,15 @@ def resolve_auto(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         # init it swamps the personal branch's CE (docs/dualfed.md: 53% -> 76%)
         out["supcon-lambda"] = 40.0 if out.get("pretrained-weights") else 1.0
         resolved.append("supcon-lambda")
+    # DualFed's stage 2 (h_s on the frozen z): the paper's E and lr, those of stage 1.
+    # More and larger steps train h_s from random init but lower the combined
+    # accuracy (docs/dualfed.md), so they are an option, not the default.
+    if pending("global-head-epochs"):
+        out["global-head-epochs"] = out.get("local-epochs", 1)
+        resolved.append("global-head-epochs")
+    if pending("global-head-lr"):
+        out["global-head-lr"] = out.get("lr", 0.01)
+        resolved.append("global-head-lr")
     if pending("eval-in-fit"):
         # FedFac's new clients are scored in evaluate messages (LocalTrain, Ensemble)
         held_out = bool(out.get("new-clients")) or bool(str(out.get("new-client-sites", "")))

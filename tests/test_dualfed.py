@@ -127,6 +127,23 @@ def test_stage2_trains_only_the_global_head():
     assert changed(before, model) == {"head.weight", "head.bias"}
 
 
+def test_stage2_runs_its_own_epochs_and_step(monkeypatch):
+    """Stage 2 trains h_s for global-head-epochs at global-head-lr (not the run's lr)."""
+    import client_app.dualfed as dualfed
+
+    seen = {}
+
+    def spy(model, params, x, y, epochs, cfg, generator, *rest):
+        seen.update(epochs=epochs, lr=cfg.lr, batch=cfg.batch_size, dim=x.dim())
+        return 0.0
+
+    client, _ = make_client()
+    client.cfg = client.cfg.model_copy(update={"global_head_epochs": 7, "global_head_lr": 0.3})
+    monkeypatch.setattr(dualfed, "train_epochs", spy)
+    client.stage2(torch.Generator().manual_seed(1))
+    assert seen == {"epochs": 7, "lr": 0.3, "batch": 16, "dim": 2}  # on z, not on images
+
+
 def test_simultaneous_schedule_trains_everything():
     client, model = make_client("simultaneous")
     before = snapshot(model)
