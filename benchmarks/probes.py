@@ -5,6 +5,7 @@ the runner stores as ``results["probe"]`` and the report can tabulate."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,48 @@ def fedfac_recovery(results: dict[str, Any], clients: int) -> dict[str, float]:
     return {"index_recovery": float((np.asarray(mask, bool) == truth).mean())}
 
 
+def linear_probe(results: dict[str, Any], clients: int) -> dict[str, float]:
+    """How much a linear head can read from the final shared encoder: per client, a
+    fresh linear head on z = features(x) (frozen, eval mode) trained on the client's
+    training data (20 epochs, SGD lr 0.1, momentum 0.9, batch 64), scored on its test
+    data; the mean over clients. For DualFed: what h_s could reach (docs/dualfed.md)."""
+    import torch
+    import torch.nn.functional as F
+
+    from methods import get_method
+    from pfl_data import data_info, load_client_data
+    from pfl_store import read_checked_npz
+    from run_config.schema import parse_run_config
+
+    cfg = parse_run_config(results["config"])
+    info = data_info(cfg)
+    model = get_method(cfg.method).build_model(cfg, info)
+    arrays, _ = read_checked_npz(Path(cfg.output_dir) / cfg.run_name / "server-state.npz")
+    state = model.state_dict()
+    for key, value in arrays.items():
+        if key.startswith("global/features."):
+            state[key.removeprefix("global/")] = torch.from_numpy(value)
+    model.load_state_dict(state)
+    model.eval()
+    torch.manual_seed(cfg.seed)
+    accuracies = []
+    for pid in range(clients):
+        data = load_client_data(cfg, pid, clients)
+        with torch.no_grad():
+            z, z_test = model.features(data.x_train), model.features(data.x_test)
+        head = torch.nn.Linear(z.shape[1], info.num_classes)
+        opt = torch.optim.SGD(head.parameters(), lr=0.1, momentum=0.9)
+        for _ in range(20):
+            for batch in torch.randperm(len(z)).split(64):
+                opt.zero_grad()
+                F.cross_entropy(head(z[batch]), data.y_train[batch]).backward()
+                opt.step()
+        with torch.no_grad():
+            accuracies.append(float((head(z_test).argmax(1) == data.y_test).float().mean()))
+    return {"linear_probe_accuracy": float(np.mean(accuracies))}
+
+
 PROBES: dict[str, Callable[[dict[str, Any], int], dict[str, float]]] = {
     "fedfac-recovery": fedfac_recovery,
+    "linear-probe": linear_probe,
 }
