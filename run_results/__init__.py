@@ -169,8 +169,33 @@ def provenance() -> dict[str, str]:
         "torch": _version("torch"),
         "python": platform.python_version(),
         "git_commit": git_commit(Path.cwd()),
-        "command": " ".join(sys.argv),
+        "command": redacted_command(sys.argv),
     }
+
+
+# Flags whose values are secrets: Flower's flwr-serverapp gets its run token on the
+# command line (seen in a docker deployment's results.json before this was added).
+SECRET_FLAGS = ("--token", "--auth-supernode-private-key")
+
+
+def redacted_command(argv: list[str]) -> str:
+    """The command line with the value of every secret flag replaced by ``***``."""
+    out, hide = [], False
+    for arg in argv:
+        if hide:
+            out.append("***")
+            hide = False
+            continue
+        flag = arg.split("=", 1)[0]
+        if flag in SECRET_FLAGS:
+            if "=" in arg:
+                out.append(f"{flag}=***")
+            else:
+                out.append(arg)
+                hide = True
+            continue
+        out.append(arg)
+    return " ".join(out)
 
 
 def tensorboard_writer(run_dir: Path) -> Any:

@@ -68,3 +68,16 @@ def test_tensorboard_writes_event_files_or_names_the_missing_extra(tmp_path) -> 
     record = {"round": 1, "accuracy_mean": 0.5, "accuracy_pooled": 0.5}
     rec.add_round({**record, "bytes_up": 1, "bytes_down": 1, "seconds": 0.1})
     assert list((tmp_path / "tb" / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_provenance_never_records_a_secret_from_the_command_line() -> None:
+    from run_results import redacted_command
+
+    argv = ["/opt/venv/bin/flwr-serverapp", "--runtime-api-address", "superlink:8000"]
+    argv += ["--token", "b1a72761", "--superexec-auth-secret-file=certs/superexec.secret"]
+    argv += ["--auth-supernode-private-key=keys/site-a", "--root-certificates", "ca.crt"]
+    assert redacted_command(argv) == (
+        "/opt/venv/bin/flwr-serverapp --runtime-api-address superlink:8000 --token *** "
+        "--superexec-auth-secret-file=certs/superexec.secret "
+        "--auth-supernode-private-key=*** --root-certificates ca.crt"
+    )
