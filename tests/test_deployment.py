@@ -446,3 +446,36 @@ def test_superexec_image_carries_every_app_package() -> None:
     project = tomllib.loads((DOCKER.parent / "pyproject.toml").read_text())
     for package in project["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]:
         assert f"COPY {package} ./{package}" in text
+    # BuildKit reads the Dockerfile's own .dockerignore: a package it leaves out of the
+    # build context makes its COPY fail (deploy/ was missing before any image was built)
+    ignore = (DOCKER / "superexec.Dockerfile.dockerignore").read_text().splitlines()
+    for package in project["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]:
+        assert f"!{package}/**" in ignore, package
+
+
+def _tools_without_docker(tmp_path: Path) -> Path:
+    """A PATH with what scripts/docker_images.sh needs before docker, and no docker."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("sed", "head", "date", "dirname"):
+        found = next(Path(d) / tool for d in ("/usr/bin", "/bin") if (Path(d) / tool).exists())
+        (bin_dir / tool).symlink_to(found)
+    return bin_dir
+
+
+def test_image_script_says_what_is_missing(tmp_path: Path) -> None:
+    script = DOCKER.parent / "scripts" / "docker_images.sh"
+    bin_dir = _tools_without_docker(tmp_path)
+    run = functools.partial(
+        subprocess.run, ["/bin/bash", str(script)], capture_output=True, text=True, timeout=60
+    )
+    out = run(env={"PATH": str(bin_dir)})
+    assert out.returncode == 1
+    assert out.stderr.strip() == "docker_images: 'docker' is missing (install Debian's docker.io)"
+    # a docker client whose daemon does not answer
+    fake = bin_dir / "docker"
+    fake.write_text("#!/bin/bash\nexit 1\n")
+    fake.chmod(0o755)
+    out = run(env={"PATH": str(bin_dir)})
+    assert out.returncode == 1
+    assert out.stderr.strip() == "docker_images: no Docker daemon answers (start dockerd)"

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Build the registry-free image pflower/app:<version> (docker/app.Dockerfile):
+#   1. a base image from Debian's packages (debootstrap + docker import), unless
+#      BASE_IMAGE names one the daemon already has (any Debian-like image with
+#      python3 >= 3.11 and venv);
+#   2. .wheelhouse/: every Python package the app needs at the tested versions
+#      (constraints.txt), from the package index this machine can reach; an
+#      air-gapped site copies this folder instead (docs/DEPLOYMENT.md);
+#   3. docker build with the wheelhouse mounted (no index, no registry).
+# Each step is skipped when its output is newer than its inputs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1)
+BASE_IMAGE="${BASE_IMAGE:-pflower/base:bookworm}"
+APP_IMAGE="${APP_IMAGE:-pflower/app:$VERSION}"
+PY="${PYTHON:-.venv/bin/python}"
+WORK="${PFLOWER_DOCKER_WORK:-/var/tmp/pflower-docker}"
+
+need() { command -v "$1" >/dev/null || { echo "docker_images: '$1' is missing ($2)" >&2; exit 1; }; }
+need docker "install Debian's docker.io"
+docker info >/dev/null 2>&1 || { echo "docker_images: no Docker daemon answers (start dockerd)" >&2; exit 1; }
+
+t0=$(date +%s)
+if ! docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+    [ "$BASE_IMAGE" = pflower/base:bookworm ] || { echo "docker_images: base image $BASE_IMAGE is not here" >&2; exit 1; }
+    need debootstrap "install Debian's debootstrap, or set BASE_IMAGE to an image you have"
+    rm -rf "$WORK/rootfs" && mkdir -p "$WORK"
+    echo "docker_images: debootstrap bookworm (python3, venv) into $WORK/rootfs"
+    debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
+        bookworm "$WORK/rootfs" "${DEBIAN_MIRROR:-http://deb.debian.org/debian}" >"$WORK/debootstrap.log"
+    rm -rf "$WORK/rootfs"/var/cache/apt/archives/*.deb "$WORK/rootfs"/var/lib/apt/lists/*
+    tar -C "$WORK/rootfs" -c . | docker import - "$BASE_IMAGE" >/dev/null
+    rm -rf "$WORK/rootfs"
+fi
+t1=$(date +%s)
+if [ ! -f .wheelhouse/.complete ] || [ constraints.txt -nt .wheelhouse/.complete ] \
+        || [ pyproject.toml -nt .wheelhouse/.complete ]; then
+    echo "docker_images: filling .wheelhouse/ (constraints.txt)"
+    rm -rf .wheelhouse && mkdir -p .wheelhouse
+    "$PY" -m pip download -q -d .wheelhouse -c constraints.txt . hatchling 2>&1 \
+        | grep -v "is ignored: it is neither" || true
+    [ -n "$(ls .wheelhouse/torch-*.whl 2>/dev/null)" ] || { echo "docker_images: pip download failed" >&2; exit 1; }
+    touch .wheelhouse/.complete
+fi
+t2=$(date +%s)
+echo "docker_images: building $APP_IMAGE on $BASE_IMAGE"
+# the build context: the app's packages (those the wheel carries) and its pins
+ctx="$WORK/context" && rm -rf "$ctx" && mkdir -p "$ctx/app"
+packages=$("$PY" -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['tool']['hatch']['build']['targets']['wheel']['packages']))")
+cp constraints.txt "$ctx/"
+cp pyproject.toml README.md "$ctx/app/"
+for pkg in $packages; do cp -r "$pkg" "$ctx/app/"; done
+find "$ctx/app" -name __pycache__ -prune -exec rm -rf {} +
+# the wheelhouse, served on the Docker bridge for the build only (stopped by its pid)
+bridge=$(docker network inspect bridge --format '{{(index .IPAM.Config 0).Gateway}}')
+# a fixed port: the URL is a build argument, and a new value would rebuild every layer
+port="${PFLOWER_WHEELS_PORT:-38419}"
+"$PY" -m http.server --bind "$bridge" --directory .wheelhouse "$port" >"$WORK/wheels-http.log" 2>&1 &
+server=$!
+trap 'kill $server 2>/dev/null || true' EXIT
+previous=$(docker image inspect -f '{{.Id}}' "$APP_IMAGE" 2>/dev/null || true)
+DOCKER_BUILDKIT=0 docker build -q -f docker/app.Dockerfile --build-arg "BASE_IMAGE=$BASE_IMAGE" \
+    --build-arg "WHEELS_URL=http://$bridge:$port/" --build-arg "WHEELS_HOST=$bridge" \
+    -t "$APP_IMAGE" "$ctx" >/dev/null
+kill $server 2>/dev/null || true
+rm -rf "$ctx"
+# the image this build replaced, if nothing else uses it
+current=$(docker image inspect -f '{{.Id}}' "$APP_IMAGE")
+if [ -n "$previous" ] && [ "$previous" != "$current" ]; then
+    docker image rm "$previous" >/dev/null 2>&1 || true
+fi
+t3=$(date +%s)
+echo "docker_images: $APP_IMAGE ready (base $((t1 - t0)) s, wheelhouse $((t2 - t1)) s, build $((t3 - t2)) s)"
