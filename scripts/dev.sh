@@ -3,6 +3,8 @@
 #   bash scripts/dev.sh run [flwr run options]   # the main job (offline, embedded default data)
 #   bash scripts/dev.sh check [--run-config ...] # validate a run config in about a second
 #   bash scripts/dev.sh test                     # lint, format check, import contracts, all tests
+#   bash scripts/dev.sh images                   # the registry-free docker image (docs/DEPLOYMENT.md)
+#   bash scripts/dev.sh compose-test             # server + two sites in containers, end to end
 # `run` and `check` exit 0 on success, 2 on a bad config, 1 on a failed run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -61,8 +63,19 @@ case "${1:-}" in
         "$VENV/bin/lint-imports"  # the directions of dependency (pyproject.toml)
         exec "$VENV/bin/python" -m pytest -q -rs "$@"
         ;;
+    images)
+        shift
+        setup
+        exec bash scripts/docker_images.sh "$@"
+        ;;
+    compose-test)
+        shift
+        setup
+        use_venv_path
+        exec bash scripts/compose_test.sh "$@"
+        ;;
     *)
-        echo "usage: bash scripts/dev.sh run|check|test [args]" >&2
+        echo "usage: bash scripts/dev.sh run|check|test|images|compose-test [args]" >&2
         exit 2
         ;;
 esac

@@ -410,6 +410,12 @@ def _cli_help(binary: str) -> str:
 @pytest.mark.parametrize("compose", sorted(p.name for p in DOCKER.glob("compose*.yml")))
 def test_compose_file_is_valid_against_flower_1_39(compose: str) -> None:
     doc = yaml.safe_load((DOCKER / compose).read_text())
+    if compose.endswith(".gpu.yml"):  # an override: checked merged onto its base file
+        base = yaml.safe_load((DOCKER / compose.replace(".gpu.yml", ".yml")).read_text())
+        assert set(doc["services"]) <= set(base["services"])
+        for name, svc in doc["services"].items():
+            base["services"][name].update(svc)
+        doc = base
     named_volumes = set(doc.get("volumes") or {})
     assert doc["services"]
     for name, svc in doc["services"].items():
@@ -479,3 +485,20 @@ def test_image_script_says_what_is_missing(tmp_path: Path) -> None:
     out = run(env={"PATH": str(bin_dir)})
     assert out.returncode == 1
     assert out.stderr.strip() == "docker_images: no Docker daemon answers (start dockerd)"
+
+
+def test_compose_test_says_what_is_missing(tmp_path: Path) -> None:
+    """Without a container engine the end-to-end fails with one line; it never passes."""
+    script = DOCKER.parent / "scripts" / "compose_test.sh"
+    bin_dir = _tools_without_docker(tmp_path)
+    out = subprocess.run(
+        ["/bin/bash", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": str(bin_dir)},
+    )
+    assert out.returncode == 1
+    assert out.stderr.strip() == (
+        "compose_test: FAILED: docker-compose is missing (Debian: apt-get install docker-compose)"
+    )
