@@ -164,6 +164,9 @@ class RunConfig(BaseModel):
     ffl_sim_threshold: float = _field(0.0, alias="ffl-sim-threshold", ge=-1, le=1)
     ffl_min_aggr: int = _field(10, alias="ffl-min-aggr", ge=1)
     ffl_epsilon: float = _field(1.0, alias="ffl-epsilon", ge=0)
+    # what the similarity compares: v (the paper) or v minus its initial value, which
+    # every client shares (docs/factorized_fl.md: v barely leaves it at this budget)
+    ffl_match: Literal["v", "v-change"] = _field("v", alias="ffl-match")
 
     # FedCP (paper default lambda = 5; lr 0.005 / batch 10 are passed per run)
     mmd_lambda: float = _field(5.0, alias="mmd-lambda", ge=0)

@@ -1,6 +1,7 @@
 """Factorized-FL's aggregation: similarity-matched, one aggregate per client.
 
 For each reporting client k: s_ki = cosine(v_k, v_i) of the matching vectors
+(``ffl-match=v-change``: of v_k - v_0 and v_i - v_0, v_0 the shared initial v)
 (s_kk = 1), keep the clients with s >= tau, at least ``ffl-min-aggr`` of the most
 similar (k itself always first), weights softmax(epsilon * s) over the kept
 ones; k's next payload is that weighted mean of the kept clients' shared tensors.
@@ -68,6 +69,10 @@ class FactorizedFLStrategy(PFLStrategy):
         self.set_global(self.wire.encode(initial))
         self.spec = self.wire.down_spec()
         self.payloads: dict[str, Parameters] = {}  # stable client key -> its aggregate
+        # ffl-match=v-change: compare each v's move away from the initial v, which every
+        # client starts from (the model's own initialisation)
+        v0 = model.state_dict()[self.wire.match].detach().cpu().numpy().reshape(-1)
+        self.match_origin = v0.astype(np.float32) if cfg.ffl_match == "v-change" else None
 
     def payload_for(self, client_key: str | None, server_round: int) -> Parameters:
         if client_key is not None and client_key in self.payloads:
@@ -100,7 +105,10 @@ class FactorizedFLStrategy(PFLStrategy):
     def aggregate(self, server_round: int, replies: list[Reply]) -> None:
         decoded = [self.wire.decode(r.arrays) for r in replies]
         dense = [d for d, _ in decoded]
-        sim = cosine_matrix(np.stack([m for _, m in decoded]))
+        vectors = np.stack([m for _, m in decoded])
+        if self.match_origin is not None:
+            vectors = vectors - self.match_origin
+        sim = cosine_matrix(vectors)
         cfg = self.cfg
         new: dict[str, Parameters] = {}
         kept_counts = []

@@ -313,6 +313,23 @@ def test_each_client_gets_its_own_aggregate_from_the_round_inputs() -> None:
     assert new.flat[0] == pytest.approx(5.0) and new.shape == initial[0].shape
 
 
+def test_v_change_matching_compares_moves_away_from_the_shared_initial_v() -> None:
+    """ffl-match=v-change: two clients whose v moved in orthogonal directions from the
+    initial v (which every client starts from) are dissimilar; compared as v (the
+    paper) they look alike, since the common start dominates."""
+    for match, expect_similar in (("v", True), ("v-change", False)):
+        cfg = cfg_of(method="factorized-fl-alpha", ffl_match=match)
+        strat = strategy_of(cfg, data_info(cfg))
+        client = client_of(cfg, data_info(cfg))
+        v0 = client.model.state_dict()[strat.wire.match].numpy().reshape(-1)
+        np.testing.assert_array_equal(v0, strat.match_origin if match == "v-change" else v0)
+        a, b = np.zeros_like(v0), np.zeros_like(v0)
+        a[0], b[1] = 0.01, 0.01
+        strat.aggregate(1, [_reply(strat, "c0", 0.0, v0 + a), _reply(strat, "c1", 1.0, v0 + b)])
+        s01 = strat.rounds[1].extra["ffl_similarity"]["matrix"][0][1]
+        assert (s01 > 0.99) if expect_similar else (abs(s01) < 1e-3), (match, s01)
+
+
 def test_two_clients_with_different_v_get_different_payloads_from_training() -> None:
     """Real clients: after one fit each, their v differ and so do their payloads."""
     cfg = cfg_of(method="factorized-fl-alpha", ffl_epsilon=20.0)
