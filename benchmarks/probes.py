@@ -31,38 +31,42 @@ def linear_probe(results: dict[str, Any], clients: int) -> dict[str, float]:
     training data (20 epochs, SGD lr 0.1, momentum 0.9, batch 64), scored on its test
     data; the mean over clients. For DualFed: what h_s could reach (docs/dualfed.md)."""
     import torch
-    import torch.nn.functional as F
 
+    from client_app.train import evaluate, train_epochs
     from methods import get_method
     from pfl_data import data_info, load_client_data
-    from pfl_store import read_checked_npz
     from run_config.schema import parse_run_config
+    from strategies.checkpoint import SERVER_STATE, load_server_state
 
     cfg = parse_run_config(results["config"])
     info = data_info(cfg)
     model = get_method(cfg.method).build_model(cfg, info)
-    arrays, _ = read_checked_npz(Path(cfg.output_dir) / cfg.run_name / "server-state.npz")
-    state = model.state_dict()
-    for key, value in arrays.items():
-        if key.startswith("global/features."):
-            state[key.removeprefix("global/")] = torch.from_numpy(value)
-    model.load_state_dict(state)
+    _, arrays = load_server_state(Path(cfg.output_dir) / cfg.run_name / SERVER_STATE, cfg.method)
+    encoder = {
+        k.removeprefix("global/"): torch.from_numpy(v)
+        for k, v in arrays.items()
+        if k.startswith("global/features.")
+    }
+    model.load_state_dict({**model.state_dict(), **encoder})
     model.eval()
-    torch.manual_seed(cfg.seed)
+    probe_cfg = cfg.model_copy(
+        update={
+            "lr": 0.1,
+            "momentum": 0.9,
+            "weight_decay": 0.0,
+            "batch_size": 64,
+            "optimizer": "sgd",
+        }
+    )
+    generator = torch.Generator().manual_seed(cfg.seed)
     accuracies = []
     for pid in range(clients):
         data = load_client_data(cfg, pid, clients)
         with torch.no_grad():
             z, z_test = model.features(data.x_train), model.features(data.x_test)
         head = torch.nn.Linear(z.shape[1], info.num_classes)
-        opt = torch.optim.SGD(head.parameters(), lr=0.1, momentum=0.9)
-        for _ in range(20):
-            for batch in torch.randperm(len(z)).split(64):
-                opt.zero_grad()
-                F.cross_entropy(head(z[batch]), data.y_train[batch]).backward()
-                opt.step()
-        with torch.no_grad():
-            accuracies.append(float((head(z_test).argmax(1) == data.y_test).float().mean()))
+        train_epochs(head, list(head.parameters()), z, data.y_train, 20, probe_cfg, generator)
+        accuracies.append(evaluate(head, z_test, data.y_test)[1])
     return {"linear_probe_accuracy": float(np.mean(accuracies))}
 
 

@@ -9,8 +9,9 @@ message: seconds per message (docs/PERFORMANCE.md). This is Flower's own
 ``flower-superexec`` (same flags, same Runtime API, same authentication), except
 that it imports the ClientApp's libraries once, then forks a child per task, and
 the child runs Flower's ``run_clientapp`` exactly as ``flwr-clientapp`` would
-(asking again soon for message parts still on their way: deploy/fast_supernode.py). The app's own modules are not kept: each child imports them from the
-installed FAB, so a new app version is never served from a stale import.
+(asking again soon for message parts still on their way: deploy/fast_supernode.py).
+The app's own modules are not kept: each child imports them from the installed
+FAB, so a new app version is never served from a stale import.
 
 Use it with ``flower-supernode --isolation process`` in place of
 ``flower-superexec`` (``LoopbackFederation(isolation="process", warm=True)``).

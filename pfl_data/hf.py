@@ -486,15 +486,15 @@ def semantic_groups(src: _Source) -> dict[str, np.ndarray] | None:
     """
     coarse = src.columns.get("coarse_label")
     if coarse is not None:
-        out: dict[str, set[int]] = {}
+        out: dict[int, set[int]] = {}
         for fine, c in zip(src.labels.tolist(), coarse.tolist(), strict=True):
-            out.setdefault(f"coarse-{c}", set()).add(fine)
+            out.setdefault(int(c), set()).add(fine)
         sets = list(out.values())
         if sum(len(g) for g in sets) != len(set().union(*sets)):
             raise ConfigError(
                 "config key 'domain-groups': column 'coarse_label' puts one class in two groups"
             )
-        return {k: np.array(sorted(g)) for k, g in sorted(out.items())}
+        return {f"coarse-{c}": np.array(sorted(out[c])) for c in sorted(out)}
     if set(src.class_names) == {n for g in CIFAR10_GROUPS.values() for n in g}:
         index = {n: i for i, n in enumerate(src.class_names)}
         return {k: np.array(sorted(index[n] for n in g)) for k, g in CIFAR10_GROUPS.items()}

@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks import presets, report, runner
 from benchmarks.__main__ import main
-from benchmarks.probes import fedfac_recovery
+from benchmarks.probes import fedfac_recovery, linear_probe
 
 
 def _preset(tmp_path: Path, text: str, name: str = "trial") -> presets.Preset:
@@ -175,6 +175,18 @@ def test_the_recovery_probe_compares_the_final_split_with_the_teacher():
     assert fedfac_recovery(res, 3) == {"index_recovery": 1.0}
     res["rounds"][-1]["fa_shared_mask"] = {"features.1": (~truth).tolist()}
     assert fedfac_recovery(res, 3) == {"index_recovery": 0.0}
+
+
+def test_the_linear_probe_reads_the_run_checkpoint_encoder(tmp_path):
+    from run_config.schema import ConfigError
+    from server_app.inprocess import run_inprocess
+
+    cfg = {"method": "fedavg", "num-server-rounds": 3, "sim-samples": 200, "hidden-dim": 32}
+    res = run_inprocess({**cfg, "output-dir": str(tmp_path), "run-name": "r"}, 3)
+    assert 0.0 <= linear_probe(res, 3)["linear_probe_accuracy"] <= 1.0
+    # the checkpoint it reads is the run's own: another method's run is refused
+    with pytest.raises(ConfigError, match="fedavg"):
+        linear_probe({**res, "config": {**res["config"], "method": "fedper"}}, 3)
 
 
 @pytest.mark.slow
