@@ -361,6 +361,38 @@ class LoopbackFederation:
             )
         return proc
 
+    def start_site(self, site: str, data_path: Path, device: str = "cpu") -> Proc:
+        """A site as an operator starts one: ``python -m deploy.site`` on its own data
+        folder (warm by default), its state in ``root/state-<site>``, with this
+        federation's CA and the site's key when TLS / authentication are on."""
+        (runtime_port,) = free_ports(1)
+        cmd = [
+            sys.executable,
+            "-m",
+            "deploy.site",
+            "--superlink",
+            f"127.0.0.1:{self.fleet_port}",
+            "--site",
+            site,
+            "--data-path",
+            str(data_path),
+            "--device",
+            device,
+            "--state-dir",
+            str(self.state_dir(site)),
+            "--runtime-port",
+            str(runtime_port),
+        ]
+        cmd += ["--root-certificates", str(self.pki / "ca.crt")] if self.tls else ["--insecure"]
+        if self.auth:
+            cmd += ["--auth-key", str(self.key(site))]
+        proc = self._spawn(site, cmd, self.root / site)
+        self.nodes[site] = proc
+        return proc
+
+    def state_dir(self, site: str) -> Path:
+        return self.root / f"state-{site}"
+
     def wait_for(self, cond: Any, timeout: float, what: str, proc: Proc | None = None) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

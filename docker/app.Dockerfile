@@ -2,7 +2,7 @@
 # SuperNode and warm SuperExec, the ServerApp's SuperExec), on any Debian-like base
 # with python3 >= 3.11 and venv, its Python packages at exactly the tested versions
 # (constraints.txt) from a wheelhouse, not from a package index or a registry.
-# `bash scripts/docker_images.sh` makes the base (debootstrap), fills .wheelhouse/,
+# `bash scripts/docker_images.sh` makes the base (debootstrap), fills the wheelhouse,
 # serves it to this build on the Docker bridge (WHEELS_URL), so that the wheels never
 # become a layer of the image, and builds with Debian's docker.io as it is (no BuildKit).
 ARG BASE_IMAGE=pflower/base:bookworm

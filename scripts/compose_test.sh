@@ -8,8 +8,17 @@
 # personal state is in its own volume only, site-a resumed its tensors, an unregistered
 # site was refused. Everything it started is removed on exit (not the images: they are
 # the cache for the next run; PFLOWER_REMOVE_IMAGES=1 removes them too).
-#   bash scripts/dev.sh compose-test        (or this script directly, as root)
+#   bash scripts/dev.sh compose-test [--timing]   (or this script directly, as root)
+# --timing: then the same 5 rounds again in the containers, undisturbed, and on loopback
+# processes (a SuperLink and two `python -m deploy.site` sites on the same folders, TLS
+# and authentication), one after the other; prints the seconds per round of both.
 set -euo pipefail
+TIMING=0
+case "${1:-}" in
+    --timing) TIMING=1 ;;
+    "") ;;
+    *) echo "usage: compose_test.sh [--timing]" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 REPO=$PWD
 PY="${PYTHON:-$REPO/.venv/bin/python}"
@@ -168,3 +177,72 @@ server_log superlink "No SuperNode found with the given public key" \
     || fail "the SuperLink did not refuse site-x"
 ! site_log site-x supernode "SuperNode ID" || fail "site-x was let in"
 say "passed: images $((t_images - t_start)) s, stack up $((t_run - t_up)) s (after images and PKI), run $((t_done - t_run)) s for 5 rounds (site-a restarted at +$((t_restart - t_run)) s)"
+
+[ "$TIMING" = 1 ] || exit 0
+
+say "timing: the same 5 rounds in the containers (no restart), then on loopback processes"
+compose_site site-x down -v >/dev/null 2>&1 || true  # refused, it restarts in a loop: CPU
+sed -i 's/^run-name = .*/run-name = "compose-timing"/' "$W/cli/run.toml"
+echo "log-phases = true" >>"$W/cli/run.toml"  # where each ClientApp message's time goes
+flwr run "$REPO" compose --run-config "$W/cli/run.toml" --format json | grep '"success": true' >/dev/null \
+    || fail "flwr run (timing) was refused"
+timing_done() { flwr list --format json | "$PY" -c "import json, sys; r = json.load(sys.stdin)['runs']; \
+sys.exit(not all(x['status'].startswith('finished') for x in r))"; }
+wait_for 900 "the timing run to finish" timing_done
+cp "$W/server/outputs/compose-timing/results.json" "$W/containers.json"
+for site in "${SITES[@]}"; do
+    compose_site "$site" logs --no-color superexec-clientapp 2>/dev/null | grep -o "pflower-phases .*" || true
+done >"$W/containers-phases.txt"
+compose_site site-a down -v >/dev/null 2>&1 || true  # the cores go to the loopback run
+compose_site site-b down -v >/dev/null 2>&1 || true
+compose_server down -v >/dev/null 2>&1 || true
+(cd "$REPO" && "$PY" - "$W" <<'EOF') || fail "the loopback timing run"
+"""The same run on loopback processes: SuperLink (process isolation, TLS, node
+authentication) and two sites launched with `python -m deploy.site` on the same folders."""
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from client_app.timing import PREFIX
+from deploy.loopback import LoopbackFederation
+
+w = Path(sys.argv[1])
+sites = ["site-a", "site-b"]
+with LoopbackFederation(w / "loopback", tls=True, auth=True, isolation="process") as fed:
+    fed.make_certs(sites)
+    fed.start_superlink()
+    for site in sites:
+        fed.register(site)
+        fed.start_site(site, w / "data" / site)
+    for site, proc in fed.nodes.items():
+        fed.wait_for(lambda p=proc: "SuperNode ID" in p.text(), 180, site, proc)
+    config = {
+        "method": "fedper", "model": "cnn4", "dataset": str(w / "server" / "reference"),
+        "num-server-rounds": 5, "min-available-clients": 2,
+        "output-dir": str(w / "loopback-out"), "run-name": "loopback", "log-phases": True,
+    }
+    status = fed.wait_run(fed.run(config), 900)
+    assert status == "finished:completed", status + fed.tail()
+    loopback_phases = [ln for proc in fed.procs for ln in proc.text().splitlines()]
+phases = {
+    "containers": (w / "containers-phases.txt").read_text().splitlines(),
+    "loopback processes": loopback_phases,
+}
+runs = {
+    "containers": json.loads((w / "containers.json").read_text()),
+    "loopback processes": json.loads((w / "loopback-out/loopback/results.json").read_text()),
+}
+for name, res in runs.items():
+    seconds = [r["seconds"] for r in res["rounds"]]
+    print(
+        f"compose_test: timing, {name}: median {statistics.median(seconds[1:]):.2f} s a round "
+        f"after round 1 (rounds: {', '.join(f'{s:.2f}' for s in seconds)})"
+    )
+    marks = [json.loads(ln.split(PREFIX, 1)[1]) for ln in phases[name] if PREFIX in ln]
+    median = {k: statistics.median(m[k] for m in marks if k in m) for k in marks[0]} if marks else {}
+    print(
+        f"compose_test: timing, {name}: median ClientApp message over {len(marks)}: "
+        + ", ".join(f"{k} {v:.2f} s" for k, v in median.items())
+    )
+EOF

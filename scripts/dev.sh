@@ -2,7 +2,8 @@
 # Set-up and the two everyday commands, on a fresh machine:
 #   bash scripts/dev.sh run [flwr run options]   # the main job (offline, embedded default data)
 #   bash scripts/dev.sh check [--run-config ...] # validate a run config in about a second
-#   bash scripts/dev.sh test                     # lint, format check, import contracts, all tests
+#   bash scripts/dev.sh test                     # lint, format check, import contracts, all tests;
+#                                                # with CI=true also the compose end-to-end
 #   bash scripts/dev.sh images                   # the registry-free docker image (docs/DEPLOYMENT.md)
 #   bash scripts/dev.sh compose-test             # server + two sites in containers, end to end
 # `run` and `check` exit 0 on success, 2 on a bad config, 1 on a failed run.
@@ -61,7 +62,12 @@ case "${1:-}" in
         "$VENV/bin/ruff" check .
         "$VENV/bin/ruff" format --check .
         "$VENV/bin/lint-imports"  # the directions of dependency (pyproject.toml)
-        exec "$VENV/bin/python" -m pytest -q -rs "$@"
+        "$VENV/bin/python" -m pytest -q -rs "$@"
+        # then the deployment in containers (root, Docker; installs Debian's if missing)
+        if [ "${CI:-}" = true ] || [ "${PFLOWER_COMPOSE_TEST:-}" = 1 ]; then
+            exec bash scripts/compose_ci.sh
+        fi
+        echo "dev.sh: the compose end-to-end did not run (CI=true or PFLOWER_COMPOSE_TEST=1 runs it)"
         ;;
     images)
         shift

@@ -3,11 +3,12 @@
 #   1. a base image from Debian's packages (debootstrap + docker import), unless
 #      BASE_IMAGE names one the daemon already has (any Debian-like image with
 #      python3 >= 3.11 and venv);
-#   2. .wheelhouse/: every Python package the app needs at the tested versions
+#   2. the wheelhouse (PFLOWER_WHEELHOUSE, default ~/.cache/pflower/wheelhouse, kept
+#      between clones): every Python package the app needs at the tested versions
 #      (constraints.txt), from the package index this machine can reach; an
 #      air-gapped site copies this folder instead (docs/DEPLOYMENT.md);
 #   3. docker build with the wheelhouse mounted (no index, no registry).
-# Each step is skipped when its output is newer than its inputs.
+# Each step is skipped when its output exists for the same inputs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1)
@@ -15,6 +16,7 @@ BASE_IMAGE="${BASE_IMAGE:-pflower/base:bookworm}"
 APP_IMAGE="${APP_IMAGE:-pflower/app:$VERSION}"
 PY="${PYTHON:-.venv/bin/python}"
 WORK="${PFLOWER_DOCKER_WORK:-/var/tmp/pflower-docker}"
+WHEELS="${PFLOWER_WHEELHOUSE:-${XDG_CACHE_HOME:-${HOME:-/var/tmp}/.cache}/pflower/wheelhouse}"
 
 need() { command -v "$1" >/dev/null || { echo "docker_images: '$1' is missing ($2)" >&2; exit 1; }; }
 need docker "install Debian's docker.io"
@@ -33,14 +35,15 @@ if ! docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
     rm -rf "$WORK/rootfs"
 fi
 t1=$(date +%s)
-if [ ! -f .wheelhouse/.complete ] || [ constraints.txt -nt .wheelhouse/.complete ] \
-        || [ pyproject.toml -nt .wheelhouse/.complete ]; then
-    echo "docker_images: filling .wheelhouse/ (constraints.txt)"
-    rm -rf .wheelhouse && mkdir -p .wheelhouse
-    "$PY" -m pip download -q -d .wheelhouse -c constraints.txt . hatchling 2>&1 \
+# the wheelhouse's inputs, by content (a fresh clone's files are all new by mtime)
+inputs=$(cat constraints.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$WHEELS/.complete" 2>/dev/null)" != "$inputs" ]; then
+    echo "docker_images: filling $WHEELS (constraints.txt)"
+    rm -rf "$WHEELS" && mkdir -p "$WHEELS"
+    "$PY" -m pip download -q -d "$WHEELS" -c constraints.txt . hatchling 2>&1 \
         | grep -v "is ignored: it is neither" || true
-    [ -n "$(ls .wheelhouse/torch-*.whl 2>/dev/null)" ] || { echo "docker_images: pip download failed" >&2; exit 1; }
-    touch .wheelhouse/.complete
+    [ -n "$(ls "$WHEELS"/torch-*.whl 2>/dev/null)" ] || { echo "docker_images: pip download failed" >&2; exit 1; }
+    echo "$inputs" >"$WHEELS/.complete"
 fi
 t2=$(date +%s)
 echo "docker_images: building $APP_IMAGE on $BASE_IMAGE"
@@ -55,7 +58,7 @@ find "$ctx/app" -name __pycache__ -prune -exec rm -rf {} +
 bridge=$(docker network inspect bridge --format '{{(index .IPAM.Config 0).Gateway}}')
 # a fixed port: the URL is a build argument, and a new value would rebuild every layer
 port="${PFLOWER_WHEELS_PORT:-38419}"
-"$PY" -m http.server --bind "$bridge" --directory .wheelhouse "$port" >"$WORK/wheels-http.log" 2>&1 &
+"$PY" -m http.server --bind "$bridge" --directory "$WHEELS" "$port" >"$WORK/wheels-http.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 previous=$(docker image inspect -f '{{.Id}}' "$APP_IMAGE" 2>/dev/null || true)

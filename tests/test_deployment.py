@@ -428,6 +428,10 @@ def test_compose_file_is_valid_against_flower_1_39(compose: str) -> None:
         for src in re.findall(r"^COPY (.+) \S+$", text, re.M):
             for path in src.split():
                 assert (DOCKER.parent / path).exists(), (dockerfile.name, path)
+        # a compose entrypoint `python -m M` (Flower's CLI wrapped): M is in the image
+        if svc.get("entrypoint", [])[:2] == ["python", "-m"] and kind != "superexec":
+            module = svc["entrypoint"][2].replace(".", "/") + ".py"
+            assert module in re.findall(r"^COPY (.+) \S+$", text, re.M)[0].split(), name
         help_text = _cli_help(entry)
         for arg in svc["command"]:
             assert arg.startswith("--"), (name, arg)
@@ -501,4 +505,46 @@ def test_compose_test_says_what_is_missing(tmp_path: Path) -> None:
     assert out.returncode == 1
     assert out.stderr.strip() == (
         "compose_test: FAILED: docker-compose is missing (Debian: apt-get install docker-compose)"
+    )
+
+
+def test_ci_container_stage_says_what_is_missing(tmp_path: Path) -> None:
+    """CI's container stage installs or starts what is missing, or fails with one line."""
+    script = DOCKER.parent / "scripts" / "compose_ci.sh"
+    bin_dir = _tools_without_docker(tmp_path)
+    for tool in ("id", "seq", "sleep", "tail", "tr"):
+        found = next(Path(d) / tool for d in ("/usr/bin", "/bin") if (Path(d) / tool).exists())
+        (bin_dir / tool).symlink_to(found)
+    run = functools.partial(
+        subprocess.run,
+        ["/bin/bash", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": str(bin_dir), "TMPDIR": str(tmp_path)},
+    )
+    root = os.geteuid() == 0
+    out = run()  # no engine, and no apt-get here
+    assert out.returncode == 1
+    missing = "docker.io docker-compose debootstrap"
+    assert out.stderr.strip() == "compose_ci: FAILED: " + (
+        f"{missing} missing and no apt-get to install them"
+        if root
+        else f"needs root to install {missing} (or install them first)"
+    )
+    # the tools are here, no daemon answers, and the one it starts dies at once
+    for tool, body in (
+        ("dockerd", "echo 'failed to start daemon: no cgroups'; exit 1"),
+        ("docker", "exit 1"),
+        ("docker-compose", "exit 0"),
+        ("debootstrap", "exit 0"),
+    ):
+        (bin_dir / tool).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / tool).chmod(0o755)
+    out = run()
+    assert out.returncode == 1
+    assert out.stderr.strip() == "compose_ci: FAILED: " + (
+        "dockerd exited: failed to start daemon: no cgroups"
+        if root
+        else "no Docker daemon answers, and starting one needs root"
     )

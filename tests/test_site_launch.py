@@ -10,7 +10,6 @@ not have that size. All processes are started here and stopped by pid.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
-from deploy.loopback import LoopbackFederation, free_ports
+from deploy.loopback import LoopbackFederation
 
 pytestmark = pytest.mark.slow
 
@@ -36,31 +35,6 @@ def image_folder(root: Path, per_class: int, seed: int) -> Path:
             pixels = np.clip(rng.normal(level, 30, (16, 16, 3)), 0, 255).astype(np.uint8)
             Image.fromarray(pixels).save(root / name / f"{i}.png")
     return root
-
-
-def site_command(fed: LoopbackFederation, site: str, data: Path, device: str) -> list[str]:
-    (runtime_port,) = free_ports(1)
-    return [
-        sys.executable,
-        "-m",
-        "deploy.site",
-        "--superlink",
-        f"127.0.0.1:{fed.fleet_port}",
-        "--site",
-        site,
-        "--data-path",
-        str(data),
-        "--device",
-        device,
-        "--state-dir",
-        str(fed.root / f"state-{site}"),
-        "--root-certificates",
-        str(fed.pki / "ca.crt"),
-        "--auth-key",
-        str(fed.key(site)),
-        "--runtime-port",
-        str(runtime_port),
-    ]
 
 
 def cached_labels(state_dir: Path) -> np.ndarray:
@@ -94,10 +68,7 @@ def test_two_sites_train_on_their_own_folders_over_tls_with_auth(device, tmp_pat
         fed.start_superlink()
         for site in SIZES:
             fed.register(site)
-        sites = {
-            site: fed._spawn(site, site_command(fed, site, folders[site], device), fed.root / site)
-            for site in SIZES
-        }
+        sites = {site: fed.start_site(site, folders[site], device) for site in SIZES}
         for site, proc in sites.items():
             fed.wait_for(lambda p=proc: "SuperNode ID" in p.text(), 180, site, proc)
         run_id = fed.run(
@@ -120,7 +91,7 @@ def test_two_sites_train_on_their_own_folders_over_tls_with_auth(device, tmp_pat
     assert sorted(last["per_client_accuracy"]) == sorted(SIZES)
     assert all(r["replies"] == 2 and not r["rejected"] for r in res["rounds"])
     for site, per_class in SIZES.items():
-        state = fed.root / f"state-{site}"
+        state = fed.state_dir(site)
         # the launcher's own command line: the site's data, device and no partition
         first_line = logs[site].splitlines()[0]
         assert "deploy.warm_superexec" in first_line  # warm by default
