@@ -1,7 +1,9 @@
 """DualFed's local schedule and its three-way score.
 
 Stage-wise (the paper's default): stage 1 trains encoder, projector and personal
-classifier with CE(h_p(u)) + lambda * SupCon(u), the global classifier frozen;
+classifier with CE(h_p(u)) + lambda * SupCon(u), the global classifier frozen
+(``dual-personal-loss=combined``: the CE of the combined prediction instead, h_s
+still frozen, as FedRoD trains its personal head on top of a generic one);
 stage 2 trains only the global classifier (``global-head-epochs`` at
 ``global-head-lr``) with CE(h_s(z)) on z computed once
 under no_grad with the encoder frozen (eval mode, so its BN statistics stay
@@ -62,11 +64,17 @@ class DualFedClient(PFLClient):
         return [*m.features.parameters(), *m.projector.parameters(), *m.personal_head.parameters()]
 
     def _main_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """CE(h_p(u)) + lambda * SupCon(u)."""
+        """CE(h_p(u)) + lambda * SupCon(u); with ``dual-personal-loss=combined`` the CE
+        of the combined prediction (h_s is not among stage 1's parameters)."""
         if x.shape[0] < 2:  # BatchNorm1d cannot train on one sample: skip a 1-sample tail batch
             return model.personal_head.weight.sum() * 0.0
-        u = model.projector(model.features(x))
-        ce = F.cross_entropy(model.personal_head(u), y)
+        z = model.features(x)
+        u = model.projector(z)
+        personal = model.personal_head(u)
+        if self.cfg.dual_personal_loss == "combined":
+            ce = F.cross_entropy(self._combine(personal, model.head(z)), y)
+        else:
+            ce = F.cross_entropy(personal, y)
         return ce + self.cfg.supcon_lambda * self.supcon(u, y)
 
     def stage1(self, generator: torch.Generator) -> float:
@@ -122,7 +130,9 @@ class DualFedClient(PFLClient):
         probabilities``) the two heads' softmax outputs, returned as log((p_p + p_s) / 2)
         so that cross-entropy and argmax apply unchanged."""
         m = self.model
-        personal, glob = m.personal_logits(z), m.head(z)
+        return self._combine(m.personal_logits(z), m.head(z))
+
+    def _combine(self, personal: torch.Tensor, glob: torch.Tensor) -> torch.Tensor:
         if self.cfg.dual_combine == "logits":
             return personal + glob
         return torch.log((F.softmax(personal, dim=1) + F.softmax(glob, dim=1)) / 2)

@@ -180,6 +180,11 @@ class RunConfig(BaseModel):
     global_head_lr: float = _field(0.01, alias="global-head-lr", gt=0)
     dual_schedule: Literal["stagewise", "simultaneous"] = _field("stagewise", alias="dual-schedule")
     dual_combine: Literal["logits", "probabilities"] = _field("probabilities", alias="dual-combine")
+    # stage 1's cross-entropy: on h_p(u) alone (the paper), or on the combined prediction
+    # with h_s frozen, so h_p learns what the global head gets wrong on this client
+    dual_personal_loss: Literal["personal", "combined"] = _field(
+        "personal", alias="dual-personal-loss"
+    )
     projector_hidden: int = _field(256, alias="projector-hidden", ge=1)
 
     # FedDecomp (paper defaults: CIFAR-10's best R_c = R_l = 0.6, E_lora = 2)

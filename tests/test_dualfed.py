@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -70,7 +71,9 @@ def test_supcon_lower_for_clustered_than_shuffled_features():
 # ---- the client ------------------------------------------------------------------------------
 
 
-def make_client(schedule: str = "stagewise") -> tuple[DualFedClient, DualFedModel]:
+def make_client(
+    schedule: str = "stagewise", **overrides: Any
+) -> tuple[DualFedClient, DualFedModel]:
     """A DualFed client on resnet8 (has BN in the encoder) over small random images."""
     cfg = parse_run_config(
         {
@@ -82,6 +85,7 @@ def make_client(schedule: str = "stagewise") -> tuple[DualFedClient, DualFedMode
             "batch-size": 16,
             "projector-hidden": 32,
             "supcon-lambda": 1.0,
+            **overrides,
         }
     )
     method = get_method("dualfed")
@@ -116,6 +120,33 @@ def test_stage1_trains_main_branch_and_leaves_global_head_untouched():
     assert not {k for k in moved if k.startswith("head.")}
     for prefix in ("features.", "projector.", "personal_head."):
         assert any(k.startswith(prefix) for k in moved), prefix
+
+
+@pytest.mark.parametrize("combine", ["probabilities", "logits"])
+def test_stage1_can_train_the_personal_branch_on_the_combined_prediction(combine):
+    """dual-personal-loss=combined: stage 1's CE is the combined prediction's (h_s frozen
+    but in the loss), not h_p's alone; the paper's default stays h_p's alone."""
+    for target in ("personal", "combined"):
+        client, model = make_client(**{"dual-personal-loss": target, "dual-combine": combine})
+        model.train()
+        x, y = client.x_train[:16], client.y_train[:16]
+        with torch.no_grad():
+            model.head.weight.mul_(20)  # a confident global head: the two CEs differ
+            z = model.features(x)
+            u = model.projector(z)
+            supcon = client.supcon(u, y)
+            personal_ce = F.cross_entropy(model.personal_head(u), y)
+            combined = client._combine(model.personal_head(u), model.head(z))
+            combined_ce = F.cross_entropy(combined, y)
+            loss = float(client._main_loss(model, x, y))
+        assert float(personal_ce) != pytest.approx(float(combined_ce), rel=1e-3)
+        expected = combined_ce if target == "combined" else personal_ce
+        assert loss == pytest.approx(float(expected + supcon), rel=1e-5)
+    # h_s is still frozen in stage 1
+    client, model = make_client(**{"dual-personal-loss": "combined", "dual-combine": combine})
+    before = snapshot(model, "head.")
+    client.stage1(torch.Generator().manual_seed(0))
+    assert changed(before, model) == set()
 
 
 def test_stage2_trains_only_the_global_head():
