@@ -121,6 +121,15 @@ t_up=$(date +%s)
 for site in "${SITES[@]}"; do
     wait_for 180 "$site's SuperNode" site_log "$site" supernode "SuperNode ID"
 done
+healthy() {  # PROJECT SERVICE: the service's container passes its health check
+    local id
+    id=$(docker ps -q --filter "label=com.docker.compose.project=$1" --filter "label=com.docker.compose.service=$2")
+    [ -n "$id" ] && [ "$(docker inspect -f '{{.State.Health.Status}}' "$id")" = healthy ]
+}
+wait_for 60 "the SuperLink's health check" healthy "$P-server" superlink
+for site in "${SITES[@]}"; do
+    wait_for 60 "$site's SuperNode health check" healthy "$P-$site" supernode
+done
 
 say "flwr run: FedPer, 5 rounds, 2 sites"
 cat >"$W/cli/run.toml" <<EOF

@@ -439,8 +439,13 @@ def test_compose_file_is_valid_against_flower_1_39(compose: str) -> None:
         for volume in svc.get("volumes", []):
             source = volume.split(":")[0]
             assert source.startswith(("./", "${")) or source in named_volumes, (name, volume)
-        for dep in svc.get("depends_on", []):
+        depends = svc.get("depends_on", [])
+        for dep in depends:
             assert dep in doc["services"], (name, dep)
+            # waiting for a healthy dependency needs the dependency's health check
+            if isinstance(depends, dict) and depends[dep] == {"condition": "service_healthy"}:
+                check = doc["services"][dep]["healthcheck"]["test"]
+                assert check[:2] == ["CMD", "python"], (dep, check)
     # TLS everywhere a SuperNode or the CLI talks to the SuperLink
     for svc in doc["services"].values():
         cmd = " ".join(svc["command"])
