@@ -35,8 +35,11 @@ if ! docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
     rm -rf "$WORK/rootfs"
 fi
 t1=$(date +%s)
-# the wheelhouse's inputs, by content (a fresh clone's files are all new by mtime)
-inputs=$(cat constraints.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+# the wheelhouse's inputs, by content (a fresh clone's files are all new by mtime):
+# the pins and the project's dependencies, not the rest of pyproject.toml
+inputs=$({ cat constraints.txt; "$PY" -c "import json, tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+print(json.dumps([p.get(k) for k in ('requires-python', 'dependencies', 'optional-dependencies')]))"; } \
+    | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$WHEELS/.complete" 2>/dev/null)" != "$inputs" ]; then
     echo "docker_images: filling $WHEELS (constraints.txt)"
     rm -rf "$WHEELS" && mkdir -p "$WHEELS"
