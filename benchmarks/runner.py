@@ -139,9 +139,7 @@ def _deployment(cell: Cell, warm: bool) -> None:
     """A loopback deployment, one SuperNode per client, dialing the SuperLink through
     a byte-counting relay; the run's results.json gains the wire bytes. ``warm``: the
     sites' ClientApps are forked by deploy.warm_superexec."""
-    import numpy as np
-
-    from client_app.timing import PREFIX
+    from client_app.timing import median_phases
     from deploy.loopback import CountingRelay, LoopbackFederation
 
     with tempfile.TemporaryDirectory(prefix="pflower-experiment-") as tmp:
@@ -162,20 +160,12 @@ def _deployment(cell: Cell, warm: bool) -> None:
             wall = time.perf_counter() - t0
         finally:
             fed.close()
-        phases = [
-            json.loads(ln.split(PREFIX, 1)[1])
-            for proc in fed.procs  # a SuperNode's, or its SuperExec's (warm) ClientApps
-            for ln in proc.text().splitlines()
-            if PREFIX in ln
-        ]
+        # a SuperNode's, or its SuperExec's (warm) ClientApps' phase lines
+        logs = [ln for proc in fed.procs for ln in proc.text().splitlines()]
     res = json.loads((cell.dir / "results.json").read_text())
     res.update(wire_bytes_up=relay.up, wire_bytes_down=relay.down, run_status=status)
     res["wall_seconds_per_round"] = wall / cell.rounds
-    # the median ClientApp message, phase by phase (client_app/timing.py)
-    names = list(dict.fromkeys(k for p in phases for k in p))
-    res["client_phases"] = {
-        k: float(np.median([p[k] for p in phases if k in p])) for k in names
-    } | {"messages": len(phases)}
+    res["client_phases"] = median_phases(logs)  # the median ClientApp message
     (cell.dir / "results.json").write_text(json.dumps(res, indent=1))
 
 

@@ -63,19 +63,25 @@ class DualFedClient(PFLClient):
         m = self.model
         return [*m.features.parameters(), *m.projector.parameters(), *m.personal_head.parameters()]
 
-    def _main_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """CE(h_p(u)) + lambda * SupCon(u); with ``dual-personal-loss=combined`` the CE
-        of the combined prediction (h_s is not among stage 1's parameters)."""
-        if x.shape[0] < 2:  # BatchNorm1d cannot train on one sample: skip a 1-sample tail batch
-            return model.personal_head.weight.sum() * 0.0
+    def _losses(
+        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(CE(h_p(u)) + lambda * SupCon(u), CE(h_s(z))) from one forward pass; with
+        ``dual-personal-loss=combined`` the first CE is the combined prediction's."""
         z = model.features(x)
         u = model.projector(z)
-        personal = model.personal_head(u)
+        personal, glob = model.personal_head(u), model.head(z)
         if self.cfg.dual_personal_loss == "combined":
-            ce = F.cross_entropy(self._combine(personal, model.head(z)), y)
+            ce = F.cross_entropy(self._combine(personal, glob), y)
         else:
             ce = F.cross_entropy(personal, y)
-        return ce + self.cfg.supcon_lambda * self.supcon(u, y)
+        return ce + self.cfg.supcon_lambda * self.supcon(u, y), F.cross_entropy(glob, y)
+
+    def _main_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Stage 1's loss (h_s is not among its parameters)."""
+        if x.shape[0] < 2:  # BatchNorm1d cannot train on one sample: skip a 1-sample tail batch
+            return model.personal_head.weight.sum() * 0.0
+        return self._losses(model, x, y)[0]
 
     def stage1(self, generator: torch.Generator) -> float:
         """Encoder, projector and h_p for ``local-epochs``; h_s frozen."""
@@ -103,16 +109,14 @@ class DualFedClient(PFLClient):
         )
 
     def simultaneous(self, generator: torch.Generator) -> float:
-        """Every parameter on CE(h_p(u)) + lambda * SupCon(u) + CE(h_s(z))."""
+        """Every parameter on stage 1's loss + CE(h_s(z))."""
         m, cfg = self.model, self.cfg
 
         def joint(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             if x.shape[0] < 2:
                 return model.personal_head.weight.sum() * 0.0
-            z = model.features(x)
-            u = model.projector(z)
-            ce = F.cross_entropy(model.personal_head(u), y) + F.cross_entropy(model.head(z), y)
-            return ce + cfg.supcon_lambda * self.supcon(u, y)
+            main, global_head = self._losses(model, x, y)
+            return main + global_head
 
         params = self._main_params() + list(m.head.parameters())
         return train_epochs(

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
+from collections.abc import Iterable
 
 PREFIX = "pflower-phases "
 
@@ -65,3 +67,12 @@ def summary() -> dict[str, float]:
 
 def line() -> str:
     return PREFIX + json.dumps(summary())
+
+
+def median_phases(log_lines: Iterable[str]) -> dict[str, float]:
+    """The median message, phase by phase, over every ``line()`` in a log (any other
+    line is skipped); ``messages``: how many there were."""
+    phases = [json.loads(ln.split(PREFIX, 1)[1]) for ln in log_lines if PREFIX in ln]
+    names = list(dict.fromkeys(k for p in phases for k in p))
+    medians = {k: statistics.median(p[k] for p in phases if k in p) for k in names}
+    return medians | {"messages": len(phases)}

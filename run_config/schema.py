@@ -180,8 +180,8 @@ class RunConfig(BaseModel):
     global_head_lr: float = _field(0.01, alias="global-head-lr", gt=0)
     dual_schedule: Literal["stagewise", "simultaneous"] = _field("stagewise", alias="dual-schedule")
     dual_combine: Literal["logits", "probabilities"] = _field("probabilities", alias="dual-combine")
-    # stage 1's cross-entropy: on h_p(u) alone (the paper), or on the combined prediction
-    # with h_s frozen, so h_p learns what the global head gets wrong on this client
+    # the personal branch's cross-entropy: on h_p(u) alone (the paper), or on the combined
+    # prediction (h_s frozen in stage 1), so h_p learns what h_s gets wrong on this client
     dual_personal_loss: Literal["personal", "combined"] = _field(
         "personal", alias="dual-personal-loss"
     )

@@ -213,7 +213,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from client_app.timing import PREFIX
+from client_app.timing import median_phases
 from deploy.loopback import LoopbackFederation
 
 w = Path(sys.argv[1])
@@ -233,10 +233,10 @@ with LoopbackFederation(w / "loopback", tls=True, auth=True, isolation="process"
     }
     status = fed.wait_run(fed.run(config), 900)
     assert status == "finished:completed", status + fed.tail()
-    loopback_phases = [ln for proc in fed.procs for ln in proc.text().splitlines()]
+    loopback_logs = [ln for proc in fed.procs for ln in proc.text().splitlines()]
 phases = {
-    "containers": (w / "containers-phases.txt").read_text().splitlines(),
-    "loopback processes": loopback_phases,
+    "containers": median_phases((w / "containers-phases.txt").read_text().splitlines()),
+    "loopback processes": median_phases(loopback_logs),
 }
 runs = {
     "containers": json.loads((w / "containers.json").read_text()),
@@ -248,10 +248,10 @@ for name, res in runs.items():
         f"compose_test: timing, {name}: median {statistics.median(seconds[1:]):.2f} s a round "
         f"after round 1 (rounds: {', '.join(f'{s:.2f}' for s in seconds)})"
     )
-    marks = [json.loads(ln.split(PREFIX, 1)[1]) for ln in phases[name] if PREFIX in ln]
-    median = {k: statistics.median(m[k] for m in marks if k in m) for k in marks[0]} if marks else {}
+    median = dict(phases[name])
+    count = median.pop("messages")
     print(
-        f"compose_test: timing, {name}: median ClientApp message over {len(marks)}: "
+        f"compose_test: timing, {name}: median ClientApp message over {count}: "
         + ", ".join(f"{k} {v:.2f} s" for k, v in median.items())
     )
 EOF

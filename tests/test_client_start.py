@@ -186,3 +186,19 @@ def test_a_missing_message_part_is_asked_for_again_soon(monkeypatch):
     assert objects.pull_objects(["x"], pull) == {"x": b"part"}
     # two retries: about 0.05 + 0.1 s (jitter 20%), where Flower waits about 1 + 2 s
     assert FIRST_OBJECT_RETRY == 0.05 and time.monotonic() - t0 < 0.5
+
+
+def test_median_phases_reads_only_phase_lines_and_takes_each_phase_median() -> None:
+    lines = [
+        "INFO: something else",
+        timing.PREFIX + json.dumps({"queued": 1.0, "train": 3.0}),
+        "noise " + timing.PREFIX + json.dumps({"queued": 2.0, "train": 5.0, "evaluate": 1.0}),
+        timing.PREFIX + json.dumps({"queued": 9.0, "train": 4.0}),
+    ]
+    assert timing.median_phases(lines) == {
+        "queued": 2.0,
+        "train": 4.0,
+        "evaluate": 1.0,  # a phase only some messages have: their median
+        "messages": 3,
+    }
+    assert timing.median_phases(["no phases here"]) == {"messages": 0}
