@@ -6,7 +6,8 @@ numbers. Reserved keys in ``[config]``, a setting or a variant: ``engine``
 (inprocess | simulation | plain | deployment | deployment-warm), ``clients``, ``rounds``,
 ``num-cpus``, ``num-gpus``; every other key is a run-config key.
 String values may name data: ``{dev}`` (the CIFAR-10 dev set),
-``{dev:N}`` (a seeded N-row subset of it), ``{fashion}`` (Fashion-MNIST).
+``{dev:N}`` (a seeded N-row subset of it), ``{fashion}`` (Fashion-MNIST),
+``{dev-domains:K}`` (K per-domain image folders, comma-separated: for ``client-data-paths``).
 """
 
 from __future__ import annotations
@@ -171,14 +172,18 @@ def names() -> list[str]:
 
 
 def resolve(value: Any) -> Any:
-    """``{dev}``, ``{dev:N}`` and ``{fashion}`` -> a data file (made once)."""
+    """``{dev}``, ``{dev:N}``, ``{fashion}`` and ``{dev-domains:K}`` -> data (made once)."""
     if not isinstance(value, str) or not value.startswith("{"):
         return value
-    match = re.fullmatch(r"\{(dev|fashion)(?::(\d+))?\}", value)
+    match = re.fullmatch(r"\{(dev|fashion|dev-domains)(?::(\d+))?\}", value)
     if not match:
-        raise SystemExit(f"unknown data placeholder {value!r}: {{dev}}, {{dev:N}}, {{fashion}}")
+        raise SystemExit(
+            f"unknown data placeholder {value!r}: {{dev}}, {{dev:N}}, {{fashion}}, {{dev-domains:K}}"
+        )
     if match[1] == "fashion":
         return fashion_parquet()
+    if match[1] == "dev-domains":
+        return ",".join(domain_folders(int(match[2] or 4)))
     return subset_parquet(int(match[2] or 0), seed=0)
 
 
@@ -200,6 +205,39 @@ def subset_parquet(rows: int, seed: int, out_dir: Path = DATA_CACHE) -> str:
         pq.write_table(table.take(keep), tmp)
         tmp.replace(path)
     return str(path)
+
+
+def domain_folders(domains: int, out_dir: Path = DATA_CACHE, source: str = "") -> list[str]:
+    """A data set (default: the dev set) as ``domains`` per-site image folders, the
+    per-site layout of DEPLOYMENT.md: disjoint seeded shares of its images, folder k's
+    pixels through domain transform k (those of ``domain-shift``), one PNG sub-folder a
+    class, named ``<label id>-<class name>`` so that every site reads the same label
+    ids. Made once."""
+    from PIL import Image
+
+    from pfl_data.hf import apply_domain_shift, load_source
+
+    src_path = source or subset_parquet(0, seed=0)
+    root = out_dir / f"{Path(source).stem if source else 'cifar10-dev'}-domains{domains}"
+    folders = [root / f"domain-{k}" for k in range(domains)]
+    if (root / ".complete").exists():
+        return [str(f) for f in folders]
+    src = load_source(src_path)
+    names = src.class_names or tuple(str(c) for c in range(src.num_classes))
+    order = np.random.default_rng(0).permutation(len(src.labels))
+    for k, rows in enumerate(np.array_split(order, domains)):
+        rows = np.sort(rows)
+        pixels = apply_domain_shift(src.raw(rows), k)  # (n, C, H, W) in [0, 1]
+        images = np.rint(pixels.transpose(0, 2, 3, 1) * 255).astype(np.uint8)
+        for row, image in zip(rows, images, strict=True):
+            label = int(src.labels[row])
+            out = folders[k] / f"{label:0{len(str(len(names)))}d}-{names[label]}"
+            out.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(image.squeeze(-1) if image.shape[-1] == 1 else image).save(
+                out / f"{row}.png"
+            )
+    (root / ".complete").write_text("")
+    return [str(f) for f in folders]
 
 
 def fashion_parquet() -> str:

@@ -106,6 +106,42 @@ def test_dev_subset_placeholder_makes_a_seeded_subset_once(tmp_path):
     assert presets.subset_parquet(0, 0, tmp_path) == str(presets.CIFAR10_DEV)
 
 
+def test_domain_placeholder_writes_disjoint_per_site_image_folders(tmp_path):
+    import io
+
+    import datasets
+    from PIL import Image
+
+    from pfl_data.hf import load_source
+
+    rng = np.random.default_rng(0)
+    pngs = []
+    for _ in range(40):
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(buf, "PNG")
+        pngs.append({"bytes": buf.getvalue(), "path": None})
+    feats = datasets.Features(
+        {"img": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b"])}
+    )
+    labels = [i % 2 for i in range(40)]
+    source = tmp_path / "tiny.parquet"
+    datasets.Dataset.from_dict({"img": pngs, "label": labels}, features=feats).to_parquet(
+        str(source)
+    )
+
+    folders = presets.domain_folders(2, tmp_path / "cache", str(source))
+    assert folders == presets.domain_folders(2, tmp_path / "cache", str(source))  # made once
+    files = [sorted(Path(f).rglob("*.png")) for f in folders]
+    rows = [{int(p.stem) for p in fs} for fs in files]
+    assert not rows[0] & rows[1] and rows[0] | rows[1] == set(range(40))  # disjoint, all
+    for fs in files:  # the class folder keeps the label id and name
+        assert all(p.parent.name == ("0-a", "1-b")[labels[int(p.stem)]] for p in fs)
+    gray = np.asarray(Image.open(files[1][0]).convert("RGB"))  # domain 1: grayscale
+    assert (gray[..., 0] == gray[..., 1]).all() and (gray[..., 1] == gray[..., 2]).all()
+    site = load_source(folders[0])  # what a site with client-data-paths reads
+    assert sorted(site.labels.tolist()) == sorted(labels[r] for r in rows[0])
+
+
 def _fake(cell: presets.Cell, accs: list[float], up: int, seconds: list[float], **top) -> None:
     rounds = [
         {
