@@ -142,21 +142,24 @@ class DualFedClient(PFLClient):
         return torch.log((F.softmax(personal, dim=1) + F.softmax(glob, dim=1)) / 2)
 
     def score(self) -> tuple[float, dict[str, Scalar]]:
-        """The combined accuracy, each head's alone, and the heads' logit scales (the
-        mean L2 norm of their logit vectors: which head dominates a logit sum)."""
+        """The combined accuracy, each head's alone, the heads' logit scales (the mean
+        L2 norm of their logit vectors: which head dominates a logit sum) and their
+        confidence (the mean top softmax probability: how close their calls are)."""
         m = self.model
         m.eval()
         z = encode(m, self.x_test)
         loss, acc = evaluate(m, z, self.y_test, predict=self.combined)
         _, acc_global = evaluate(m, z, self.y_test, predict=m.head)
         _, acc_personal = evaluate(m, z, self.y_test, predict=m.personal_logits)
-        with torch.no_grad():
-            norm_global = float(m.head(z).norm(dim=1).mean()) if len(z) else 0.0
-            norm_personal = float(m.personal_logits(z).norm(dim=1).mean()) if len(z) else 0.0
-        return loss, {
+        metrics: dict[str, Scalar] = {
             "accuracy": acc,
             "accuracy-global": acc_global,
             "accuracy-personal": acc_personal,
-            "logit-norm-global": norm_global,
-            "logit-norm-personal": norm_personal,
         }
+        with torch.no_grad():
+            for name, logits in (("global", m.head(z)), ("personal", m.personal_logits(z))):
+                empty = not len(z)
+                top = F.softmax(logits, dim=1).max(dim=1).values
+                metrics[f"logit-norm-{name}"] = 0.0 if empty else float(logits.norm(dim=1).mean())
+                metrics[f"confidence-{name}"] = 0.0 if empty else float(top.mean())
+        return loss, metrics

@@ -46,7 +46,7 @@ from strategies.checkpoint import (
 
 log = logging.getLogger("flwr.pflower")
 # evaluate metrics whose mean over clients each round record keeps (as name_mean)
-RECORDED_METRICS = ("accuracy-", "logit-norm-")
+RECORDED_METRICS = ("accuracy-", "logit-norm-", "confidence-")
 
 WAIT_S = 600  # how long a round waits for min-available-clients
 SETTLE_S = 30  # how long the first round waits for registrations to settle

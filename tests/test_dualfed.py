@@ -222,6 +222,9 @@ def test_score_reports_the_three_heads():
     z = model.features.eval()(client.x_test)
     want_global = float((model.head(z).argmax(1) == client.y_test).float().mean())
     assert metrics["accuracy-global"] == pytest.approx(want_global)
+    assert metrics["confidence-personal"] == pytest.approx(1.0)  # softmax of a 100 margin
+    want = float(torch.softmax(model.head(z), 1).max(1).values.mean())
+    assert metrics["confidence-global"] == pytest.approx(want)
 
 
 def test_imagenet_weights_offline_fall_back_to_random_init_with_a_log(monkeypatch, caplog):
