@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--seeds", nargs="+", type=int, help="default: the preset's")
     run.add_argument("--rounds", type=int, help="default: the preset's (a shorter trial)")
     run.add_argument("--rows", nargs="+", help="only these row labels")
+    run.add_argument("--settings", nargs="+", help="only these settings (table columns)")
     run.add_argument("--rerun", action="store_true", help="rerun complete cells too")
     run.add_argument("--report-only", action="store_true", help="only rewrite the report")
     run.add_argument("--cell-timeout", type=float, help="seconds per cell")
@@ -56,6 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     todo = preset.cells(args.seeds, args.rounds, args.runs)
     if args.rows:
         todo = [c for c in todo if c.label in args.rows]
+    if args.settings:
+        unknown = set(args.settings) - set(preset.settings)
+        if unknown:
+            parser.error(
+                f"unknown settings {sorted(unknown)}; {preset.name} has {list(preset.settings)}"
+            )
+        todo = [c for c in todo if c.setting in args.settings]
     failed = []
     if not args.report_only:
         failed = runner.run_preset(preset, todo, args.cell_timeout, args.rerun)

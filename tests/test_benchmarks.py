@@ -276,6 +276,14 @@ ratio-to = "plain"
     assert "| `broken` | 0 | failed: exit code" in md and "alpha" in md
     assert {c.label: os.stat(c.dir / "results.json").st_mtime_ns for c in cells} == mtimes
 
+    # --settings picks table columns by name; a name the preset lacks is an error
+    capsys.readouterr()
+    assert main([*args, "--settings", "default", "--rows", "plain"]) == 0
+    assert capsys.readouterr().out.count("complete, reused") == 1
+    with pytest.raises(SystemExit):
+        main([*args, "--settings", "label-skew"])
+    assert "unknown settings ['label-skew']" in capsys.readouterr().err
+
 
 def test_the_report_draws_heatmaps_and_tabulates_phases(tmp_path):
     preset = _preset(
