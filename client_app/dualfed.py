@@ -58,6 +58,11 @@ class DualFedClient(PFLClient):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.supcon = supcon_loss(self.cfg.supcon_temperature)
+        # log of this client's training label frequencies (add-one smoothed), for
+        # dual-global-prior=client; computed here, never sent
+        classes = self.model.head.out_features
+        counts = torch.bincount(self.y_train, minlength=classes).float() + 1.0
+        self.log_prior = (counts / counts.sum()).log()
 
     def _main_params(self) -> list[nn.Parameter]:
         m = self.model
@@ -137,6 +142,8 @@ class DualFedClient(PFLClient):
         return self._combine(m.personal_logits(z), m.head(z))
 
     def _combine(self, personal: torch.Tensor, glob: torch.Tensor) -> torch.Tensor:
+        if self.cfg.dual_global_prior == "client":
+            glob = glob + self.log_prior
         if self.cfg.dual_combine == "logits":
             return personal + glob
         return torch.log((F.softmax(personal, dim=1) + F.softmax(glob, dim=1)) / 2)

@@ -185,6 +185,10 @@ class RunConfig(BaseModel):
     dual_personal_loss: Literal["personal", "combined"] = _field(
         "personal", alias="dual-personal-loss"
     )
+    # the global head's prediction as the combination uses it: as is (the paper), or moved
+    # to this client's label prior (h_s(z) + log of the client's training label frequencies:
+    # Bayes' rule for a label shift from a balanced federation; the counts stay local)
+    dual_global_prior: Literal["none", "client"] = _field("none", alias="dual-global-prior")
     projector_hidden: int = _field(256, alias="projector-hidden", ge=1)
 
     # FedDecomp (paper defaults: CIFAR-10's best R_c = R_l = 0.6, E_lora = 2)

@@ -72,7 +72,7 @@ def test_supcon_lower_for_clustered_than_shuffled_features():
 
 
 def make_client(
-    schedule: str = "stagewise", **overrides: Any
+    schedule: str = "stagewise", y_train: torch.Tensor | None = None, **overrides: Any
 ) -> tuple[DualFedClient, DualFedModel]:
     """A DualFed client on resnet8 (has BN in the encoder) over small random images."""
     cfg = parse_run_config(
@@ -93,7 +93,7 @@ def make_client(
     g = torch.Generator().manual_seed(3)
     data = ClientData(
         torch.randn(48, 3, 16, 16, generator=g),
-        torch.arange(4).repeat(12),
+        torch.arange(4).repeat(12) if y_train is None else y_train,
         torch.randn(16, 3, 16, 16, generator=g),
         torch.arange(4).repeat(4),
     )
@@ -147,6 +147,35 @@ def test_stage1_can_train_the_personal_branch_on_the_combined_prediction(combine
     before = snapshot(model, "head.")
     client.stage1(torch.Generator().manual_seed(0))
     assert changed(before, model) == set()
+
+
+@pytest.mark.parametrize("combine", ["probabilities", "logits"])
+def test_the_global_prior_moves_the_global_head_to_the_clients_labels(combine):
+    """dual-global-prior=client: the combination uses h_s(z) + log(this client's training
+    label frequencies, add-one smoothed); the paper's default uses h_s(z) as is."""
+    skewed = torch.tensor([0] * 30 + [1] * 10 + [2] * 8)  # class 3 never seen
+    client, _ = make_client(
+        y_train=skewed, **{"dual-global-prior": "client", "dual-combine": combine}
+    )
+    paper, _ = make_client(y_train=skewed, **{"dual-combine": combine})
+    log_prior = torch.tensor([31.0, 11.0, 9.0, 1.0]).div(52.0).log()
+    personal, glob = torch.randn(5, 4), torch.randn(5, 4)
+
+    def combined(g: torch.Tensor) -> torch.Tensor:
+        if combine == "logits":
+            return personal + g
+        return torch.log((F.softmax(personal, 1) + F.softmax(g, 1)) / 2)
+
+    torch.testing.assert_close(client._combine(personal, glob), combined(glob + log_prior))
+    torch.testing.assert_close(paper._combine(personal, glob), combined(glob))
+    with torch.no_grad():  # a global head that always says 3: the prior outvotes it
+        client.model.head.weight.zero_()
+        client.model.head.bias.copy_(torch.tensor([0.0, 0.0, 0.0, 2.0]))
+        client.model.personal_head.weight.zero_()
+        client.model.personal_head.bias.zero_()
+        z = torch.randn(6, client.model.feature_dim)
+        assert (paper._combine(torch.zeros(6, 4), client.model.head(z)).argmax(1) == 3).all()
+        assert (client.combined(z).argmax(1) == 0).all()
 
 
 def test_stage2_trains_only_the_global_head():
