@@ -134,14 +134,11 @@ class DualFedClient(PFLClient):
         main_loss = self.stage1(generator)  # each train_epochs call makes a fresh optimizer
         return {"train-loss": main_loss, "global-head-loss": self.stage2(generator)}
 
-    def combined(self, z: torch.Tensor) -> torch.Tensor:
-        """The prediction h_p(u) + h_s(z): the logits summed, or (``dual-combine=
-        probabilities``) the two heads' softmax outputs, returned as log((p_p + p_s) / 2)
-        so that cross-entropy and argmax apply unchanged."""
-        m = self.model
-        return self._combine(m.personal_logits(z), m.head(z))
-
     def _combine(self, personal: torch.Tensor, glob: torch.Tensor) -> torch.Tensor:
+        """The prediction from h_p(u) and h_s(z): the logits summed, or (``dual-combine=
+        probabilities``) the two heads' softmax outputs, returned as log((p_p + p_s) / 2)
+        so that cross-entropy and argmax apply unchanged; h_s(z) first moved to the
+        client's label prior with ``dual-global-prior=client``."""
         if self.cfg.dual_global_prior == "client":
             glob = glob + self.log_prior
         if self.cfg.dual_combine == "logits":
@@ -155,18 +152,21 @@ class DualFedClient(PFLClient):
         m = self.model
         m.eval()
         z = encode(m, self.x_test)
-        loss, acc = evaluate(m, z, self.y_test, predict=self.combined)
-        _, acc_global = evaluate(m, z, self.y_test, predict=m.head)
-        _, acc_personal = evaluate(m, z, self.y_test, predict=m.personal_logits)
+        with torch.no_grad():  # each head once; the scores below read these logits
+            personal, glob = m.personal_logits(z), m.head(z)
+            combined = self._combine(personal, glob)
+
+        def score_of(logits: torch.Tensor) -> tuple[float, float]:
+            return evaluate(m, logits, self.y_test, predict=lambda t: t)
+
+        loss, acc = score_of(combined)
         metrics: dict[str, Scalar] = {
             "accuracy": acc,
-            "accuracy-global": acc_global,
-            "accuracy-personal": acc_personal,
+            "accuracy-global": score_of(glob)[1],
+            "accuracy-personal": score_of(personal)[1],
         }
-        with torch.no_grad():
-            for name, logits in (("global", m.head(z)), ("personal", m.personal_logits(z))):
-                empty = not len(z)
-                top = F.softmax(logits, dim=1).max(dim=1).values
-                metrics[f"logit-norm-{name}"] = 0.0 if empty else float(logits.norm(dim=1).mean())
-                metrics[f"confidence-{name}"] = 0.0 if empty else float(top.mean())
+        for name, logits in (("global", glob), ("personal", personal)):
+            top = F.softmax(logits, dim=1).max(dim=1).values
+            metrics[f"logit-norm-{name}"] = float(logits.norm(dim=1).mean()) if len(z) else 0.0
+            metrics[f"confidence-{name}"] = float(top.mean()) if len(z) else 0.0
         return loss, metrics

@@ -175,7 +175,8 @@ def test_the_global_prior_moves_the_global_head_to_the_clients_labels(combine):
         client.model.personal_head.bias.zero_()
         z = torch.randn(6, client.model.feature_dim)
         assert (paper._combine(torch.zeros(6, 4), client.model.head(z)).argmax(1) == 3).all()
-        assert (client.combined(z).argmax(1) == 0).all()
+        m = client.model
+        assert (client._combine(m.personal_logits(z), m.head(z)).argmax(1) == 0).all()
 
 
 def test_stage2_trains_only_the_global_head():
@@ -245,7 +246,7 @@ def test_score_reports_the_three_heads():
     with torch.no_grad():
         model.personal_head.weight.zero_()
         model.personal_head.bias.copy_(torch.tensor([0.0, 0.0, 0.0, 100.0]))
-    _, metrics = client.score()
+    loss, metrics = client.score()
     assert metrics["accuracy-personal"] == pytest.approx(0.25)  # always predicts class 3
     assert metrics["accuracy"] == pytest.approx(0.25)  # the huge bias dominates the sum
     z = model.features.eval()(client.x_test)
@@ -254,6 +255,9 @@ def test_score_reports_the_three_heads():
     assert metrics["confidence-personal"] == pytest.approx(1.0)  # softmax of a 100 margin
     want = float(torch.softmax(model.head(z), 1).max(1).values.mean())
     assert metrics["confidence-global"] == pytest.approx(want)
+    with torch.no_grad():  # the loss is the combined prediction's cross-entropy
+        combined = client._combine(model.personal_logits(z), model.head(z))
+    assert loss == pytest.approx(float(F.cross_entropy(combined, client.y_test)), rel=1e-5)
 
 
 def test_imagenet_weights_offline_fall_back_to_random_init_with_a_log(monkeypatch, caplog):
