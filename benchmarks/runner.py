@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.presets import REPO, Cell, Preset
+from run_config.defaults import USED_BY, resolve_auto
 
 # ----------------------------------------------------------------------------- resume
 
@@ -41,8 +42,19 @@ def is_complete(cell: Cell) -> bool:
     rounds = (res or {}).get("rounds", [])
     if not rounds or max(len(rounds), rounds[-1].get("round", 0)) < cell.rounds:
         return False
-    stored = res.get("config", {})  # where the runs live is not part of the experiment
-    return all(stored.get(k) == v for k, v in cell.config.items() if k != "output-dir")
+    stored = res.get("config", {})
+    # where the runs live is not part of the experiment
+    if any(stored.get(k) != v for k, v in cell.config.items() if k != "output-dir"):
+        return False
+    # and an ``auto`` key the method reads must still resolve to what the run used, so a
+    # run made before a default changed is redone (a key the run predates is not compared)
+    method = cell.config.get("method", "fedavg")
+    wanted, resolved = resolve_auto(cell.config)
+    return all(
+        stored[k] == wanted[k]
+        for k in resolved
+        if k in stored and method in USED_BY.get(k, (method,))
+    )
 
 
 # ----------------------------------------------------------------------------- one cell

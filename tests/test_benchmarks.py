@@ -180,6 +180,26 @@ def test_complete_needs_every_round_and_the_same_config(tmp_path):
     assert not runner.is_complete(changed)  # a changed preset reruns the cell
 
 
+def test_a_run_made_before_an_auto_default_changed_is_redone(tmp_path):
+    """A key the method reads and the preset leaves ``auto`` is compared as resolved now;
+    a key the run predates, or one the method does not read, is not."""
+    from run_config.defaults import resolve_auto
+
+    text = GRID.replace('methods = ["fedavg", "local"]', 'methods = ["dualfed"]')
+    cell = _preset(tmp_path, text).cells(seeds=[0], runs=tmp_path)[0]
+    resolved, _ = resolve_auto(cell.config)
+    _fake(cell, [0.5, 0.6], 10, [1.0, 2.0])
+    res = json.loads((cell.dir / "results.json").read_text())
+    for stored, complete in (
+        ({**resolved}, True),
+        ({**resolved, "global-head-epochs": resolved["global-head-epochs"] + 4}, False),
+        ({**resolved, "ffl-epsilon": 99.0}, True),  # Factorized-FL's key
+        ({k: v for k, v in resolved.items() if k != "dual-global-prior"}, True),
+    ):
+        (cell.dir / "results.json").write_text(json.dumps({**res, "config": stored}))
+        assert runner.is_complete(cell) is complete, stored
+
+
 def test_summary_statistics_and_extras(tmp_path):
     preset = _preset(tmp_path, GRID)
     c0, c1 = [c for c in preset.cells(seeds=[0, 1], runs=tmp_path) if c.label == "fedavg"][:2]
