@@ -106,6 +106,7 @@ AUTO_KEYS = (
     "supcon-lambda",
     "global-head-epochs",
     "global-head-lr",
+    "dual-global-prior",
 )
 
 # The method-specific auto keys, and the methods that read them.
@@ -119,6 +120,7 @@ USED_BY = {
     "supcon-lambda": ("dualfed",),
     "global-head-epochs": ("dualfed",),
     "global-head-lr": ("dualfed",),
+    "dual-global-prior": ("dualfed",),
 }
 
 
@@ -189,15 +191,22 @@ def resolve_auto(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         # init it swamps the personal branch's CE (docs/dualfed.md: 53% -> 76%)
         out["supcon-lambda"] = 40.0 if out.get("pretrained-weights") else 1.0
         resolved.append("supcon-lambda")
-    # DualFed's stage 2 (h_s on the frozen z): the paper's E and lr, those of stage 1.
-    # More and larger steps train h_s from random init but lower the combined
-    # accuracy (docs/dualfed.md), so they are an option, not the default.
+    # DualFed's stage 2 (h_s on the frozen z) and how the combination reads h_s. With
+    # pretrained weights (or on the generated study): the paper's E and lr, those of
+    # stage 1, and h_s as is. From random init on images, stage 1's 5 small steps a round
+    # leave h_s flat (9-17% over 30 rounds); 20 epochs at lr 0.1 train it, and the client's
+    # label prior keeps its federation-wide class balance from outvoting the personal
+    # branch under label skew (docs/dualfed.md: the combination then beats both heads).
+    scratch_images = is_image(out) and not out.get("pretrained-weights")
     if pending("global-head-epochs"):
-        out["global-head-epochs"] = out.get("local-epochs", 1)
+        out["global-head-epochs"] = 20 if scratch_images else out.get("local-epochs", 1)
         resolved.append("global-head-epochs")
     if pending("global-head-lr"):
-        out["global-head-lr"] = out.get("lr", 0.01)
+        out["global-head-lr"] = 0.1 if scratch_images else out.get("lr", 0.01)
         resolved.append("global-head-lr")
+    if pending("dual-global-prior"):
+        out["dual-global-prior"] = "client" if scratch_images else "none"
+        resolved.append("dual-global-prior")
     if pending("eval-in-fit"):
         # FedFac's new clients are scored in evaluate messages (LocalTrain, Ensemble)
         held_out = bool(out.get("new-clients")) or bool(str(out.get("new-client-sites", "")))

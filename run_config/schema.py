@@ -175,7 +175,8 @@ class RunConfig(BaseModel):
     # DualFed (paper: tau = 0.2; lambda = 40 as the reference's PACS run with tau = 0.2)
     supcon_lambda: float = _field(1.0, alias="supcon-lambda", ge=0)
     supcon_temperature: float = _field(0.2, alias="supcon-temperature", gt=0)
-    # stage 2 (h_s on the frozen z): auto = stage 1's local-epochs and lr (the paper's)
+    # stage 2 (h_s on the frozen z): auto = stage 1's local-epochs and lr (the paper's),
+    # 20 and 0.1 from random init on images (run_config/defaults.py)
     global_head_epochs: int = _field(1, alias="global-head-epochs", ge=1)
     global_head_lr: float = _field(0.01, alias="global-head-lr", gt=0)
     dual_schedule: Literal["stagewise", "simultaneous"] = _field("stagewise", alias="dual-schedule")
@@ -187,7 +188,8 @@ class RunConfig(BaseModel):
     )
     # the global head's prediction as the combination uses it: as is (the paper), or moved
     # to this client's label prior (h_s(z) + log of the client's training label frequencies:
-    # Bayes' rule for a label shift from a balanced federation; the counts stay local)
+    # Bayes' rule for a label shift from a balanced federation; the counts stay local);
+    # auto: client from random init on images, none otherwise
     dual_global_prior: Literal["none", "client"] = _field("none", alias="dual-global-prior")
     projector_hidden: int = _field(256, alias="projector-hidden", ge=1)
 

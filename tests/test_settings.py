@@ -108,14 +108,29 @@ def test_derived_and_scenario_keys() -> None:
     assert parse_run_config({"method": "dualfed", "dataset": "a.parquet"}).augment == "flip-rotate"
     assert parse_run_config({"method": "dualfed"}).augment == "none"
     assert parse_run_config({"method": "fedavg", "dataset": "a.parquet"}).augment == "none"
-    # DualFed's stage 2 follows stage 1's epochs and lr (the paper's) unless set
+    # DualFed's stage 2 with pretrained weights: stage 1's epochs and lr (the paper's),
+    # h_s as is; set values win
     raw = {"method": "dualfed", "dataset": "a.parquet", "model": "resnet18"}
-    paper = parse_run_config(raw)
+    pretrained = {**raw, "pretrained-weights": "imagenet"}
+    paper = parse_run_config(pretrained)
     assert (paper.global_head_epochs, paper.global_head_lr) == (1, 0.01)
-    own = parse_run_config({**raw, "local-epochs": 3, "lr": 0.2})
+    assert paper.dual_global_prior == "none"
+    own = parse_run_config({**pretrained, "local-epochs": 3, "lr": 0.2})
     assert (own.global_head_epochs, own.global_head_lr) == (3, 0.2)
-    set_ = parse_run_config({**raw, "global-head-epochs": 20, "global-head-lr": 0.1})
-    assert (set_.global_head_epochs, set_.global_head_lr, set_.lr) == (20, 0.1, 0.01)
+    # from random init on images: a stage 2 that trains h_s, and the client's label prior
+    scratch = parse_run_config(raw)
+    assert (scratch.global_head_epochs, scratch.global_head_lr, scratch.lr) == (20, 0.1, 0.01)
+    assert scratch.dual_global_prior == "client"
+    # the generated study keeps the paper's stage 2
+    study = parse_run_config({"method": "dualfed"})
+    assert (study.global_head_epochs, study.global_head_lr) == (1, 0.01)
+    assert study.dual_global_prior == "none"
+    set_ = parse_run_config({**raw, "global-head-epochs": 2, "dual-global-prior": "none"})
+    assert (set_.global_head_epochs, set_.global_head_lr, set_.dual_global_prior) == (
+        2,
+        0.1,
+        "none",
+    )
 
 
 @pytest.mark.parametrize("model", sorted(FA_LAYERS))
