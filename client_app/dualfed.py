@@ -50,6 +50,23 @@ def encode(model: DualFedModel, x: torch.Tensor, batch_size: int = 512) -> torch
         model.features.train(was_training)
 
 
+def labels_skewed(counts: torch.Tensor, level: float = 0.05) -> bool:
+    """Whether label counts differ from uniform by Pearson's chi-square test at ``level``.
+
+    Written here rather than with scipy.stats.chisquare: one line with torch's
+    regularised upper incomplete gamma (the chi-square survival function), on a tensor
+    the client already has. IID draws from a balanced set pass (their deviations are
+    sampling noise); a Dirichlet label skew fails by orders of magnitude.
+    """
+    k, n = counts.numel(), float(counts.sum())
+    if k < 2 or n == 0:
+        return False
+    expected = n / k
+    stat = ((counts - expected) ** 2 / expected).sum()
+    p_value = torch.special.gammaincc(torch.tensor((k - 1) / 2.0), stat / 2.0)
+    return bool(p_value < level)
+
+
 class DualFedClient(PFLClient):
     """Stage-wise (or simultaneous) training of the dual-branch model."""
 
@@ -58,11 +75,12 @@ class DualFedClient(PFLClient):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.supcon = supcon_loss(self.cfg.supcon_temperature)
-        # log of this client's training label frequencies (add-one smoothed), for
-        # dual-global-prior=client; computed here, never sent
-        classes = self.model.head.out_features
-        counts = torch.bincount(self.y_train, minlength=classes).float() + 1.0
-        self.log_prior = (counts / counts.sum()).log()
+        # log of this client's training label frequencies (add-one smoothed), added to
+        # h_s(z) in the combination (dual-global-prior); computed here, never sent
+        counts = torch.bincount(self.y_train, minlength=self.model.head.out_features).float()
+        mode = self.cfg.dual_global_prior
+        use = mode == "client" or (mode == "client-if-skewed" and labels_skewed(counts))
+        self.log_prior = ((counts + 1.0) / (counts + 1.0).sum()).log() if use else None
 
     def _main_params(self) -> list[nn.Parameter]:
         m = self.model
@@ -138,8 +156,8 @@ class DualFedClient(PFLClient):
         """The prediction from h_p(u) and h_s(z): the logits summed, or (``dual-combine=
         probabilities``) the two heads' softmax outputs, returned as log((p_p + p_s) / 2)
         so that cross-entropy and argmax apply unchanged; h_s(z) first moved to the
-        client's label prior with ``dual-global-prior=client``."""
-        if self.cfg.dual_global_prior == "client":
+        client's label prior when ``dual-global-prior`` applies it."""
+        if self.log_prior is not None:
             glob = glob + self.log_prior
         if self.cfg.dual_combine == "logits":
             return personal + glob

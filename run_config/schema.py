@@ -188,9 +188,13 @@ class RunConfig(BaseModel):
     )
     # the global head's prediction as the combination uses it: as is (the paper), or moved
     # to this client's label prior (h_s(z) + log of the client's training label frequencies:
-    # Bayes' rule for a label shift from a balanced federation; the counts stay local);
-    # auto: client from random init on images, none otherwise
-    dual_global_prior: Literal["none", "client"] = _field("none", alias="dual-global-prior")
+    # Bayes' rule for a label shift from a balanced federation; the counts stay local), or
+    # that only where a chi-square test finds the client's labels unlike uniform at 5%
+    # (client-if-skewed: IID counts are noise); auto: client-if-skewed from random init on
+    # images, none otherwise
+    dual_global_prior: Literal["none", "client", "client-if-skewed"] = _field(
+        "none", alias="dual-global-prior"
+    )
     projector_hidden: int = _field(256, alias="projector-hidden", ge=1)
 
     # FedDecomp (paper defaults: CIFAR-10's best R_c = R_l = 0.6, E_lora = 2)

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from client_app.dualfed import DualFedClient, supcon_loss
+from client_app.dualfed import DualFedClient, labels_skewed, supcon_loss
 from methods import get_method
 from models.dualfed import DualFedModel
 from models.roles import get_arrays, set_arrays
@@ -177,6 +177,41 @@ def test_the_global_prior_moves_the_global_head_to_the_clients_labels(combine):
         assert (paper._combine(torch.zeros(6, 4), client.model.head(z)).argmax(1) == 3).all()
         m = client.model
         assert (client._combine(m.personal_logits(z), m.head(z)).argmax(1) == 0).all()
+
+
+def test_labels_skewed_is_pearsons_chi_square_test():
+    from scipy.stats import chisquare
+
+    g = torch.Generator().manual_seed(0)
+    for counts in (
+        torch.tensor([120.0, 118, 131, 109, 125, 117, 122, 114, 126, 118]),  # IID-like
+        torch.tensor([130.0, 100, 120, 120, 120, 120, 120, 120, 120, 130]),
+        torch.tensor([300.0, 40, 0, 0, 5, 1, 0, 0, 0, 2]),  # Dirichlet 0.1-like
+        torch.randint(50, 200, (10,), generator=g).float(),
+    ):
+        expected = chisquare(counts.numpy()).pvalue < 0.05
+        assert labels_skewed(counts) is bool(expected), counts
+    assert not labels_skewed(torch.tensor([120.0, 118, 131, 109, 125, 117, 122, 114, 126, 118]))
+    assert labels_skewed(torch.tensor([300.0, 40, 0, 0, 5, 1, 0, 0, 0, 2]))
+    assert not labels_skewed(torch.zeros(10))
+
+
+def test_the_default_prior_applies_only_to_a_client_whose_labels_are_skewed():
+    """dual-global-prior=client-if-skewed: a skewed client moves h_s to its prior, a
+    balanced one combines h_s as is; client applies it to both."""
+    skewed = torch.tensor([0] * 30 + [1] * 10 + [2] * 8)
+    balanced = torch.tensor([0] * 13 + [1] * 12 + [2] * 12 + [3] * 11)  # sampling noise
+    personal, glob = torch.randn(5, 4), torch.randn(5, 4)
+    for y, mode, moved in (
+        (skewed, "client-if-skewed", True),
+        (balanced, "client-if-skewed", False),
+        (balanced, "client", True),
+        (skewed, "none", False),
+    ):
+        client, _ = make_client(y_train=y, **{"dual-global-prior": mode})
+        as_is = torch.log((F.softmax(personal, 1) + F.softmax(glob, 1)) / 2)
+        got = client._combine(personal, glob)
+        assert (not torch.allclose(got, as_is)) is moved, (mode, y.bincount())
 
 
 def test_stage2_trains_only_the_global_head():

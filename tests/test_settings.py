@@ -120,7 +120,7 @@ def test_derived_and_scenario_keys() -> None:
     # from random init on images: a stage 2 that trains h_s, and the client's label prior
     scratch = parse_run_config(raw)
     assert (scratch.global_head_epochs, scratch.global_head_lr, scratch.lr) == (20, 0.1, 0.01)
-    assert scratch.dual_global_prior == "client"
+    assert scratch.dual_global_prior == "client-if-skewed"
     # the generated study keeps the paper's stage 2
     study = parse_run_config({"method": "dualfed"})
     assert (study.global_head_epochs, study.global_head_lr) == (1, 0.01)
