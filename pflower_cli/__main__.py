@@ -104,6 +104,52 @@ def record_command(results: Path, command: list[str]) -> None:
     os.replace(tmp, results)
 
 
+def superlink_connection(rest: list[str]) -> str:
+    """The address of the SuperLink connection ``flwr run`` will use: the one named
+    after the app directory, or the default of $FLWR_HOME/config.toml."""
+    from flwr.supercore.utils import get_flwr_home
+
+    try:
+        links = tomllib.loads((get_flwr_home() / "config.toml").read_text())["superlink"]
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return ""
+    name = rest[1] if len(rest) > 1 and not rest[1].startswith("-") else links.get("default")
+    entry = links.get(name, {})
+    return str(entry.get("address", "")) if isinstance(entry, dict) else ""
+
+
+def foreign_superlink(flwr_home: Path, port: int) -> str | None:
+    """Why a run must not go to the local SuperLink listening on ``port``, or None.
+
+    flwr starts that SuperLink once, detached, and sends every later local run to it,
+    with the code and environment it was started from. One whose database and log
+    live outside this run's FLWR_HOME belongs to another checkout (perhaps a deleted
+    one: its runs then hang), so the run is refused with the pid to stop.
+    """
+    import psutil
+
+    try:
+        pid = next(
+            c.pid
+            for c in psutil.net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid
+        )
+        cmdline = psutil.Process(pid).cmdline()
+    except (StopIteration, psutil.Error):
+        return None  # none listening, or not ours to inspect
+    if not any("flower-superlink" in a for a in cmdline):
+        return None
+    paths = [b for a, b in zip(cmdline, cmdline[1:]) if a in ("--database", "--log-file")]
+    home = flwr_home.resolve()
+    if not paths or any(Path(p).resolve().is_relative_to(home) for p in paths):
+        return None
+    return (
+        f"a local SuperLink from another Flower home (pid {pid}, {', '.join(paths)}) holds "
+        f"port {port}: this run would go to it, with the code and environment it was "
+        f"started from; stop it (kill {pid}) and run again"
+    )
+
+
 def run(argv: list[str]) -> int:
     run_cfg, fed_cfg, rest = split_args(argv)
     try:
@@ -131,6 +177,14 @@ def run(argv: list[str]) -> int:
         "--federation-config",
         federation,
     ]
+    if superlink_connection(rest).startswith(":local"):  # :local: or :local-in-memory:
+        from flwr.cli.constant import LOCAL_SUPERLINK_HTTP_API_PORT
+        from flwr.supercore.utils import get_flwr_home
+
+        problem = foreign_superlink(get_flwr_home(), int(LOCAL_SUPERLINK_HTTP_API_PORT))
+        if problem:
+            print(f"run REFUSED: {problem}", file=sys.stderr)
+            return EXIT_FAILED
     started = time.time() - 1.0
     code = subprocess.call(cmd)
     problem = results_status(results, started, cfg.num_server_rounds)

@@ -12,17 +12,25 @@ from pathlib import Path
 
 import pytest
 
-from pflower_cli.__main__ import federation_config, results_status, split_args
+from pflower_cli.__main__ import (
+    federation_config,
+    foreign_superlink,
+    results_status,
+    split_args,
+)
 from tests.test_flwr_run import _stop_local_superlink
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def dev_sh(*args: str, home: Path | None = None, timeout: int = 400) -> subprocess.CompletedProcess:
+def dev_sh(
+    *args: str, home: Path | None = None, timeout: int = 400, **extra_env: str
+) -> subprocess.CompletedProcess:
     env = {
         **os.environ,
         "VENV": str(Path(sys.executable).parent.parent),
         "PFLOWER_SKIP_SETUP": "1",
+        **extra_env,
     }
     if home is not None:
         env["FLWR_HOME"] = str(home)
@@ -106,3 +114,57 @@ def test_a_run_that_fails_in_the_server_app_exits_non_zero(tmp_path: Path) -> No
         _stop_local_superlink(home)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "run FAILED: no results" in proc.stderr
+
+
+# A stand-in for a SuperLink another checkout started: a listener whose command line
+# names flower-superlink and a database and log under that checkout's Flower home.
+LISTENER = (
+    "import socket, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+    "print(s.getsockname()[1], flush=True); time.sleep(120)"
+)
+
+
+def _foreign_listener(home: Path) -> tuple[subprocess.Popen, int]:
+    args = ["--database", f"{home}/state.db", "--log-file", f"{home}/superlink.log"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LISTENER, "flower-superlink", *args],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    return proc, int(proc.stdout.readline())
+
+
+def test_a_local_superlink_from_another_flower_home_is_named(tmp_path: Path) -> None:
+    other = tmp_path / "other-checkout" / ".flwr"
+    proc, port = _foreign_listener(other)
+    try:
+        problem = foreign_superlink(tmp_path / "mine", port)
+        assert problem and f"pid {proc.pid}" in problem and f"kill {proc.pid}" in problem
+        assert str(other / "state.db") in problem
+        assert foreign_superlink(other, port) is None  # its own home: the run goes to it
+    finally:
+        proc.kill()
+        proc.wait()
+    assert foreign_superlink(tmp_path / "mine", port) is None  # nothing listens now
+
+
+def test_a_run_is_refused_before_flwr_when_another_checkouts_superlink_listens(
+    tmp_path: Path,
+) -> None:
+    """Such a SuperLink would take the run with the code it was started from (one from a
+    deleted checkout hangs it): the run command names its pid and exits 1."""
+    proc, port = _foreign_listener(tmp_path / "gone" / ".flwr")
+    try:
+        run = dev_sh(
+            "run",
+            "--run-config",
+            "num-server-rounds=1",
+            home=tmp_path / "flwr-home",
+            timeout=120,
+            FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(port),
+        )
+    finally:
+        proc.kill()
+        proc.wait()
+    assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
+    assert f"run REFUSED: a local SuperLink from another Flower home (pid {proc.pid}" in run.stderr
