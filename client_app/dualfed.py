@@ -79,7 +79,7 @@ class DualFedClient(PFLClient):
         # h_s(z) in the combination (dual-global-prior); computed here, never sent
         counts = torch.bincount(self.y_train, minlength=self.model.head.out_features).float()
         mode = self.cfg.dual_global_prior
-        use = mode == "client" or (mode == "client-if-skewed" and labels_skewed(counts))
+        use = mode == "client" or (mode == "client-if-skewed" and labels_skewed(counts.cpu()))
         self.log_prior = ((counts + 1.0) / (counts + 1.0).sum()).log() if use else None
 
     def _main_params(self) -> list[nn.Parameter]:
