@@ -114,17 +114,20 @@ def test_derived_and_scenario_keys() -> None:
     pretrained = {**raw, "pretrained-weights": "imagenet"}
     paper = parse_run_config(pretrained)
     assert (paper.global_head_epochs, paper.global_head_lr) == (1, 0.01)
-    assert paper.dual_global_prior == "none"
+    assert (paper.dual_global_prior, paper.batch_size) == ("none", 256)
     own = parse_run_config({**pretrained, "local-epochs": 3, "lr": 0.2})
     assert (own.global_head_epochs, own.global_head_lr) == (3, 0.2)
     # from random init on images: a stage 2 that trains h_s, and the client's label prior
     scratch = parse_run_config(raw)
     assert (scratch.global_head_epochs, scratch.global_head_lr, scratch.lr) == (20, 0.1, 0.01)
     assert scratch.dual_global_prior == "client-if-skewed"
-    # the generated study keeps the paper's stage 2
+    # and the baselines' batch (the paper's 256 leaves the personal branch few steps)
+    assert scratch.batch_size == 50
+    assert parse_run_config({**raw, "batch-size": 128}).batch_size == 128
+    # the generated study keeps the paper's stage 2 and batch
     study = parse_run_config({"method": "dualfed"})
     assert (study.global_head_epochs, study.global_head_lr) == (1, 0.01)
-    assert study.dual_global_prior == "none"
+    assert (study.dual_global_prior, study.batch_size) == ("none", 256)
     set_ = parse_run_config({**raw, "global-head-epochs": 2, "dual-global-prior": "none"})
     assert (set_.global_head_epochs, set_.global_head_lr, set_.dual_global_prior) == (
         2,
