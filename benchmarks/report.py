@@ -101,7 +101,9 @@ def table(preset: Preset, setting: str, rows: dict[str, dict[str, Any]]) -> list
         method = label.split(" ")[0]
         cells = [f"`{label}`", str(row["n"])]
         if not row["n"]:
-            cells += [f"failed: {row['reason'][:160]}"] + [""] * (len(head) - 3)
+            reason = row["reason"][:160]  # a row no command ran is not a failure
+            cells += [reason if reason == "not run" else f"failed: {reason}"]
+            cells += [""] * (len(head) - 3)
             lines.append("| " + " | ".join(cells) + " |")
             continue
         cells += [_pct(row["final"]), _pct(row["best"]), _pct(row["best_pooled"])]

@@ -294,6 +294,10 @@ ratio-to = "plain"
     assert main(args) == 1
     md = (out / "tiny.md").read_text()
     assert "| `broken` | 0 | failed: exit code" in md and "alpha" in md
+    # a row the commands left out says so, without calling it a failure
+    path.write_text(text + '[variants.later]\nmethod = "local"\n')
+    assert main([*args, "--rows", "plain"]) == 0
+    assert "| `later` | 0 | not run |" in (out / "tiny.md").read_text()
     assert {c.label: os.stat(c.dir / "results.json").st_mtime_ns for c in cells} == mtimes
 
     # --settings picks table columns by name; a name the preset lacks is an error
