@@ -59,6 +59,13 @@ for pkg in $packages; do cp -r "$pkg" "$ctx/app/"; done
 find "$ctx/app" -name __pycache__ -prune -exec rm -rf {} +
 # the wheelhouse, served on the Docker bridge for the build only (stopped by its pid)
 bridge=$(docker network inspect bridge --format '{{(index .IPAM.Config 0).Gateway}}')
+if [ -z "$bridge" ]; then
+    # a daemon's first start leaves the default bridge's IPAM without its gateway: read
+    # the bridge interface's own address instead
+    ifname=$(docker network inspect bridge --format '{{index .Options "com.docker.network.bridge.name"}}')
+    bridge=$(ip -4 -o addr show dev "${ifname:-docker0}" 2>/dev/null | awk '{print $4}' | cut -d/ -f1 | head -1)
+fi
+[ -n "$bridge" ] || { echo "docker_images: no address found for Docker's default bridge" >&2; exit 1; }
 # a fixed port: the URL is a build argument, and a new value would rebuild every layer
 port="${PFLOWER_WHEELS_PORT:-38419}"
 "$PY" -m http.server --bind "$bridge" --directory "$WHEELS" "$port" >"$WORK/wheels-http.log" 2>&1 &
