@@ -6,6 +6,7 @@ The strategies record into it; it knows nothing of methods."""
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import logging
 import os
@@ -159,6 +160,15 @@ def git_commit(where: Path) -> str:
         return ""
 
 
+@functools.cache
+def git_commit_once(where: Path) -> str:
+    """``git_commit`` looked up once per process. A simulation calls it before Ray
+    starts: run_simulation builds the ServerApp in a thread while the main thread forks
+    Ray's processes with a Python ``preexec_fn``, and a ``git`` child forked at that
+    moment left Ray's child spinning before its exec (a hang seen in CI's tests)."""
+    return git_commit(where)
+
+
 def provenance() -> dict[str, str]:
     """What produced a run: versions, the checkout's commit and the command. Under
     ``flwr run`` the ServerApp runs from an installed copy: the commit is looked up
@@ -168,7 +178,7 @@ def provenance() -> dict[str, str]:
         "flwr": _version("flwr"),
         "torch": _version("torch"),
         "python": platform.python_version(),
-        "git_commit": git_commit(Path.cwd()),
+        "git_commit": git_commit_once(Path.cwd()),
         "command": redacted_command(sys.argv),
     }
 

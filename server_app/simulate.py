@@ -9,6 +9,7 @@ from typing import Any
 from flwr.simulation import run_simulation
 
 from client_app.app import make_client_app
+from run_results import git_commit_once
 from server_app.app import make_server_app
 
 
@@ -28,6 +29,7 @@ def simulate(
     backend: dict[str, Any] = {"client_resources": {"num_cpus": num_cpus, "num_gpus": num_gpus}}
     if ray_init_args:
         backend["init_args"] = ray_init_args
+    git_commit_once(Path.cwd())  # here, not in the server thread while Ray forks
     run_simulation(
         server_app=make_server_app(config),
         client_app=make_client_app(config),

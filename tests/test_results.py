@@ -81,3 +81,31 @@ def test_provenance_never_records_a_secret_from_the_command_line() -> None:
         "--superexec-auth-secret-file=certs/superexec.secret "
         "--auth-supernode-private-key=*** --root-certificates ca.crt"
     )
+
+
+@pytest.mark.slow
+def test_a_simulation_looks_up_its_commit_before_ray_forks(tmp_path, monkeypatch) -> None:
+    """run_simulation builds the ServerApp in a thread while Ray forks its processes with
+    a Python preexec_fn; a git child forked from that thread at the same moment hung a CI
+    run. The commit is looked up in the calling thread, before the simulation starts."""
+    import subprocess
+    import threading
+    from pathlib import Path
+
+    import run_results
+    from server_app.simulate import simulate
+
+    in_main_thread: list[bool] = []
+    real_run = subprocess.run
+
+    def spy(args, *rest, **kwargs):
+        if args and args[0] == "git":
+            in_main_thread.append(threading.current_thread() is threading.main_thread())
+        return real_run(args, *rest, **kwargs)
+
+    monkeypatch.setattr(run_results.subprocess, "run", spy)
+    run_results.git_commit_once.cache_clear()
+    cfg = {"method": "fedavg", "num-server-rounds": 1, "sim-samples": 60, "hidden-dim": 16}
+    res = simulate({**cfg, "output-dir": str(tmp_path), "run-name": "r"}, 2)
+    assert in_main_thread and all(in_main_thread)  # looked up, and never from a thread
+    assert res["provenance"]["git_commit"] == run_results.git_commit_once(Path.cwd())
