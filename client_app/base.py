@@ -121,6 +121,12 @@ class PFLClient(NumPyClient):
         """What survives between rounds: the personal tensors (plus method extras)."""
         return dict(zip(self.roles.personal, get_arrays(self.model, self.roles.personal)))
 
+    def personal_tensors(self) -> dict[str, np.ndarray]:
+        """What must stay on this site now (the content audit's ground truth): the
+        personal tensors; a method whose split is finer than whole tensors names
+        the personal parts (FedFac's rows)."""
+        return dict(zip(self.roles.personal, get_arrays(self.model, self.roles.personal)))
+
     def load_personal_state(self, state: dict[str, np.ndarray]) -> None:
         """Inverse of ``personal_state``."""
         set_arrays(self.model, self.roles.personal, [state[n] for n in self.roles.personal])

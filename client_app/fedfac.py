@@ -36,6 +36,7 @@ from models.fedfac import (
     FULL_UPLOAD,
     HELD_OUT,
     MASK_KEY,
+    PERSONAL_ROWS,
     PHASE,
     UPLOAD_START,
     element_entries,
@@ -70,6 +71,20 @@ class FedFacClient(PFLClient):
         state.update({_LOCAL + n: a for n, a in zip(names, get_arrays(self.model, names))})
         state.update({_MASK + k: m.astype(np.uint8) for k, m in self.personal.items()})
         return state
+
+    def personal_tensors(self) -> dict[str, np.ndarray]:
+        """The base personal tensors plus the rows of each Lambda entry that the
+        current mask marks personal."""
+        out = super().personal_tensors()
+        state = self.model.state_dict()
+        for layer, personal in self.personal.items():
+            if not personal.any():
+                continue
+            for entry in self.entries[layer]:
+                if state[entry].dim():
+                    values = state[entry].detach().cpu().numpy()
+                    out[entry + PERSONAL_ROWS] = values[personal].copy()
+        return out
 
     def load_personal_state(self, state: dict[str, np.ndarray]) -> None:
         super().load_personal_state(state)

@@ -1,6 +1,6 @@
 """The method registry: one table from the ``method`` config value to
 (split rule, local schedule = client class, aggregation = strategy class and
-rule, model transform). Method modules are imported lazily, and each names its
+rule, model transform, disclosures beyond the shared tensors). Method modules are imported lazily, and each names its
 client and strategy classes as ``"module:Class"``: a client process never
 imports the server's strategies, nor the server the clients' schedules (the
 import contracts in pyproject.toml hold the code to that)."""
@@ -18,6 +18,7 @@ from torch import nn
 from models.backbones import build_backbone
 from models.roles import Roles, SplitRule, get_arrays, wire_spec
 from pfl_data import DataInfo
+from pfl_privacy.disclosure import Disclosure
 from run_config.schema import METHODS, RunConfig
 
 if TYPE_CHECKING:
@@ -37,6 +38,12 @@ def resolve(ref: str) -> Any:
 
 Transform = Callable[[nn.Module, RunConfig], nn.Module]
 ModelCheck = Callable[[nn.Module, RunConfig], None]
+Disclosures = Callable[[RunConfig], tuple[Disclosure, ...]]
+
+
+def shared_tensors_only(cfg: RunConfig) -> tuple[Disclosure, ...]:
+    """The split's promise, kept: nothing leaves but the shared tensors."""
+    return ()
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,8 @@ class Method:
     aggregation: str = "weighted"  # the strategy's rule unless the config sets one
     transform: Transform | None = None
     check: ModelCheck | None = None  # raises ConfigError for keys the model cannot use
+    # what the protocol reveals beyond the shared tensors (pfl_privacy/disclosure.py)
+    disclosures: Disclosures = shared_tensors_only
 
     @property
     def client(self) -> type[PFLClient]:

@@ -11,7 +11,16 @@ Local schedule: see ``client_app.factorized_fl`` for the reference optimiser."""
 from __future__ import annotations
 
 from methods import Method
-from models.factorized_fl import alpha_personal, beta_personal, factorize
+from models.factorized_fl import V, alpha_personal, beta_personal, factorize
+from pfl_privacy.disclosure import Disclosure
+from run_config.schema import RunConfig
+
+
+def alpha_disclosures(cfg: RunConfig) -> tuple[Disclosure, ...]:
+    """alpha keeps v personal but appends the v of the last layer before the head
+    to every upload: the server matches clients by it (the paper's protocol)."""
+    return (Disclosure("matching-vector", (f"*{V}",), "method='factorized-fl-alpha'"),)
+
 
 _CLIENT = "client_app.factorized_fl:FactorizedFLClient"
 _STRATEGY = "strategies.factorized_fl:FactorizedFLStrategy"
@@ -19,7 +28,14 @@ _STRATEGY = "strategies.factorized_fl:FactorizedFLStrategy"
 METHODS = {
     m.name: m
     for m in (
-        Method("factorized-fl-alpha", alpha_personal, _CLIENT, _STRATEGY, transform=factorize),
+        Method(
+            "factorized-fl-alpha",
+            alpha_personal,
+            _CLIENT,
+            _STRATEGY,
+            transform=factorize,
+            disclosures=alpha_disclosures,
+        ),
         Method("factorized-fl-beta", beta_personal, _CLIENT, _STRATEGY, transform=factorize),
     )
 }

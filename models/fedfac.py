@@ -16,6 +16,7 @@ MASK_KEY = "fa-personal:"  # + layer name -> packed bits, 1 = personal element
 HELD_OUT = "fa-held-out"  # instruction: the new clients' keys; metric: "I am one"
 FULL_UPLOAD = "fa-full-upload"  # instruction: upload every Lambda element (for FA)
 UPLOAD_START = "fa-upload-start"  # instruction: also the personal rows' start values
+PERSONAL_ROWS = "[personal]"  # suffix naming the personal rows of a Lambda entry
 PHASE = "fa-phase"  # "share-model" (fit) / "ensemble" (evaluate): the consented Ensemble
 
 

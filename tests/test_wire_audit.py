@@ -2,17 +2,20 @@
 metrics), and every instruction's config, for every method and mode, in a real
 run (server_app/inprocess.py: the real strategy, real clients per message).
 
-A fit reply carries exactly the method's upload spec (checked by the strategy's
-own spec of that round), or nothing (a held-out new client), or, only with
-``ensemble-share-models=true``, the site's whole personalised model. Metrics are
-numbers or short identifiers: never bytes, never long strings. Evaluate replies
-carry no arrays (Flower's EvaluateRes has none) and the same kind of metrics.
-The one bytes value in an instruction is FedFac's packed personal-element mask,
-exactly the size of its layer.
+By content, not by spec: for every fit reply, pfl_privacy.audit tries to rebuild
+each of the client's personal tensors (as they stood when it replied) from what
+the client sent and what the server had sent it. What it rebuilds must be exactly
+what the method declares (``Method.disclosures``): an undeclared disclosure fails,
+and so does a declared one that the wire does not carry (a stale declaration).
+Metrics are numbers or short identifiers: never bytes, never long strings.
+Evaluate replies carry no arrays (Flower's EvaluateRes has none). The one bytes
+value in an instruction is FedFac's packed personal-element mask, exactly the
+size of its layer.
 """
 
 from __future__ import annotations
 
+from fnmatch import fnmatch
 from typing import Any
 
 import numpy as np
@@ -20,7 +23,9 @@ import pytest
 import torch
 from flwr.common import EvaluateRes, FitRes, parameters_to_ndarrays
 
+from methods import get_method
 from models.fedfac import MASK_KEY
+from pfl_privacy.audit import recover
 from run_config.schema import METHODS, parse_run_config
 from server_app.inprocess import build_inprocess
 
@@ -31,6 +36,10 @@ MODES = [(m, {}) for m in METHODS] + [
     ),
     ("fedfac-dynamic", {"new-clients": 1, "new-client-mode": "localtrain"}),
     ("fedfac-dynamic", {"fa-input": "updates"}),
+    (
+        "fedfac-dynamic",
+        {"new-clients": 1, "new-client-mode": "ensemble", "ensemble-share-models": True},
+    ),
 ]
 SHORT = 64  # longest string a metric may carry (client keys, mode names)
 
@@ -51,7 +60,9 @@ def check_values(where: str, values: dict[str, Any], masks: dict[str, int] | Non
 @pytest.mark.parametrize(
     ("method", "mode"), MODES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(MODES)]
 )
-def test_every_reply_carries_only_what_the_method_shares(method, mode, tmp_path) -> None:
+def test_what_leaves_a_client_is_exactly_what_the_method_declares(
+    method, mode, tmp_path, monkeypatch
+) -> None:
     config = {
         "method": method,
         "num-server-rounds": 2,
@@ -62,7 +73,20 @@ def test_every_reply_carries_only_what_the_method_shares(method, mode, tmp_path)
         **mode,
     }
     cfg = parse_run_config(config)
+    declared = get_method(method).disclosures(cfg)
     seen: dict[str, int] = {"fit": 0, "evaluate": 0, "share-model": 0}
+    truth: dict[str, dict[str, np.ndarray]] = {}  # client key -> personal tensors at reply
+    recovered: dict[str, str] = {}  # personal tensor name -> how the audit rebuilt it
+
+    client_class = get_method(method).client
+    fit = client_class.fit
+
+    def fit_and_note_personal(self, parameters, config):  # noqa: ANN001, ANN202
+        reply = fit(self, parameters, config)
+        truth[self.client_key] = self.personal_tensors()
+        return reply
+
+    monkeypatch.setattr(client_class, "fit", fit_and_note_personal)
 
     def record(kind: str, cid: str, ins: Any, res: FitRes | EvaluateRes) -> None:
         strategy = server.strategy
@@ -74,15 +98,16 @@ def test_every_reply_carries_only_what_the_method_shares(method, mode, tmp_path)
         if kind == "evaluate":  # an EvaluateRes holds only loss, count and metrics
             seen["evaluate"] += 1
             return
-        arrays = parameters_to_ndarrays(res.parameters)
-        if ins.config.get("fa-phase") == "share-model":  # the consented Ensemble
-            assert cfg.ensemble_share_models
-            assert [a.shape for a in arrays] == [s.shape for s in strategy.model_spec]
+        sent = parameters_to_ndarrays(res.parameters)
+        received = parameters_to_ndarrays(ins.parameters)
+        for name, how in recover(truth[key], sent, received).items():
+            recovered.setdefault(name, f"{how} (client {key}, {kind})")
+        if ins.config.get("fa-phase") == "share-model":
             seen["share-model"] += 1
         elif res.metrics.get("fa-held-out"):
-            assert arrays == []  # a new client never uploads
+            assert sent == []  # a new client never uploads
         else:
-            assert strategy.check_reply(key, arrays, res.num_examples) is None
+            assert strategy.check_reply(key, sent, res.num_examples) is None
             seen["fit"] += 1
 
     threads = torch.get_num_threads()
@@ -93,8 +118,15 @@ def test_every_reply_carries_only_what_the_method_shares(method, mode, tmp_path)
         torch.set_num_threads(threads)
     assert seen["fit"] >= 2 and seen["evaluate"] >= 2  # eval-in-fit: evaluate closes the run
     assert (seen["share-model"] > 0) == cfg.ensemble_share_models
-    assert (
-        np.isfinite(server.strategy.global_arrays[0]).all()
-        if server.strategy.global_arrays
-        else True
-    )
+    assert truth, "no fit reached a client"
+
+    undeclared = {
+        name: how
+        for name, how in recovered.items()
+        if not any(fnmatch(name, p) for d in declared for p in d.tensors)
+    }
+    assert not undeclared, f"{method} {mode}: undeclared disclosure {undeclared}"
+    for d in declared:
+        if d.audited:
+            found = [n for n in recovered if any(fnmatch(n, p) for p in d.tensors)]
+            assert found, f"{method} {mode}: declares {d.kind}, but the wire does not carry it"
