@@ -3,7 +3,9 @@
 Node config keys (deployment, ``flower-supernode --node-config``):
 ``partition-id``/``num-partitions`` (simulation sets these), ``site`` (the stable
 client identity), ``data-path`` (the site's own data), ``device`` (e.g. cuda:0),
-``state-dir`` (persist personal state on disk; enables restart safety).
+``state-dir`` (persist personal state on disk; enables restart safety), and the
+site's policy (``accept-disclosures``, ``require-secure-aggregation``,
+``allowed-methods``: pfl_privacy/policy.py), checked before any work.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from client_app import timing
 from client_app.state import ContextStore, DiskStore, PersonalStore
 from methods import get_method
 from pfl_data import data_info, load_client_data
-from run_config.schema import RunConfig, parse_run_config
+from pfl_privacy.policy import REFUSED, PolicyError, SitePolicy
+from run_config.schema import METHODS, RunConfig, parse_run_config
 
 log = logging.getLogger("flwr.pflower")
 
@@ -78,6 +81,31 @@ def build_client(context: Context, overrides: dict[str, Any] | None = None) -> C
     return client.to_client()
 
 
+class PolicyRefusal(RuntimeError):
+    """The site refuses a run (its own policy, or SecAgg+ asked for and not used)."""
+
+
+def policy_refusal(
+    node: dict[str, Any], cfg: RunConfig, message_type: str, masked: bool
+) -> str | None:
+    """Why this site refuses this message of this run, or None."""
+    site = str(node.get("site", "") or f"client-{node.get('partition-id', 0)}")
+    try:
+        policy = SitePolicy.of_node(node, METHODS)
+    except PolicyError as err:
+        return f"site {site!r} {REFUSED}: {err}"
+    why = None
+    if policy is not None:
+        disclosures = get_method(cfg.method).disclosures(cfg)
+        why = policy.refusal(cfg.method, cfg.secure_aggregation, disclosures)
+        if why is None and policy.require_secure_aggregation:
+            if message_type == MessageType.TRAIN and not masked:
+                why = "site policy 'require-secure-aggregation' refuses an unmasked fit"
+    if why is None and cfg.secure_aggregation and message_type == MessageType.TRAIN and not masked:
+        why = "run key secure-aggregation=true, but this fit is unmasked (no SecAgg+ stage)"
+    return None if why is None else f"site {site!r} {REFUSED}: {why}"
+
+
 class InjectedDropout(RuntimeError):
     """A fault injected by ``dropout-rate`` (simulation of a vanishing client)."""
 
@@ -106,6 +134,17 @@ def make_client_app(overrides: dict[str, Any] | None = None) -> ClientApp:
                 )
         return call_next(msg, context)
 
+    def policy_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+        # before anything of the run is loaded or trained: raising sends Flower's error
+        # reply, so the server learns why, and no tensor leaves
+        cfg = parse_run_config({**context.run_config, **(overrides or {})})
+        masked = RECORD_KEY_CONFIGS in msg.content.config_records
+        why = policy_refusal(dict(context.node_config), cfg, msg.metadata.message_type, masked)
+        if why is not None:
+            log.error("%s", why)
+            raise PolicyRefusal(why)
+        return call_next(msg, context)
+
     def secure_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
         # SecAgg+ messages (secure-aggregation=true) go through Flower's secaggplus_mod:
         # the upload leaves masked, and only the sum of all uploads can be unmasked
@@ -126,7 +165,7 @@ def make_client_app(overrides: dict[str, Any] | None = None) -> ClientApp:
     def client_fn(context: Context) -> Client:
         return build_client(context, overrides)
 
-    return ClientApp(client_fn=client_fn, mods=[phases_mod, dropout_mod, secure_mod])
+    return ClientApp(client_fn=client_fn, mods=[phases_mod, policy_mod, dropout_mod, secure_mod])
 
 
 app = make_client_app()

@@ -158,6 +158,11 @@ class FedFacClient(PFLClient):
         self, parameters: NDArrays, config: dict[str, Scalar]
     ) -> tuple[NDArrays, int, dict[str, Scalar]]:
         if config.get(PHASE) == "share-model":  # Ensemble, with the sites' consent
+            if not (self.cfg.new_client_mode == "ensemble" and self.cfg.ensemble_share_models):
+                raise PermissionError(
+                    f"client {self.client_key} refuses to send its whole model: the run "
+                    "did not ask for Ensemble with ensemble-share-models=true"
+                )
             self.restore_personal()
             self.receive(parameters, config)
             names = list(self.model.state_dict())

@@ -51,6 +51,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--partition-id", type=int, help="demo only: a partition of a shared data set")
     p.add_argument("--num-partitions", type=int, help="demo only: with --partition-id")
+    pol = p.add_argument_group(
+        "site policy (pfl_privacy/policy.py): checked by the ClientApp before any work"
+    )
+    pol.add_argument(
+        "--accept-disclosures",
+        default="",
+        help="comma-separated disclosure kinds beyond the shared tensors this site accepts "
+        "(head-blend, head-sum, matching-vector, personal-rows, whole-model) or 'all'; "
+        "default: none",
+    )
+    pol.add_argument(
+        "--require-secure-aggregation",
+        action="store_true",
+        help="refuse every run without SecAgg+ and every unmasked fit",
+    )
+    pol.add_argument(
+        "--allowed-methods", default="all", help="comma-separated methods, or 'all' (default)"
+    )
     sec = p.add_argument_group("security")
     sec.add_argument("--root-certificates", help="CA certificate that signed the SuperLink's")
     sec.add_argument("--auth-key", help="this site's ECDSA private key (OpenSSH format)")
@@ -97,6 +115,9 @@ def supernode_command(args: argparse.Namespace) -> list[str]:
         values["data-path"] = args.data_path
     if args.device:
         values["device"] = args.device
+    values["accept-disclosures"] = args.accept_disclosures
+    values["require-secure-aggregation"] = "true" if args.require_secure_aggregation else "false"
+    values["allowed-methods"] = args.allowed_methods
     if args.partition_id is not None:
         values["partition-id"] = args.partition_id
         values["num-partitions"] = args.num_partitions

@@ -44,6 +44,7 @@ from flwr.server import Server, SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 
 from client_app.app import build_client, make_client_app
+from run_config.schema import ConfigError
 from server_app.app import build_server
 
 Recorder = Callable[[str, str, Any, Any], None]  # (kind, client, instruction, reply)
@@ -115,14 +116,27 @@ class LocalProxy(ClientProxy):
 
 
 def build_inprocess(
-    config: dict[str, Any], num_clients: int, record: Recorder | None = None
+    config: dict[str, Any],
+    num_clients: int,
+    record: Recorder | None = None,
+    node_configs: list[dict[str, Any]] | None = None,
 ) -> tuple[Server, int]:
     """Flower's Server with the run's strategy and ``num_clients`` local nodes, and
-    the number of rounds to run (``server.strategy`` is the run's strategy)."""
+    the number of rounds to run (``server.strategy`` is the run's strategy).
+    ``node_configs[i]`` adds to node i's config (a site name, its policy)."""
+    if config.get("secure-aggregation"):
+        raise ConfigError(
+            "config key 'secure-aggregation': the in-process engine has no SecAgg+ "
+            "(its clients would refuse every unmasked fit); use the Ray simulation"
+        )
     components = build_server(Context(0, 0, {}, RecordDict(), {}), config)
     manager = SimpleClientManager()
     for i in range(num_clients):
-        node = {"partition-id": i, "num-partitions": num_clients}
+        node = {
+            "partition-id": i,
+            "num-partitions": num_clients,
+            **(node_configs or [{}] * num_clients)[i],
+        }
         context = Context(0, i + 1, node, RecordDict(), {})
         manager.register(LocalProxy(i + 1, context, config, record))
     server = Server(client_manager=manager, strategy=components.strategy)
@@ -131,7 +145,10 @@ def build_inprocess(
 
 
 def run_inprocess(
-    config: dict[str, Any], num_clients: int, record: Recorder | None = None
+    config: dict[str, Any],
+    num_clients: int,
+    record: Recorder | None = None,
+    node_configs: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Run ``config`` with ``num_clients`` in this process; return results.json.
 
@@ -141,7 +158,7 @@ def run_inprocess(
         raise ValueError("run_inprocess() needs a 'run-name' to find its results")
     threads = torch.get_num_threads()  # build_client pins simulated clients to one thread
     try:
-        server, rounds = build_inprocess(config, num_clients, record)
+        server, rounds = build_inprocess(config, num_clients, record, node_configs)
         server.fit(rounds, timeout=None)
     finally:
         torch.set_num_threads(threads)

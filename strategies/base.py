@@ -35,6 +35,7 @@ from torch import nn
 
 from models.roles import CLIENT_KEY, EVAL_PREFIX, EVALUATE_FIRST, TensorSpec
 from pfl_privacy import PrivacyAccountant, add_noise, clip_update, noise_std
+from pfl_privacy.policy import REFUSED
 from run_config.schema import ConfigError, RunConfig
 from run_results import RunRecorder
 from strategies.checkpoint import (
@@ -50,6 +51,10 @@ RECORDED_METRICS = ("accuracy-", "logit-norm-", "confidence-")
 
 WAIT_S = 600  # how long a round waits for min-available-clients
 SETTLE_S = 30  # how long the first round waits for registrations to settle
+
+
+class RunRefused(RuntimeError):
+    """Every client asked refused the run by its site's policy: it stops here."""
 
 
 @dataclass
@@ -388,6 +393,12 @@ class PFLStrategy(Strategy):
             if isinstance(train_loss, (int, float)) and math.isfinite(train_loss):
                 rl.train_losses.append(float(train_loss))
         rl.replies = len(accepted)
+        refusals = [r for r in map(failure_reason, failures) if REFUSED in r]
+        if not accepted and refusals and len(refusals) == len(failures):
+            raise RunRefused(
+                f"round {server_round}: every site asked refused this run by its policy, "
+                f"nothing was sent; first: {refusals[0]}"
+            )
         if self.eval_in_fit(server_round):  # the previous round's record, from these replies
             self.record_round(server_round - 1, self.evaluations_in_fit(accepted))
         if len(accepted) < self.cfg.min_replies:

@@ -218,8 +218,15 @@ def test_site_launcher_builds_the_supernode_command(capsys: pytest.CaptureFixtur
     assert "--insecure" not in line
     assert (
         """'site="hospital-a" state-dir="/var/lib/pflower" data-path="/data/site" """
-        """device="cuda:0"'""" in line
+        """device="cuda:0" accept-disclosures="" require-secure-aggregation="false" """
+        """allowed-methods="all"'""" in line
+    )  # the site's policy: shared tensors only unless the operator says otherwise
+    site_main(
+        ["--superlink=h:1", "--site=a", "--state-dir=s", "--insecure", "--dry-run"]
+        + ["--accept-disclosures=head-blend", "--require-secure-aggregation"]
     )
+    policy = capsys.readouterr().out.strip().splitlines()[-1]
+    assert 'accept-disclosures="head-blend" require-secure-aggregation="true"' in policy
     site_main(
         ["--superlink=h:1", "--site=a", "--state-dir=s", "--insecure", "--no-warm", "--dry-run"]
     )

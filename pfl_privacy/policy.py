@@ -1,0 +1,106 @@
+"""A site's own policy on what may leave it, set in its node config.
+
+The site's operator writes it where only the site can (``flower-supernode
+--node-config``, ``python -m deploy.site``, the compose site file), so whoever
+submits a run cannot change it. The ClientApp checks every message of a run
+against it before any work, and refuses what it does not allow: an error reply
+naming the policy key and the run key, a line in the site's log, no tensor sent.
+
+Node config keys:
+
+- ``accept-disclosures``: a comma-separated list of the disclosure kinds beyond
+  the shared tensors that the site accepts (pfl_privacy/disclosure.py ``KINDS``;
+  ``whole-model`` is FedFac's Ensemble), or ``all``. Default: none.
+- ``require-secure-aggregation``: ``true`` refuses every run without SecAgg+ and
+  every unmasked fit. Default: false.
+- ``allowed-methods``: a comma-separated list of methods, or ``all`` (default).
+
+A node with a ``site`` (a deployment: ``deploy.site`` always sets one) and no
+policy keys gets the defaults: shared tensors only. A simulated node (no
+``site``) has no policy unless its node config gives one of these keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pfl_privacy.disclosure import KINDS, Disclosure
+
+ACCEPT = "accept-disclosures"
+REQUIRE_SECAGG = "require-secure-aggregation"
+ALLOWED_METHODS = "allowed-methods"
+POLICY_KEYS = (ACCEPT, REQUIRE_SECAGG, ALLOWED_METHODS)
+REFUSED = "refuses this run by its policy"  # in every refusal: the server looks for it
+
+
+class PolicyError(ValueError):
+    """The site's own policy is malformed (the site refuses every run until fixed)."""
+
+
+def _names(value: Any, known: Collection[str], key: str) -> frozenset[str] | None:
+    """A comma-separated list of known names; None for ``all``."""
+    text = str(value).strip()
+    if text == "all":
+        return None
+    names = frozenset(n.strip() for n in text.split(",") if n.strip())
+    unknown = sorted(names - set(known))
+    if unknown:
+        raise PolicyError(
+            f"site policy '{key}' names {unknown}, expected 'all' or some of {sorted(known)}"
+        )
+    return names
+
+
+def _flag(value: Any, key: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no", ""):
+        return False
+    raise PolicyError(f"site policy '{key}' is {value!r}, expected true or false")
+
+
+@dataclass(frozen=True)
+class SitePolicy:
+    """What a site lets leave it. ``None`` sets mean 'all'."""
+
+    accept: frozenset[str] | None = frozenset()
+    require_secure_aggregation: bool = False
+    methods: frozenset[str] | None = None
+
+    @classmethod
+    def of_node(cls, node: Mapping[str, Any], methods: Collection[str]) -> SitePolicy | None:
+        """The node's policy; None for a simulated node that gives none."""
+        if not any(k in node for k in POLICY_KEYS) and "site" not in node:
+            return None
+        return cls(
+            accept=_names(node.get(ACCEPT, ""), KINDS, ACCEPT),
+            require_secure_aggregation=_flag(node.get(REQUIRE_SECAGG, False), REQUIRE_SECAGG),
+            methods=_names(node.get(ALLOWED_METHODS, "all"), methods, ALLOWED_METHODS),
+        )
+
+    def refusal(
+        self, method: str, secure_aggregation: bool, disclosures: tuple[Disclosure, ...]
+    ) -> str | None:
+        """Why this site refuses a run, or None if it allows it."""
+        if self.methods is not None and method not in self.methods:
+            return (
+                f"site policy '{ALLOWED_METHODS}' ({','.join(sorted(self.methods)) or 'none'}) "
+                f"does not include run key method='{method}'"
+            )
+        if self.require_secure_aggregation and not secure_aggregation:
+            return (
+                f"site policy '{REQUIRE_SECAGG}' refuses run key secure-aggregation=false "
+                "(the server would see this site's own upload)"
+            )
+        for d in disclosures:
+            if self.accept is not None and d.kind not in self.accept:
+                return (
+                    f"site policy '{ACCEPT}' does not include '{d.kind}', which run key "
+                    f"{d.run_keys} needs: it sends {d.what}"
+                )
+        return None

@@ -1,0 +1,137 @@
+"""A site's own policy, enforced by its client before any work (pfl_privacy/policy.py).
+
+In-process runs (the real ClientApp with its mods, one Context per node): a node
+with a ``site`` and no policy keys is a deployed site with the default policy,
+shared tensors only; a simulated node (no ``site``) has none unless given.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.common import Context, RecordDict
+
+from client_app.app import build_client, policy_refusal
+from methods import get_method
+from models.fedfac import PHASE
+from pfl_privacy.policy import REFUSED, PolicyError, SitePolicy
+from run_config.schema import METHODS, ConfigError, parse_run_config
+from server_app.inprocess import build_inprocess, run_inprocess
+from strategies.base import RunRefused
+
+SMALL = {"num-server-rounds": 2, "sim-samples": 60, "hidden-dim": 16, "run-name": "policy"}
+DISCLOSING = {
+    "fedcp": ({"method": "fedcp"}, "head-blend"),
+    "factorized-fl-alpha": ({"method": "factorized-fl-alpha"}, "matching-vector"),
+    "fedfac-dynamic": ({"method": "fedfac-dynamic"}, "personal-rows"),
+    "ensemble": (
+        {
+            "method": "fedfac-static",
+            "new-clients": 1,
+            "new-client-mode": "ensemble",
+            "ensemble-share-models": True,
+        },
+        "whole-model",
+    ),
+}
+
+
+def _sites(n: int, **policy: Any) -> list[dict[str, Any]]:
+    return [{"site": f"client-{i}", **policy} for i in range(n)]
+
+
+@pytest.mark.parametrize("name", sorted(DISCLOSING))
+def test_the_default_site_policy_refuses_a_disclosing_run_before_anything_leaves(
+    name: str, tmp_path
+) -> None:
+    config, kind = DISCLOSING[name]
+    fits: list[Any] = []
+    server, rounds = build_inprocess(
+        {**SMALL, **config, "output-dir": str(tmp_path)},
+        3,
+        lambda kind_, cid, ins, res: fits.append(res),
+        _sites(3),
+    )
+    with pytest.raises(RunRefused) as err:
+        server.fit(rounds, timeout=None)
+    assert fits == []  # no reply with content reached the server
+    message = str(err.value)
+    assert REFUSED in message and "'accept-disclosures'" in message and f"'{kind}'" in message
+    assert f"method='{config['method']}'" in message or "new-client-mode='ensemble'" in message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(DISCLOSING))
+def test_a_site_that_accepts_the_disclosure_runs(name: str, tmp_path) -> None:
+    config, kind = DISCLOSING[name]
+    res = run_inprocess(
+        {**SMALL, **config, "output-dir": str(tmp_path)},
+        3,
+        node_configs=_sites(3, **{"accept-disclosures": kind}),
+    )
+    assert len(res["rounds"]) == 2
+
+
+def test_a_site_requiring_secure_aggregation_refuses_a_plain_run(tmp_path) -> None:
+    with pytest.raises(RunRefused, match="'require-secure-aggregation' refuses run key"):
+        run_inprocess(
+            {**SMALL, "method": "fedper", "output-dir": str(tmp_path)},
+            2,
+            node_configs=_sites(2, **{"require-secure-aggregation": True}),
+        )
+
+
+def test_sites_that_refuse_are_left_out_and_the_others_train(tmp_path) -> None:
+    nodes = [{"site": "client-0"}, {"site": "client-1", "accept-disclosures": "head-blend"}]
+    res = run_inprocess({**SMALL, "method": "fedcp", "output-dir": str(tmp_path)}, 2, None, nodes)
+    assert list(res["rounds"][-1]["per_client_accuracy"]) == ["client-1"]
+    assert res["rounds"][0]["failures"] == 1
+
+
+def test_simulation_without_a_policy_keeps_todays_behaviour(tmp_path) -> None:
+    res = run_inprocess({**SMALL, "method": "fedcp", "output-dir": str(tmp_path)}, 2)
+    assert len(res["rounds"]) == 2
+
+
+def test_allowed_methods_and_a_malformed_policy(tmp_path) -> None:
+    cfg = parse_run_config({"method": "fedrep"})
+    node = {"site": "h", "allowed-methods": "fedper,fedavg"}
+    why = policy_refusal(node, cfg, "train", masked=False)
+    assert why is not None and "'allowed-methods'" in why and "method='fedrep'" in why
+    assert policy_refusal({**node, "allowed-methods": "all"}, cfg, "train", False) is None
+    bad = policy_refusal({"site": "h", "accept-disclosures": "everything"}, cfg, "train", False)
+    assert bad is not None and "'accept-disclosures' names ['everything']" in bad
+    with pytest.raises(PolicyError, match="require-secure-aggregation"):
+        SitePolicy.of_node({"require-secure-aggregation": "maybe"}, METHODS)
+
+
+def test_a_client_asked_for_secure_aggregation_refuses_an_unmasked_fit() -> None:
+    cfg = parse_run_config({"method": "fedper", "secure-aggregation": True})
+    sim = {"partition-id": 0, "num-partitions": 2}  # no policy at all
+    why = policy_refusal(sim, cfg, "train", masked=False)
+    assert why is not None and "secure-aggregation=true" in why and "unmasked" in why
+    assert policy_refusal(sim, cfg, "train", masked=True) is None
+    assert policy_refusal(sim, cfg, "evaluate", masked=False) is None  # no arrays go up
+    with pytest.raises(ConfigError, match="'secure-aggregation'"):
+        build_inprocess({**SMALL, "method": "fedper", "secure-aggregation": True}, 2)
+
+
+def test_a_fedfac_client_never_sends_its_model_without_ensemble_consent() -> None:
+    raw = {"method": "fedfac-static", "sim-samples": 60, "hidden-dim": 16}
+    node = {"partition-id": 0, "num-partitions": 2}
+    client = build_client(Context(0, 1, node, RecordDict(), raw))
+    numpy_client = client.numpy_client  # type: ignore[attr-defined]
+    with pytest.raises(PermissionError, match="refuses to send its whole model"):
+        numpy_client.fit([], {PHASE: "share-model"})  # refused before it reads anything
+
+
+def test_declared_kinds_are_the_policy_vocabulary() -> None:
+    cfg = parse_run_config({"method": "fedcp", "secure-aggregation": True})
+    (d,) = get_method("fedcp").disclosures(cfg)
+    assert d.kind == "head-sum" and not d.audited  # SecAgg+: only the sum is unmasked
+    assert np.all([get_method(m).disclosures(parse_run_config({"method": m})) == () for m in (
+        "fedavg", "fedper", "fedrep", "fedbn", "local", "feddecomp", "dualfed",
+        "factorized-fl-beta", "fedfac-static", "fedavg-ft",
+    )])  # fmt: skip
