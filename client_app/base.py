@@ -22,9 +22,17 @@ from torch import nn
 from client_app import timing
 from client_app.state import PersonalStore
 from client_app.train import cross_entropy, evaluate, train_epochs
-from models.roles import CLIENT_KEY, EVAL_PREFIX, EVALUATE_FIRST, Roles, get_arrays, set_arrays
+from models.roles import (
+    CLIENT_KEY,
+    DP_PARTICIPANTS,
+    EVAL_PREFIX,
+    EVALUATE_FIRST,
+    Roles,
+    get_arrays,
+    set_arrays,
+)
 from pfl_data import ClientData
-from pfl_privacy import clip_update
+from pfl_privacy import add_noise, clip_update, noise_share_std
 from run_config.schema import RunConfig
 
 log = logging.getLogger("flwr.pflower")
@@ -85,8 +93,12 @@ class PFLClient(NumPyClient):
         timing.mark("train")
         self.store_personal()
         upload = self.upload(config)
-        if self.cfg.dp_mode == "client":  # only the shared update leaves, clipped
+        if self.cfg.dp_mode in ("client", "distributed"):  # the shared update, clipped
             clip_update(upload, parameters, self.cfg.dp_clipping_norm)
+        if self.cfg.dp_mode == "distributed":  # and this client's share of the noise
+            asked = int(config.get(DP_PARTICIPANTS, 1))
+            std = noise_share_std(self.cfg.dp_noise_multiplier, self.cfg.dp_clipping_norm, asked)
+            add_noise(upload, std, np.random.default_rng())  # OS entropy
         timing.mark("store + upload")
         return (
             upload,

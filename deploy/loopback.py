@@ -320,13 +320,17 @@ class LoopbackFederation:
         state_dir: Path,
         key: Path | None = None,
         name: str | None = None,
+        policy: dict[str, str] | None = None,
     ) -> Proc:
+        """A SuperNode for ``site``; ``policy`` adds the site's policy keys to its
+        node config (pfl_privacy/policy.py; without it the default, shared only)."""
         (runtime_port,) = free_ports(1)
         values: dict[str, str | int] = {
             "site": site,
             "state-dir": str(state_dir),
             "partition-id": partition_id,
             "num-partitions": num_partitions,
+            **(policy or {}),
         }
         supernode = [sys.executable, "-m", "deploy.fast_supernode"] if self.warm else []
         cmd = [

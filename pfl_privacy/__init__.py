@@ -58,21 +58,35 @@ def add_noise(arrays: NDArrays, std: float, rng: np.random.Generator) -> None:
         arrays[i] = (arrays[i] + rng.normal(0.0, std, arrays[i].shape)).astype(arrays[i].dtype)
 
 
+def noise_share_std(noise_multiplier: float, clipping_norm: float, participants: int) -> float:
+    """Distributed DP: the standard deviation of each client's own share, so that
+    the shares of ``participants`` clients, summed and divided by ``participants``,
+    have ``noise_std``'s: sigma_share = noise multiplier x clipping norm / sqrt(n)."""
+    return noise_multiplier * clipping_norm / float(np.sqrt(max(participants, 1)))
+
+
 class PrivacyAccountant:
     """Epsilon spent so far at ``delta``: Opacus's RDP accountant, one step per
-    aggregated round at sampling rate ``sample_rate`` (the share of clients that
-    take part in a round)."""
+    aggregated round at that round's sampling rate (clients asked over clients
+    available). Its history (noise multiplier, rate, steps) is the whole state,
+    kept in the server checkpoint so that a resumed run goes on counting."""
 
-    def __init__(self, noise_multiplier: float, sample_rate: float, delta: float) -> None:
+    def __init__(self, noise_multiplier: float, delta: float) -> None:
         from opacus.accountants import RDPAccountant
 
         self.noise_multiplier = noise_multiplier
-        self.sample_rate = sample_rate
         self.delta = delta
         self.accountant: Any = RDPAccountant()
 
-    def step(self) -> None:
-        self.accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate)
+    def step(self, sample_rate: float) -> None:
+        self.accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=sample_rate)
+
+    def history(self) -> np.ndarray:
+        """(noise multiplier, sample rate, steps) rows, for the checkpoint."""
+        return np.array(self.accountant.history, dtype=np.float64).reshape(-1, 3)
+
+    def restore(self, history: np.ndarray) -> None:
+        self.accountant.history = [(float(z), float(q), int(n)) for z, q, n in history]
 
     def epsilon(self) -> float | None:
         """None while no round was aggregated or without noise (no guarantee)."""

@@ -121,7 +121,9 @@ class RunConfig(BaseModel):
     secagg_quantization_range: int = _field(4194304, alias="secagg-quantization-range", ge=2)
     secagg_max_weight: float = _field(1000.0, alias="secagg-max-weight", gt=0)
     # differential privacy for the shared update (pfl_privacy)
-    dp_mode: Literal["off", "client", "server"] = _field("off", alias="dp-mode")
+    # client: clip on the client, noise on the server; server: both on the server;
+    # distributed: clip and a share of the noise on each client, under SecAgg+
+    dp_mode: Literal["off", "client", "server", "distributed"] = _field("off", alias="dp-mode")
     dp_noise_multiplier: float = _field(1.0, alias="dp-noise-multiplier", ge=0)
     dp_clipping_norm: float = _field(1.0, alias="dp-clipping-norm", gt=0)
     dp_delta: float = _field(1e-5, alias="dp-delta", gt=0, lt=1)
@@ -255,6 +257,12 @@ class RunConfig(BaseModel):
         why = ONLY_PER_CLIENT.get(self.method)
         if why is not None:
             raise ValueError(f"config key 'dp-mode': method '{self.method}' cannot use it: {why}")
+        if self.dp_mode == "distributed" and not self.secure_aggregation:
+            raise ValueError(
+                "config key 'dp-mode': 'distributed' noise is a share per client, too little "
+                "to hide one upload on its own: it needs secure-aggregation=true, so that "
+                "the server only ever sees the noised sum"
+            )
         if self.dp_mode == "server" and self.secure_aggregation:
             raise ValueError(
                 "config key 'dp-mode': 'server' clips each client's update, which secure "

@@ -33,7 +33,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 from torch import nn
 
-from models.roles import CLIENT_KEY, EVAL_PREFIX, EVALUATE_FIRST, TensorSpec
+from models.roles import CLIENT_KEY, DP_PARTICIPANTS, EVAL_PREFIX, EVALUATE_FIRST, TensorSpec
 from pfl_privacy import PrivacyAccountant, add_noise, clip_update, noise_std
 from pfl_privacy.policy import REFUSED
 from run_config.schema import ConfigError, RunConfig
@@ -49,6 +49,7 @@ log = logging.getLogger("flwr.pflower")
 # evaluate metrics whose mean over clients each round record keeps (as name_mean)
 RECORDED_METRICS = ("accuracy-", "logit-norm-", "confidence-")
 
+DP_HISTORY = "dp/accountant-history"  # in the checkpoint: the privacy already spent
 WAIT_S = 600  # how long a round waits for min-available-clients
 SETTLE_S = 30  # how long the first round waits for registrations to settle
 
@@ -172,10 +173,13 @@ class PFLStrategy(Strategy):
         self.global_arrays: NDArrays = [a.copy() for a in initial]
         self.recorder = recorder
         self.node_keys: dict[int, str] = {}  # transient node id -> stable client key
+        self.key_owner: dict[str, int] = {}  # client key -> the node bound to it
+        self._manager: ClientManager | None = None  # for who is still connected
         self.rounds: dict[int, RoundLog] = {}
         self._encoded: Parameters | None = None
         self._settled = False  # see wait_for_federation
         self._accountant: PrivacyAccountant | None = None
+        self._fit_sample = (0, 0)  # (clients asked, clients available) in the last fit round
         self._dp_rng = np.random.default_rng()  # OS entropy: DP noise must not be predictable
         self.round_offset = 0  # rounds done before this run (resume-from)
 
@@ -192,21 +196,36 @@ class PFLStrategy(Strategy):
             self.default_aggregation if self.cfg.aggregation == "default" else self.cfg.aggregation
         )
 
-    def add_dp_noise(self, server_round: int, participants: int) -> None:
-        """The Gaussian mechanism on the mean update (pfl_privacy), and the privacy
-        spent so far, per round and at the top of results.json."""
-        cfg = self.cfg
+    @property
+    def accountant(self) -> PrivacyAccountant:
         if self._accountant is None:
-            sample_rate = min(1.0, cfg.fraction_fit)  # the share of clients in a round
-            self._accountant = PrivacyAccountant(cfg.dp_noise_multiplier, sample_rate, cfg.dp_delta)
-        std = noise_std(cfg.dp_noise_multiplier, cfg.dp_clipping_norm, participants)
-        noisy = list(self.global_arrays)  # add_noise replaces the float arrays, not in place
-        add_noise(noisy, std, self._dp_rng)
-        self.set_global(noisy)
-        self._accountant.step()
-        epsilon = self._accountant.epsilon()
+            self._accountant = PrivacyAccountant(self.cfg.dp_noise_multiplier, self.cfg.dp_delta)
+        return self._accountant
+
+    def release_dp(self, server_round: int, before: NDArrays, accepted: int) -> None:
+        """DP-FedAvg's release of one round (pfl_privacy). The clipped updates are
+        summed over the ``accepted`` clients and divided by the number asked (a
+        fixed denominator, McMahan et al. 2018): adding or removing one client's
+        update moves the result by at most clipping-norm / asked, the sensitivity
+        the noise is calibrated to. The server adds the noise (dp-mode client or
+        server), or the clients did, each its share, under SecAgg+ (distributed).
+        The accountant steps at this round's rate: clients asked / available."""
+        cfg = self.cfg
+        asked, available = self._fit_sample
+        asked = max(asked, accepted, 1)
+        scaled = []
+        for b, a in zip(before, self.global_arrays, strict=True):
+            if a.dtype.kind == "f":
+                a = (b + (accepted / asked) * (a.astype(np.float64) - b)).astype(a.dtype)
+            scaled.append(a)
+        std = noise_std(cfg.dp_noise_multiplier, cfg.dp_clipping_norm, asked)
+        if cfg.dp_mode != "distributed":
+            add_noise(scaled, std, self._dp_rng)  # replaces the float arrays, not in place
+        self.set_global(scaled)
+        self.accountant.step(min(1.0, asked / max(available, asked)))
+        epsilon = self.accountant.epsilon()
         extra = self.rounds.setdefault(server_round, RoundLog()).extra
-        extra.update(dp_epsilon=epsilon, dp_noise_std=std)
+        extra.update(dp_epsilon=epsilon, dp_noise_std=std, dp_sample_rate=asked / max(available, 1))
         if self.recorder is not None:
             self.recorder.extra.update(dp_epsilon=epsilon, dp_delta=cfg.dp_delta)
 
@@ -236,15 +255,41 @@ class PFLStrategy(Strategy):
     def key_of(self, proxy: ClientProxy) -> str | None:
         return self.node_keys.get(proxy.node_id)
 
+    def bind(self, node_id: int, key: str) -> str | None:
+        """Tie a client key to the node that presents it: None if it may, else why
+        not. A key stays with its first node while that node is connected (another
+        node presenting it is an impostor, and never gets its payload); it moves only
+        when that node is gone (a site restarted without node authentication,
+        which gives it a new node id). A node keeps the key it first presented."""
+        owner = self.key_owner.get(key)
+        if owner is not None and owner != node_id:
+            connected = (
+                {p.node_id for p in self._manager.all().values()} if self._manager else set()
+            )
+            if owner in connected:
+                return f"client key {key!r} belongs to node {owner}, still connected"
+            log.warning("client key %r moves from node %d (gone) to node %d", key, owner, node_id)
+        current = self.node_keys.get(node_id)
+        if current is not None and current != key:
+            return f"node {node_id} presented client key {current!r} before"
+        self.key_owner[key] = node_id
+        self.node_keys[node_id] = key
+        return None
+
     # ---- the server checkpoint (strategies/checkpoint.py) -----------------------------------
 
     def server_state(self) -> dict[str, np.ndarray]:
-        """Everything the server has learned, as named arrays."""
-        return {f"global/{s.name}": a for s, a in zip(self.spec, self.global_arrays)}
+        """Everything the server has learned, as named arrays (and the privacy spent)."""
+        state = {f"global/{s.name}": a for s, a in zip(self.spec, self.global_arrays)}
+        if self._accountant is not None:
+            state[DP_HISTORY] = self._accountant.history()
+        return state
 
     def restore_server_state(self, arrays: dict[str, np.ndarray]) -> None:
         """The inverse of ``server_state``; ValueError naming the first misfit."""
         self.set_global(take_arrays(arrays, "global/", self.spec))
+        if DP_HISTORY in arrays:
+            self.accountant.restore(arrays[DP_HISTORY])
 
     def resume(self, resume_from: str) -> None:
         """Start from a checkpoint; ConfigError naming ``resume-from`` if it does not fit."""
@@ -297,6 +342,7 @@ class PFLStrategy(Strategy):
         return client_manager.num_available()
 
     def _sample(self, client_manager: ClientManager, fraction: float) -> list[ClientProxy]:
+        self._manager = client_manager
         self.wait_for_federation(client_manager)
         wanted = self.cfg.min_available_clients
         if client_manager.num_available() < wanted:
@@ -322,11 +368,15 @@ class PFLStrategy(Strategy):
             self.rounds[server_round - 1].ended = time.perf_counter()
         self.rounds[server_round] = rl = RoundLog()
         out = []
-        for proxy in self._sample(client_manager, self.cfg.fraction_fit):
+        sample = self._sample(client_manager, self.cfg.fraction_fit)
+        self._fit_sample = (len(sample), client_manager.num_available())
+        for proxy in sample:
             key = self.key_of(proxy)
             payload = self.payload_for(key, server_round)
             rl.bytes_down += payload_bytes(payload)
             config: dict[str, Scalar] = {"server-round": self.round_offset + server_round}
+            if self.cfg.dp_mode == "distributed":  # each client's noise share depends on it
+                config[DP_PARTICIPANTS] = len(sample)
             config.update(self.client_config(key, server_round))
             if self.eval_in_fit(server_round):
                 config[EVALUATE_FIRST] = True
@@ -376,6 +426,8 @@ class PFLStrategy(Strategy):
                 except Exception as err:  # noqa: BLE001 - undecodable bytes
                     reason = f"undecodable payload ({type(err).__name__}: {err})"
             if reason is None:
+                reason = self.bind(proxy.node_id, key)
+            if reason is None:
                 bad = [
                     k
                     for k, v in res.metrics.items()
@@ -387,7 +439,6 @@ class PFLStrategy(Strategy):
                 log.warning("round %d: rejected reply from %s: %s", server_round, who, reason)
                 rl.rejected.append(f"{key}: {reason}")
                 continue
-            self.node_keys[proxy.node_id] = key
             accepted.append(Reply(key, arrays, int(res.num_examples), dict(res.metrics)))
             train_loss = res.metrics.get("train-loss")
             if isinstance(train_loss, (int, float)) and math.isfinite(train_loss):
@@ -414,9 +465,11 @@ class PFLStrategy(Strategy):
         if self.cfg.dp_mode == "server":
             for r in accepted:
                 clip_update(r.arrays, self.global_arrays, self.cfg.dp_clipping_norm)
+        dp = self.cfg.dp_mode != "off"
+        before = [a.astype(np.float64) for a in self.global_arrays] if dp else []
         self.aggregate(server_round, accepted)
-        if self.cfg.dp_mode != "off":
-            self.add_dp_noise(server_round, len(accepted))
+        if dp:
+            self.release_dp(server_round, before, len(accepted))
         self.save_checkpoint(server_round)
         rl.marks["aggregate"] = time.perf_counter()
         return self.global_payload(), {"replies": len(accepted)}
@@ -480,15 +533,16 @@ class PFLStrategy(Strategy):
         evals = []
         for proxy, res in results:
             e = Evaluation(res.metrics.get(CLIENT_KEY), res.loss, res.num_examples, res.metrics)
-            if e.problem() is not None:
+            problem = e.problem() or self.bind(proxy.node_id, str(e.client_key))
+            if problem is not None:
                 log.warning(
-                    "round %d: rejected evaluation from node %d: metrics %r",
+                    "round %d: rejected evaluation from node %d (%s): metrics %r",
                     server_round,
                     proxy.node_id,
+                    problem,
                     dict(res.metrics),
                 )
                 continue
-            self.node_keys[proxy.node_id] = str(e.client_key)
             evals.append(e)
         return self.record_round(server_round, evals)
 

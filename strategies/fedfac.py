@@ -320,7 +320,9 @@ class FedFacStrategy(PFLStrategy):
         trained = []
         for proxy, res in results:
             if res.metrics.get(HELD_OUT):  # a new client declined to train (first round)
-                self.node_keys[proxy.node_id] = str(res.metrics.get(CLIENT_KEY))
+                problem = self.bind(proxy.node_id, str(res.metrics.get(CLIENT_KEY)))
+                if problem is not None:
+                    log.warning("round %d: rejected reply: %s", server_round, problem)
             else:
                 trained.append((proxy, res))
         return super().aggregate_fit(server_round, trained, failures)

@@ -398,6 +398,74 @@ def test_plain_deployment_completes_and_keeps_personal_state_on_each_site(federa
         assert superexec.text().count("forked as pid") == ROUNDS + 1
 
 
+def _superexec_log(fed: LoopbackFederation, name: str) -> str:
+    return next(p for p in fed.procs if p.name == f"superexec-{name}").text()
+
+
+REFUSED_RUNS = {  # each needs a disclosure the default site policy does not accept
+    "fedcp": ({"method": "fedcp"}, "head-blend"),
+    "alpha": ({"method": "factorized-fl-alpha"}, "matching-vector"),
+    "dynamic": ({"method": "fedfac-dynamic"}, "personal-rows"),
+    "ensemble": (
+        {
+            "method": "fedfac-static",
+            "new-client-sites": "site-c",
+            "new-client-mode": "ensemble",
+            "ensemble-share-models": True,
+        },
+        "whole-model",
+    ),
+}
+
+
+def test_each_site_enforces_its_own_policy(federations) -> None:
+    """Sites with the default policy (shared tensors only) refuse every disclosing run
+    before any tensor leaves; once the sites accept FedCP's disclosures, FedCP runs,
+    and a site that requires SecAgg+ sits out the plain run and joins the secure one.
+    Runs after the plain federation's other tests: it replaces the SuperNodes."""
+    fed: LoopbackFederation = federations["plain"]
+    assert fed.wait_run(fed.run_id, RUN_TIMEOUT) == "finished:completed"
+    small = {**SMALL, "num-server-rounds": 2}
+    for name, (extra, kind) in REFUSED_RUNS.items():
+        cfg = {**_run_config(fed.root, extra["method"]), **small, **extra}
+        run_id = fed.run({**cfg, "run-name": f"refused-{name}"})
+        assert fed.wait_run(run_id, RUN_TIMEOUT) == "finished:failed", name
+        results = fed.root / "out" / f"refused-{name}" / "results.json"
+        assert not results.exists() or not json.loads(results.read_text())["rounds"]
+        for site in SITES:
+            text = _superexec_log(fed, f"supernode-{site}")
+            assert f"site '{site}' refuses this run by its policy: site policy " in text
+            assert f"'accept-disclosures' does not include '{kind}'" in text, (name, site)
+    # the sites change their policy (a restart with a new node config)
+    policies = {
+        "site-a": {
+            "accept-disclosures": "head-blend,head-sum",
+            "require-secure-aggregation": "true",
+        },
+        "site-b": {"accept-disclosures": "head-blend,head-sum"},
+        "site-c": {"accept-disclosures": "head-blend,head-sum"},
+    }
+    for site in SITES:
+        fed.stop(fed.nodes[site])
+    for i, site in enumerate(SITES):
+        state = fed.root / f"state-{site}"
+        name = f"{site}-policy"
+        fed.nodes[site] = fed.start_supernode(
+            site, i, len(SITES), state, None, name, policies[site]
+        )
+        fed.wait_for(lambda p=fed.nodes[site]: "SuperNode ID" in p.text(), 120, site)
+    for secure in (False, True):
+        run_name = f"fedcp-secure-{secure}"
+        cfg = {**_run_config(fed.root, "fedcp"), **small, "run-name": run_name}
+        run_id = fed.run({**cfg, "secure-aggregation": secure})
+        assert fed.wait_run(run_id, RUN_TIMEOUT) == "finished:completed"
+        res = json.loads((fed.root / "out" / run_name / "results.json").read_text())
+        trained = sorted(res["rounds"][-1]["per_client_accuracy"])
+        assert trained == (SITES if secure else ["site-b", "site-c"])
+    refusal = "site policy 'require-secure-aggregation' refuses run key secure-aggregation=false"
+    assert refusal in _superexec_log(fed, "site-a-policy")
+
+
 # ---- docker/: syntax, files, and every flag checked against the installed 1.39 CLIs ------------
 
 DOCKER = Path(__file__).resolve().parents[1] / "docker"

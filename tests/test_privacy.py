@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flwr.common import parameters_to_ndarrays
 
-from pfl_privacy import PrivacyAccountant, clip_update
+from pfl_privacy import PrivacyAccountant, add_noise, clip_update, noise_share_std
 from run_config.schema import ConfigError, parse_run_config
 from server_app.inprocess import run_inprocess
 from tests.helpers import FakeProxy, config, fit_res, make_client, make_strategy
@@ -85,14 +85,14 @@ def test_epsilon_matches_the_rdp_of_the_gaussian_mechanism() -> None:
     from opacus.accountants import RDPAccountant
 
     z, rounds, delta = 1.3, 20, 1e-5
-    acc = PrivacyAccountant(z, 1.0, delta)
+    acc = PrivacyAccountant(z, delta)
     for _ in range(rounds):
-        acc.step()
+        acc.step(1.0)
     alphas = np.array(RDPAccountant.DEFAULT_ALPHAS, dtype=float)
     rdp = rounds * alphas / (2 * z**2)
     eps = rdp - (np.log(delta) + np.log(alphas)) / (alphas - 1) + np.log((alphas - 1) / alphas)
     assert acc.epsilon() == pytest.approx(float(np.nanmin(eps)), rel=1e-6)
-    assert PrivacyAccountant(0.0, 1.0, delta).epsilon() is None  # no noise, no guarantee
+    assert PrivacyAccountant(0.0, delta).epsilon() is None  # no noise, no guarantee
 
 
 @pytest.mark.parametrize(
@@ -106,6 +106,7 @@ def test_epsilon_matches_the_rdp_of_the_gaussian_mechanism() -> None:
         ({"dp-clipping-norm": 0}, "'dp-clipping-norm'"),
         ({"dp-delta": 1.5}, "'dp-delta'"),
         ({"dp-mode": "sometimes"}, "'dp-mode'"),
+        ({"method": "fedper", "dp-mode": "distributed"}, "'dp-mode'.*secure-aggregation=true"),
     ],
 )
 def test_bad_privacy_values_name_the_key(raw: dict, key: str) -> None:
@@ -128,3 +129,86 @@ def test_a_dp_run_records_a_finite_epsilon(tmp_path) -> None:
     eps = [r["dp_epsilon"] for r in res["rounds"]]
     assert all(math.isfinite(e) for e in eps) and eps == sorted(eps)  # spent grows per round
     assert res["dp_epsilon"] == eps[-1] and res["dp_delta"] == 1e-5
+
+
+DP_RUN = {
+    "method": "fedper",
+    "dp-mode": "client",
+    "dp-noise-multiplier": 1.0,
+    "sim-samples": 60,
+    "hidden-dim": 16,
+    "checkpoint-every": 1,
+}
+
+
+def test_epsilon_after_a_resumed_run_equals_an_uninterrupted_runs(tmp_path) -> None:
+    """5 rounds, then 5 more resumed from the checkpoint: the accountant's history
+    travels in it, so the privacy spent is that of 10 rounds (not 5 counted anew)."""
+    out = {"output-dir": str(tmp_path)}
+    whole = run_inprocess({**DP_RUN, **out, "num-server-rounds": 10, "run-name": "ten"}, 3)
+    run_inprocess({**DP_RUN, **out, "num-server-rounds": 5, "run-name": "first"}, 3)
+    resumed = run_inprocess(
+        {
+            **DP_RUN,
+            **out,
+            "num-server-rounds": 5,
+            "run-name": "again",
+            "resume-from": str(tmp_path / "first"),
+        },
+        3,
+    )
+    assert resumed["rounds"][-1]["round"] == 10
+    assert resumed["dp_epsilon"] == pytest.approx(whole["dp_epsilon"], rel=1e-9)
+    five = PrivacyAccountant(1.0, 1e-5)
+    five.step(1.0)
+    five.accountant.history[0] = (1.0, 1.0, 5)
+    assert resumed["dp_epsilon"] > five.epsilon() * 1.2  # the first 5 rounds still count
+
+
+def test_the_sampling_rate_is_the_clients_asked_over_those_available(tmp_path) -> None:
+    """fraction-fit 0.5 of 3 clients asks ceil(1.5) = 2: the rate is 2/3, not 0.5."""
+    cfg = {**DP_RUN, "fraction-fit": 0.5, "num-server-rounds": 3, "run-name": "q"}
+    res = run_inprocess({**cfg, "output-dir": str(tmp_path)}, 3)
+    assert all(r["dp_sample_rate"] == pytest.approx(2 / 3) for r in res["rounds"])
+    expected = PrivacyAccountant(1.0, 1e-5)
+    for _ in range(3):
+        expected.step(2 / 3)
+    assert res["dp_epsilon"] == pytest.approx(expected.epsilon(), rel=1e-9)
+
+
+def test_distributed_dp_noise_on_the_aggregate_has_the_stated_std() -> None:
+    """Each of n clients adds N(0, (z C)^2 / n) to its clipped update; SecAgg+ unmasks
+    their mean; the server adds nothing, and the aggregate's noise has the std of
+    central DP-FedAvg's, z C / n."""
+    z, c, n = 2.0, 0.5, 8
+    cfg = config(
+        method="fedavg",
+        **{
+            "dp-mode": "distributed",
+            "secure-aggregation": True,
+            "dp-noise-multiplier": z,
+            "dp-clipping-norm": c,
+            "hidden-dim": 256,
+            "secagg-clipping-range": 100.0,
+        },
+    )
+    strategy = make_strategy(cfg)
+    start = [a.copy() for a in strategy.global_arrays]
+    rng = np.random.default_rng(1)
+    uploads = []
+    for _ in range(n):
+        upload = [a.copy() for a in start]
+        add_noise(upload, noise_share_std(z, c, n), rng)  # what each client adds
+        uploads.append(upload)
+    unmasked = [np.mean([u[i] for u in uploads], axis=0) for i in range(len(start))]
+    replies = [(FakeProxy(k), fit_res(unmasked, f"c{k}", 1)) for k in range(n)]
+    strategy.aggregate_fit(1, replies, [])
+    moved = [a - s for a, s in zip(strategy.global_arrays, start)]
+    np.testing.assert_allclose(  # the server added nothing of its own
+        np.concatenate([m.ravel() for m in moved]),
+        np.concatenate([(u - s).ravel() for u, s in zip(unmasked, start)]),
+        atol=1e-6,
+    )
+    noise = np.concatenate([m.ravel() for m in moved])
+    assert noise.std() == pytest.approx(z * c / n, rel=0.05)
+    assert strategy.rounds[1].extra["dp_noise_std"] == pytest.approx(z * c / n)

@@ -7,6 +7,7 @@ shared tensors only; a simulated node (no ``site``) has none unless given.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -135,3 +136,23 @@ def test_declared_kinds_are_the_policy_vocabulary() -> None:
         "fedavg", "fedper", "fedrep", "fedbn", "local", "feddecomp", "dualfed",
         "factorized-fl-beta", "fedfac-static", "fedavg-ft",
     )])  # fmt: skip
+
+
+def test_a_reply_carrying_another_nodes_client_key_is_rejected(tmp_path) -> None:
+    """Node 3 presents node 1's key: whichever presented it first keeps it, the other
+    is rejected every round and never receives that site's own aggregate."""
+    nodes = [{"site": "client-0"}, {"site": "client-1"}, {"site": "client-0"}]
+    config = {**SMALL, "method": "factorized-fl-beta", "output-dir": str(tmp_path)}
+    config["num-server-rounds"] = 3
+    server, rounds = build_inprocess(config, 3, None, nodes)
+    server.fit(rounds, timeout=None)
+    strategy = server.strategy
+    owner = strategy.key_owner["client-0"]
+    impostor = ({1, 3} - {owner}).pop()
+    assert impostor not in strategy.node_keys  # so it is sent the global payload only
+    proxy = server.client_manager().all()[str(impostor)]
+    assert strategy.payload_for(strategy.key_of(proxy), 4) is strategy.global_payload()
+    assert strategy.payload_for("client-0", 4) is not strategy.global_payload()
+    for r in json.loads(strategy.recorder.results_path.read_text())["rounds"]:
+        assert any(f"belongs to node {owner}, still connected" in x for x in r["rejected"])
+        assert sorted(r["per_client_accuracy"]) == ["client-0", "client-1"]
