@@ -96,7 +96,9 @@ class PFLClient(NumPyClient):
         if self.cfg.dp_mode in ("client", "distributed"):  # the shared update, clipped
             clip_update(upload, parameters, self.cfg.dp_clipping_norm)
         if self.cfg.dp_mode == "distributed":  # and this client's share of the noise
-            asked = int(config.get(DP_PARTICIPANTS, 1))
+            if DP_PARTICIPANTS not in config:  # a share sized for no one: refuse
+                raise ValueError(f"dp-mode=distributed, but the fit has no '{DP_PARTICIPANTS}'")
+            asked = int(config[DP_PARTICIPANTS])
             std = noise_share_std(self.cfg.dp_noise_multiplier, self.cfg.dp_clipping_norm, asked)
             add_noise(upload, std, np.random.default_rng())  # OS entropy
         timing.mark("store + upload")

@@ -86,14 +86,17 @@ def test_secure_runs_equal_plain_runs_up_to_quantization(method: str, tmp_path: 
 
 
 @pytest.mark.slow
-def test_client_side_dp_composes_with_secure_aggregation(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["client", "distributed"])
+def test_client_side_dp_composes_with_secure_aggregation(mode: str, tmp_path: Path) -> None:
+    """client: clipped on the clients, noised by the server; distributed: each client
+    adds its share of the noise too (it needs the number asked, sent with the fit)."""
     from server_app.simulate import simulate
 
     config = {
         **SMALL,
         "method": "fedper",
         "secure-aggregation": True,
-        "dp-mode": "client",
+        "dp-mode": mode,
         "dp-noise-multiplier": 0.5,
         "dp-clipping-norm": 0.5,
         "output-dir": str(tmp_path),
