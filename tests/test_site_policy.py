@@ -156,3 +156,10 @@ def test_a_reply_carrying_another_nodes_client_key_is_rejected(tmp_path) -> None
     for r in json.loads(strategy.recorder.results_path.read_text())["rounds"]:
         assert any(f"belongs to node {owner}, still connected" in x for x in r["rejected"])
         assert sorted(r["per_client_accuracy"]) == ["client-0", "client-1"]
+
+
+def test_the_privacy_docs_table_is_generated_from_the_declarations() -> None:
+    from pfl_privacy import table
+
+    text = table.DOC.read_text()
+    assert table.replace_in(text) == text, "run: python -m pfl_privacy.table --write"

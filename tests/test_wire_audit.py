@@ -26,16 +26,13 @@ from flwr.common import EvaluateRes, FitRes, parameters_to_ndarrays
 from methods import get_method
 from models.fedfac import MASK_KEY
 from pfl_privacy.audit import recover
-from run_config.schema import METHODS, parse_run_config
+from pfl_privacy.table import MODES as TABLE_MODES
+from run_config.schema import parse_run_config
 from server_app.inprocess import build_inprocess
 
-MODES = [(m, {}) for m in METHODS] + [
-    (
-        "fedfac-static",
-        {"new-clients": 1, "new-client-mode": "ensemble", "ensemble-share-models": True},
-    ),
+# every row of docs/PRIVACY.md's table, and more FedFac new-client combinations
+MODES = TABLE_MODES + [
     ("fedfac-dynamic", {"new-clients": 1, "new-client-mode": "localtrain"}),
-    ("fedfac-dynamic", {"fa-input": "updates"}),
     (
         "fedfac-dynamic",
         {"new-clients": 1, "new-client-mode": "ensemble", "ensemble-share-models": True},
