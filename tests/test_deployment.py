@@ -531,6 +531,35 @@ def test_compose_file_is_valid_against_flower_1_39(compose: str) -> None:
             assert "--insecure" not in cmd
 
 
+def test_the_site_compose_file_carries_the_sites_policy() -> None:
+    """compose.client.yml's node config, with its variables at their defaults, is the
+    default policy (shared tensors only); set, they are the site's own choice."""
+    from flwr.common.config import parse_config_args
+
+    from pfl_privacy.policy import SitePolicy
+    from run_config.schema import METHODS
+
+    doc = yaml.safe_load((DOCKER / "compose.client.yml").read_text())
+    (arg,) = [a for a in doc["services"]["supernode"]["command"] if "--node-config=" in a]
+    template = arg.removeprefix("--node-config=")
+
+    def node(env: dict[str, str]) -> dict:
+        def value(m: re.Match) -> str:
+            return env.get(m.group(1), m.group(3) or "")
+
+        text = re.sub(r"\$\{(\w+)(:-([^}]*))?\}", value, template)
+        return parse_config_args([text])
+
+    default = node({"SITE": "hospital-a"})
+    assert default["site"] == "hospital-a"
+    assert SitePolicy.of_node(default, METHODS) == SitePolicy()
+    chosen = node(
+        {"SITE": "h", "ACCEPT_DISCLOSURES": "head-blend", "REQUIRE_SECURE_AGGREGATION": "true"}
+    )
+    policy = SitePolicy.of_node(chosen, METHODS)
+    assert policy.accept == {"head-blend"} and policy.require_secure_aggregation
+
+
 def test_superexec_image_carries_every_app_package() -> None:
     text = (DOCKER / "superexec.Dockerfile").read_text()
     project = tomllib.loads((DOCKER.parent / "pyproject.toml").read_text())
