@@ -11,6 +11,7 @@ site's policy (``accept-disclosures``, ``require-secure-aggregation``,
 from __future__ import annotations
 
 import copy
+import hashlib
 import logging
 import random
 import time
@@ -26,6 +27,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from torch import nn
 
 from client_app import timing
+from client_app.attacks import Attacker, flip_labels
 from client_app.state import ContextStore, DiskStore, PersonalStore
 from methods import get_method
 from pfl_data import data_info, load_client_data
@@ -48,9 +50,15 @@ def pick_device(requested: str = "") -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def experiment_id(cfg: RunConfig) -> str:
-    """Names the on-disk personal state: a restarted client resumes its own."""
-    return cfg.run_name or f"{cfg.method}-seed{cfg.seed}"
+def experiment_id(cfg: RunConfig, model: nn.Module) -> str:
+    """Names the on-disk personal state: a restarted client resumes its own. The
+    run's name, or the method, the seed and a hash of the model's tensor names and
+    shapes, so that two runs of different models never share a state file."""
+    if cfg.run_name:
+        return cfg.run_name
+    shapes = ";".join(f"{k}:{tuple(v.shape)}" for k, v in model.state_dict().items())
+    digest = hashlib.sha256(shapes.encode()).hexdigest()[:10]
+    return f"{cfg.method}-seed{cfg.seed}-{digest}"
 
 
 def build_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
@@ -72,12 +80,19 @@ def build_client(context: Context, overrides: dict[str, Any] | None = None) -> C
     data = load_client_data(cfg, partition_id, num_partitions, data_path, state_dir)
     timing.mark("data")
     store: PersonalStore = (
-        DiskStore(state_dir, experiment_id(cfg), site) if state_dir else ContextStore(context)
+        DiskStore(state_dir, experiment_id(cfg, model), site)
+        if state_dir
+        else ContextStore(context)
     )
+    attacker = cfg.attack != "none" and partition_id < cfg.attack_clients and "site" not in node
+    if attacker and cfg.attack == "label-flip":
+        data = flip_labels(data, data_info(cfg, data_path, state_dir).num_classes)
     client = method.client(model, method.roles(model), data, cfg, store, device, site)
     aggregation = method.aggregation if cfg.aggregation == "default" else cfg.aggregation
     equal = aggregation == "mean" or cfg.dp_mode != "off"  # DP averages with equal weights
     client.weight_by_samples = not (cfg.secure_aggregation and equal)
+    if attacker and cfg.attack != "label-flip":  # simulated hostile client (client_app/attacks.py)
+        return Attacker(client, cfg.attack, cfg.attack_scale).to_client()
     return client.to_client()
 
 

@@ -149,9 +149,16 @@ class PFLClient(NumPyClient):
         state = self.store.load()
         if state is None:
             return  # first round, or unreadable state: keep the initial personal part
-        missing = [n for n in self.roles.personal if n not in state]
-        if missing:
-            return  # a different model or method wrote it: start afresh
+        model = self.model.state_dict()
+        misfit = [n for n in self.roles.personal if n not in state]
+        misfit += [
+            n
+            for n in self.roles.personal
+            if n in state and tuple(state[n].shape) != tuple(model[n].shape)
+        ]
+        if misfit:  # a different model or method wrote it: keep it aside, start afresh
+            self.store.set_aside(f"it does not fit this model ({', '.join(misfit[:3])})")
+            return
         self.load_personal_state(state)
 
     def store_personal(self) -> None:

@@ -8,6 +8,7 @@ personal part survives a SuperNode restart.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Protocol
 
@@ -26,6 +27,9 @@ class PersonalStore(Protocol):
 
     def save(self, arrays: dict[str, np.ndarray]) -> None: ...
 
+    def set_aside(self, why: str) -> None:
+        """Keep what ``load`` returned out of the way (never delete it), and log why."""
+
 
 class ContextStore:
     """Personal arrays in ``context.state`` (the simulation fast path)."""
@@ -38,6 +42,10 @@ class ContextStore:
             return None
         record = self.context.state[_RECORD]
         return {k: v.numpy() for k, v in record.items()}
+
+    def set_aside(self, why: str) -> None:
+        log.warning("personal state in this node's context dropped: %s", why)
+        del self.context.state[_RECORD]
 
     def save(self, arrays: dict[str, np.ndarray]) -> None:
         self.context.state[_RECORD] = ArrayRecord(
@@ -68,6 +76,13 @@ class DiskStore:
             return None
         log.info("restored personal state from %s (sha256 %s)", self.path, digest)
         return arrays
+
+    def set_aside(self, why: str) -> None:
+        aside = self.path.with_name(
+            f"{self.path.stem}.foreign-{time.strftime('%Y%m%d-%H%M%S')}.npz"
+        )
+        self.path.replace(aside)
+        log.warning("personal state %s %s: kept as %s, starting afresh", self.path, why, aside.name)
 
     def save(self, arrays: dict[str, np.ndarray]) -> None:
         write_checked_npz(self.path, arrays)

@@ -321,9 +321,11 @@ class LoopbackFederation:
         key: Path | None = None,
         name: str | None = None,
         policy: dict[str, str] | None = None,
+        extra_args: list[str] | None = None,
     ) -> Proc:
         """A SuperNode for ``site``; ``policy`` adds the site's policy keys to its
-        node config (pfl_privacy/policy.py; without it the default, shared only)."""
+        node config (pfl_privacy/policy.py; without it the default, shared only);
+        ``extra_args`` go to the SuperNode's command line as they are."""
         (runtime_port,) = free_ports(1)
         values: dict[str, str | int] = {
             "site": site,
@@ -348,7 +350,7 @@ class LoopbackFederation:
             cmd.append("--insecure")
         if key is not None:
             cmd += ["--auth-supernode-private-key", str(key)]
-        cmd += self._isolation_args()
+        cmd += self._isolation_args() + list(extra_args or [])
         name = name or f"supernode-{site}"
         proc = self._spawn(name, cmd, self.root / "home" / name)
         if self.isolation == "process":  # the ClientApp's SuperExec, on the site's machine

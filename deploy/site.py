@@ -15,6 +15,7 @@ a warm SuperExec that forks each ClientApp (deploy/warm_superexec.py).
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import secrets
 import shlex
@@ -160,8 +161,34 @@ def superexec_command(args: argparse.Namespace, parent_pid: int) -> list[str]:
     ]
 
 
+def lock_state_dir(state_dir: str) -> int:
+    """An exclusive lock on ``<state-dir>/.lock``, kept across the exec into the
+    SuperNode (its fd is inheritable): two SuperNodes never share one state
+    directory. Exits with one line naming the holder if another process has it."""
+    os.makedirs(state_dir, exist_ok=True)
+    path = os.path.join(state_dir, ".lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        sys.exit(
+            f"deploy.site: state directory {state_dir} is in use by pid {holder}; give "
+            "each SuperNode its own --state-dir"
+        )
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)  # the SuperNode keeps this pid (exec)
+    os.set_inheritable(fd, True)
+    return fd
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    # a site talks only to its SuperLink: no usage events to Flower's telemetry server
+    # (read when flwr is imported, so set before the SuperNode and SuperExec start)
+    os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
+    os.environ["FLWR_DISABLE_UPDATE_CHECK"] = "1"  # nor version checks
     cmd = supernode_command(args)
     # it watches this pid, which the SuperNode keeps after exec: one stops, both stop
     superexec = superexec_command(args, os.getpid()) if args.warm else []
@@ -170,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(shlex.join(cmd), flush=True)
     if args.dry_run:
         return
-    os.makedirs(args.state_dir, exist_ok=True)
+    lock_state_dir(args.state_dir)
     if superexec:
         secret = secret_file(args)
         if not os.path.exists(secret):

@@ -99,7 +99,14 @@ class RunConfig(BaseModel):
     head_epochs: int = _field(1, alias="head-epochs", ge=1)
     finetune_epochs: int = _field(1, alias="finetune-epochs", ge=0)  # fedavg-ft
     augment: Literal["none", "crop-flip", "flip-rotate"] = "none"
-    aggregation: Literal["default", "mean", "weighted"] = "default"
+    # default: the method's own (mean or weighted); median / trimmed-mean: robust rules
+    aggregation: Literal["default", "mean", "weighted", "median", "trimmed-mean"] = "default"
+    trim_fraction: float = _field(0.1, alias="trim-fraction", ge=0, lt=0.5)  # from each end
+    # what one client can do (strategies/robust.py): weight <= cap x the median count,
+    # update norm <= bound x the median update norm (0: off)
+    weight_cap: float = _field(2.0, alias="weight-cap", ge=0)
+    update_norm_bound: float = _field(3.0, alias="update-norm-bound", ge=0)
+    update_norm_action: Literal["clip", "reject"] = _field("clip", alias="update-norm-action")
     fraction_fit: float = _field(1.0, alias="fraction-fit", gt=0, le=1)
     # one message per client and round: fit replies carry the previous round's evaluation
     eval_in_fit: bool = _field(True, alias="eval-in-fit")
@@ -109,6 +116,10 @@ class RunConfig(BaseModel):
     max_abs_value: float = _field(1e6, alias="max-abs-value", gt=0)
     round_timeout: float = _field(0.0, alias="round-timeout", ge=0)
     dropout_rate: float = _field(0.0, alias="dropout-rate", ge=0, lt=1)
+    # simulated hostile clients (client_app/attacks.py; never on a deployed site)
+    attack: Literal["none", "inflate-count", "scale", "sign-flip", "label-flip"] = "none"
+    attack_clients: int = _field(0, alias="attack-clients", ge=0)  # the first k partitions
+    attack_scale: float = _field(10.0, alias="attack-scale", gt=0)
     seed: int = _field(0, ge=0)
 
     # secure aggregation (Flower's SecAgg+): the server only sees the sum of the uploads
@@ -272,6 +283,35 @@ class RunConfig(BaseModel):
             raise ValueError(
                 "config key 'aggregation': differential privacy averages the clipped updates "
                 "with equal weights (its noise is calibrated to that); leave it 'default'"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _run_name_is_one_name(self) -> RunConfig:
+        # it names a folder under output-dir and every site's state folder
+        name = self.run_name
+        if name and (name in (".", "..") or not all(c.isalnum() or c in "-_." for c in name)):
+            raise ValueError(
+                f"config key 'run-name': {name!r} is not one plain folder name (letters, "
+                "digits, '-', '_', '.'; not '.' or '..'): it names the results and every "
+                "site's state folder"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _robust_rule_fits(self) -> RunConfig:
+        if self.aggregation not in ("median", "trimmed-mean"):
+            return self
+        why = ONLY_PER_CLIENT.get(self.method)
+        if why is not None:
+            why = f"method '{self.method}' has its own aggregation: {why}"
+        elif self.secure_aggregation:
+            why = "secure aggregation hides the individual uploads it needs"
+        elif self.dp_mode != "off":
+            why = "differential privacy's noise is calibrated to the mean"
+        if why is not None:
+            raise ValueError(
+                f"config key 'aggregation': '{self.aggregation}' cannot be used: {why}"
             )
         return self
 

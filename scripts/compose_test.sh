@@ -94,7 +94,7 @@ default = "compose"
 address = "127.0.0.1:8000"
 root-certificates = "$W/server/certs/ca.crt"
 EOF
-flwr() { FLWR_HOME="$W/cli" "$REPO/.venv/bin/flwr" "$@"; }
+flwr() { FLWR_HOME="$W/cli" FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 "$REPO/.venv/bin/flwr" "$@"; }
 wait_for() {  # SECONDS WHAT COMMAND...: poll until the command succeeds
     local limit=$1 what=$2; shift 2
     local deadline=$(($(date +%s) + limit))

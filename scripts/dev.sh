@@ -39,6 +39,8 @@ case "${1:-}" in
         # flwr 1.39 would otherwise install the app's dependencies into a fresh
         # environment per run (needs the internet); this environment already has them.
         export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
+        # no usage events to Flower's telemetry server (the run, its local SuperLink)
+        export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
         # flwr keeps its SuperLink connections (federation size, client resources)
         # in $FLWR_HOME/config.toml: start from the project's.
         export FLWR_HOME="${FLWR_HOME:-$PWD/.flwr}"

@@ -44,6 +44,7 @@ from strategies.checkpoint import (
     rounds_before,
     save_server_state,
 )
+from strategies.robust import bound_updates, capped_counts, robust_mean
 
 log = logging.getLogger("flwr.pflower")
 # evaluate metrics whose mean over clients each round record keeps (as name_mean)
@@ -462,6 +463,13 @@ class PFLStrategy(Strategy):
             )
             return self.global_payload(), {}
         accepted.sort(key=lambda r: r.client_key)  # order-independent aggregation
+        if not self.cfg.secure_aggregation and self.cfg.dp_mode == "off":
+            accepted = self.bound_replies(server_round, accepted)
+            if not accepted:
+                log.error(
+                    "round %d: every reply was rejected: the global state is kept", server_round
+                )
+                return self.global_payload(), {}
         if self.cfg.dp_mode == "server":
             for r in accepted:
                 clip_update(r.arrays, self.global_arrays, self.cfg.dp_clipping_norm)
@@ -473,6 +481,34 @@ class PFLStrategy(Strategy):
         self.save_checkpoint(server_round)
         rl.marks["aggregate"] = time.perf_counter()
         return self.global_payload(), {"replies": len(accepted)}
+
+    def bound_replies(self, server_round: int, replies: list[Reply]) -> list[Reply]:
+        """What one client can do, bounded (strategies/robust.py): weights capped at
+        weight-cap x the median count, updates at update-norm-bound x the median norm."""
+        cfg = self.cfg
+        rl = self.rounds.setdefault(server_round, RoundLog())
+        for r, n in zip(replies, capped_counts([r.num_examples for r in replies], cfg.weight_cap)):
+            if n < r.num_examples:
+                rl.extra["weights_capped"] = rl.extra.get("weights_capped", 0) + 1
+                r.num_examples = n
+        references = [
+            parameters_to_ndarrays(self.payload_for(r.client_key, server_round)) for r in replies
+        ]
+        uploads, check = bound_updates(
+            [r.arrays for r in replies], references, cfg.update_norm_bound, cfg.update_norm_action
+        )
+        for r, u in zip(replies, uploads):
+            r.arrays = u
+        if check.limit is not None:
+            rl.extra.update(update_norm_limit=check.limit, updates_clipped=check.clipped)
+        for i in check.rejected or []:
+            reason = f"update norm above update-norm-bound x the median ({check.limit:.3g})"
+            log.warning(
+                "round %d: rejected reply from %r: %s", server_round, replies[i].client_key, reason
+            )
+            rl.rejected.append(f"{replies[i].client_key}: {reason}")
+        keep = [r for i, r in enumerate(replies) if i not in set(check.rejected or [])]
+        return keep
 
     def from_secure_sum(self, server_round: int, arrays: NDArrays) -> NDArrays:
         """SecAgg+ hands every reply the same unmasked weighted mean, dequantized to
@@ -501,6 +537,10 @@ class PFLStrategy(Strategy):
     def aggregate(self, server_round: int, replies: list[Reply]) -> None:
         """Turn the accepted replies into the next global shared tensors."""
         if not self.spec:
+            return
+        if self.aggregation in ("median", "trimmed-mean"):
+            arrays = [r.arrays for r in replies]
+            self.set_global(robust_mean(arrays, self.aggregation, self.cfg.trim_fraction))
             return
         if self.aggregation == "mean":
             weights = [1.0] * len(replies)

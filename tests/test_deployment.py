@@ -466,6 +466,39 @@ def test_each_site_enforces_its_own_policy(federations) -> None:
     assert refusal in _superexec_log(fed, "site-a-policy")
 
 
+def test_a_site_that_trusts_only_signed_apps_refuses_an_app_submitted_from_a_directory(
+    federations, tmp_path: Path
+) -> None:
+    """Flower 1.39's --trusted-entities (docs/DEPLOYMENT.md, "Signed apps"): signatures
+    come only with apps fetched from Flower Hub, so a `flwr run .` app is refused.
+    Runs after the policy test, on the same federation: it replaces the SuperNodes."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    fed: LoopbackFederation = federations["plain"]
+    public = Ed25519PrivateKey.generate().public_key()
+    openssh = public.public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    trusted = tmp_path / "trusted-entities.yaml"
+    trusted.write_text(yaml.safe_dump({"fpk_site_reviewer": openssh.decode() + " reviewer"}))
+    for proc in list(fed.nodes.values()):
+        if proc.alive():
+            fed.stop(proc)
+    node = fed.start_supernode(
+        "site-a", 0, 1, fed.root / "state-signed", name="signed-only",
+        extra_args=["--trusted-entities", str(trusted)],
+    )  # fmt: skip
+    fed.nodes = {"site-a": node}
+    fed.wait_for(lambda: "SuperNode ID" in node.text(), 120, "signed-only")
+    cfg = {**_run_config(fed.root, "fedper"), **SMALL, "num-server-rounds": 1}
+    run_id = fed.run({**cfg, "run-name": "unsigned"})
+    fed.wait_run(run_id, RUN_TIMEOUT)
+    assert "The FAB could not be verified" in node.text()
+    results = fed.root / "out" / "unsigned" / "results.json"
+    assert not results.exists() or not json.loads(results.read_text())["rounds"]
+
+
 # ---- docker/: syntax, files, and every flag checked against the installed 1.39 CLIs ------------
 
 DOCKER = Path(__file__).resolve().parents[1] / "docker"

@@ -1,0 +1,144 @@
+"""What one hostile client can do to the global model (strategies/robust.py).
+
+Under the default settings (weight-cap 2, update-norm-bound 3) a client that claims
+1e15 examples weighs at most twice the median client, and an update scaled 1000x is
+clipped to 3x the round's median update norm; so the global model moves at most 3x
+the median honest update norm, however the attacker scales its upload.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from run_config.schema import ConfigError, parse_run_config
+from strategies.robust import bound_updates, capped_counts, robust_mean, update_norm
+from tests.helpers import FakeProxy, config, fit_res, make_strategy
+
+
+def _honest(start: list[np.ndarray], k: int, rng: np.random.Generator) -> list[np.ndarray]:
+    return [
+        (a + 0.01 * rng.normal(size=a.shape)).astype(a.dtype) if a.dtype.kind == "f" else a
+        for a in start
+    ]
+
+
+def _move(strategy, start) -> float:  # noqa: ANN001
+    return update_norm(strategy.global_arrays, [a.astype(np.float64) for a in start])
+
+
+@pytest.mark.parametrize("attack", ["inflated-count", "scaled-update", "both"])
+def test_one_client_cannot_move_the_global_model_beyond_the_stated_bound(attack: str) -> None:
+    cfg = config(method="fedavg")  # the defaults: weight-cap 2, update-norm-bound 3
+    strategy = make_strategy(cfg)
+    start = [a.copy() for a in strategy.global_arrays]
+    rng = np.random.default_rng(0)
+    honest = [_honest(start, k, rng) for k in range(9)]
+    bad = _honest(start, 9, rng)
+    count = 48
+    if attack in ("scaled-update", "both"):
+        bad = [(s + 1000.0 * (b - s)).astype(b.dtype) for s, b in zip(start, bad)]
+    if attack in ("inflated-count", "both"):
+        count = 10**15
+    replies = [(FakeProxy(k), fit_res(h, f"c{k}", 48)) for k, h in enumerate(honest)]
+    replies.append((FakeProxy(9), fit_res(bad, "c9", count)))
+    strategy.aggregate_fit(1, replies, [])
+    norms = [update_norm(h, start) for h in honest]
+    bound = cfg.update_norm_bound * float(np.median(norms + [update_norm(bad, start)]))
+    assert _move(strategy, start) <= bound * (1 + 1e-6)
+    # the attacker's share of the weight is at most weight-cap x median / total
+    share = (2 * 48) / (2 * 48 + 9 * 48) if count > 48 else 1 / 10
+    honest_mean = [np.mean([h[i] for h in honest], axis=0) for i in range(len(start))]
+    away = update_norm(strategy.global_arrays, honest_mean)
+    assert away <= share * (bound + max(norms)) * (1 + 1e-6)
+    # without the defences the same reply takes the model over (the attack is real)
+    open_cfg = config(method="fedavg", **{"weight-cap": 0.0, "update-norm-bound": 0.0})
+    undefended = make_strategy(open_cfg)
+    undefended.aggregate_fit(1, replies, [])
+    if count > 48:  # the global model becomes the attacker's upload
+        assert update_norm(undefended.global_arrays, bad) < 1e-6 * update_norm(bad, start)
+    else:  # or moves as far as it scaled its update
+        assert _move(undefended, start) > 5 * bound
+
+
+def test_capped_counts_and_norm_bound_units() -> None:
+    assert capped_counts([10, 10, 30, 10**15], 2.0) == [10, 10, 30, 40]
+    assert capped_counts([10, 10**15], 0.0) == [10, 10**15]  # off
+    ref = [np.zeros(4, np.float32), np.array(3, np.int64)]
+    ups = [[np.full(4, v, np.float32), np.array(5, np.int64)] for v in (1.0, 1.0, 1.0, 100.0)]
+    clipped, check = bound_updates(ups, [ref] * 4, 3.0, "clip")
+    assert check.limit == pytest.approx(3 * 2.0) and check.clipped == 1
+    assert update_norm(clipped[3], ref) == pytest.approx(6.0, rel=1e-6)
+    assert clipped[3][1] == 5  # integer tensors untouched
+    _, rejected = bound_updates(ups, [ref] * 4, 3.0, "reject")
+    assert rejected.rejected == [3]
+
+
+def test_median_and_trimmed_mean_resist_a_minority_and_keep_dtypes() -> None:
+    ups = [
+        [np.full(3, v, np.float32), np.array(n, np.int64)] for v, n in ((1, 4), (2, 4), (1e6, 9))
+    ]
+    med = robust_mean(ups, "median", 0.1)
+    assert med[0].tolist() == [2.0, 2.0, 2.0] and med[0].dtype == np.float32
+    assert med[1].dtype == np.int64 and int(med[1]) == 4
+    trimmed = robust_mean(ups + [[np.full(3, 1.5, np.float32), np.array(4)]], "trimmed-mean", 0.25)
+    assert trimmed[0].tolist() == pytest.approx([1.75] * 3)
+
+
+@pytest.mark.parametrize("rule", ["median", "trimmed-mean"])
+def test_a_robust_rule_replaces_the_mean(rule: str) -> None:
+    strategy = make_strategy(config(method="fedper", aggregation=rule))
+    start = [a.copy() for a in strategy.global_arrays]
+    far = [(a + 50.0).astype(a.dtype) for a in start]
+    replies = [(FakeProxy(k), fit_res(start, f"c{k}", 48)) for k in range(4)]
+    replies.append((FakeProxy(4), fit_res(far, "c4", 48)))
+    strategy.aggregate_fit(1, replies, [])
+    assert _move(strategy, start) == pytest.approx(0.0, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"method": "fedfac-static", "aggregation": "median"},
+        {"method": "factorized-fl-beta", "aggregation": "trimmed-mean"},
+        {"method": "fedavg", "aggregation": "median", "secure-aggregation": True},
+        {"method": "fedavg", "aggregation": "median", "dp-mode": "client"},
+        {"trim-fraction": 0.5},
+        {"weight-cap": -1},
+    ],
+)
+def test_robust_settings_that_cannot_work_name_the_key(raw: dict) -> None:
+    with pytest.raises(ConfigError, match="'aggregation'|'trim-fraction'|'weight-cap'"):
+        parse_run_config(raw)
+
+
+@pytest.mark.parametrize("attack", ["inflate-count", "scale", "sign-flip", "label-flip"])
+def test_simulated_attackers_falsify_their_replies_and_sites_never_do(attack, tmp_path) -> None:
+    from server_app.inprocess import run_inprocess
+
+    seen: dict[str, list] = {}
+
+    def record(kind, cid, ins, res) -> None:  # noqa: ANN001
+        if kind == "fit":
+            seen.setdefault(res.metrics["client-key"], []).append(res.num_examples)
+
+    raw = {
+        "method": "fedavg",
+        "sim-samples": 60,
+        "hidden-dim": 16,
+        "num-server-rounds": 2,
+        "attack": attack,
+        "attack-clients": 1,
+        "output-dir": str(tmp_path),
+    }
+    res = run_inprocess({**raw, "run-name": "sim"}, 3, record)
+    rounds = res["rounds"]
+    if attack == "inflate-count":
+        assert seen["client-0"][0] == 48 * 10 * 100_000 and seen["client-1"][0] == 48
+        assert rounds[0]["weights_capped"] == 1  # and the default cap caught it
+    elif attack in ("scale", "sign-flip"):
+        assert rounds[0]["updates_clipped"] >= (1 if attack == "scale" else 0)
+    seen.clear()
+    nodes = [{"site": f"client-{i}"} for i in range(3)]  # deployed sites: no attack
+    run_inprocess({**raw, "run-name": "sites"}, 3, record, nodes)
+    assert seen["client-0"][0] == 48
