@@ -322,10 +322,12 @@ class LoopbackFederation:
         name: str | None = None,
         policy: dict[str, str] | None = None,
         extra_args: list[str] | None = None,
+        superexec_args: list[str] | None = None,
     ) -> Proc:
         """A SuperNode for ``site``; ``policy`` adds the site's policy keys to its
         node config (pfl_privacy/policy.py; without it the default, shared only);
-        ``extra_args`` go to the SuperNode's command line as they are."""
+        ``extra_args`` go to the SuperNode's command line as they are, and
+        ``superexec_args`` to its SuperExec's (isolation "process")."""
         (runtime_port,) = free_ports(1)
         values: dict[str, str | int] = {
             "site": site,
@@ -362,6 +364,7 @@ class LoopbackFederation:
                     f"--runtime-api-address=127.0.0.1:{runtime_port}",
                     "--insecure",  # the site-local Runtime API, as in docker/
                     f"--superexec-auth-secret-file={self.secret}",
+                    *(superexec_args or []),
                 ],
                 self.root / "home" / f"superexec-{name}",
             )

@@ -91,6 +91,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "idle poll that backs off (deploy/warm_superexec.py, deploy/fast_supernode.py); "
         "--no-warm: Flower's own flower-supernode, a fresh process per message",
     )
+    p.add_argument(
+        "--task-timeout",
+        type=float,
+        default=900.0,
+        help="warm SuperExec: kill a ClientApp task after this many seconds (0: never)",
+    )
+    p.add_argument(
+        "--max-tasks", type=int, default=1, help="warm SuperExec: ClientApp tasks at once"
+    )
     p.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
     p.add_argument("extra", nargs="*", help="after --: passed to flower-supernode unchanged")
     args = p.parse_args(argv)
@@ -158,6 +167,8 @@ def superexec_command(args: argparse.Namespace, parent_pid: int) -> list[str]:
         secret_file(args),
         "--parent-pid",
         str(parent_pid),
+        f"--task-timeout={args.task_timeout:g}",
+        f"--max-tasks={args.max_tasks}",
     ]
 
 

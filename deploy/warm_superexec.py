@@ -15,14 +15,20 @@ FAB, so a new app version is never served from a stale import.
 
 Use it with ``flower-supernode --isolation process`` in place of
 ``flower-superexec`` (``LoopbackFederation(isolation="process", warm=True)``).
+Its own flags: ``--task-timeout S`` kills a ClientApp task after S seconds (default
+900, the default round-timeout; 0: never) and ``--max-tasks N`` runs at most N at
+once (default 1: a site trains one task at a time).
 Tasks other than ClientApps (none on a site today) start as Flower starts them.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
+import signal
 import sys
+import time
 from typing import Any
 
 # The app's top-level packages (pyproject's wheel packages but deploy/): imported
@@ -43,6 +49,8 @@ PROJECT_PACKAGES = (
 # Flower polls its Runtime API for new tasks once a second by default; the API
 # is on the site's own machine, so a tenth of a second costs nothing.
 TASK_POLL_INTERVAL = "0.1"
+# a ClientApp task running longer is killed: the default round-timeout (900 s)
+DEFAULT_TASK_TIMEOUT = 900.0
 
 log = logging.getLogger("flwr")
 
@@ -64,14 +72,26 @@ def preload() -> list[str]:
 
 
 class ForkExecutor:
-    """Flower's Executor protocol: a ClientApp task runs in a fork of this process."""
+    """Flower's Executor protocol: a ClientApp task runs in a fork of this process.
 
-    def __init__(self, fallback: Any) -> None:
+    Bounded: at most ``max_tasks`` ClientApps at once (no new one is acquired while
+    that many run), and one that runs longer than ``task_timeout`` seconds is killed
+    (SIGKILL), logged, and reaped; its round goes on without it (round-timeout)."""
+
+    def __init__(self, fallback: Any, task_timeout: float = 0.0, max_tasks: int = 1) -> None:
         self.fallback = fallback  # Flower's SubprocessExecutor, for any other task
         self.children: set[int] = set()
+        self.started: dict[int, tuple[int, float]] = {}  # pid -> (task id, start time)
+        self.task_timeout = task_timeout
+        self.max_tasks = max_tasks
 
     def get_eligible_capacity(self, supported_task_types: Any, **kw: Any) -> Any:
-        return self.fallback.get_eligible_capacity(supported_task_types, **kw)
+        from flwr.supercore.constant import TaskType
+
+        types, hashes = self.fallback.get_eligible_capacity(supported_task_types, **kw)
+        if len(self.children) >= self.max_tasks:
+            types = set(types) - {TaskType.CLIENT_APP}
+        return types, hashes
 
     def wait_for_capacity(self, *args: Any, **kw: Any) -> None:
         self.fallback.wait_for_capacity(*args, **kw)
@@ -86,11 +106,13 @@ class ForkExecutor:
         if pid == 0:  # the child: never returns into the parent's loop
             os._exit(_run_child(spec))
         self.children.add(pid)
+        self.started[pid] = (spec.task_id, time.monotonic())
         log.info("warm superexec: ClientApp task %d forked as pid %d", spec.task_id, pid)
         return LaunchResult.accepted()
 
     def reconcile(self) -> None:
-        """Reap finished children (no zombies)."""
+        """Reap finished children (no zombies); kill those past the task timeout."""
+        now = time.monotonic()
         for pid in list(self.children):
             try:
                 done, _ = os.waitpid(pid, os.WNOHANG)
@@ -98,6 +120,19 @@ class ForkExecutor:
                 done = pid
             if done:
                 self.children.discard(pid)
+                self.started.pop(pid, None)
+                continue
+            task, since = self.started.get(pid, (-1, now))
+            if self.task_timeout > 0 and now - since > self.task_timeout:
+                log.error(
+                    "warm superexec: ClientApp task %d (pid %d) ran past --task-timeout %gs: "
+                    "killed",
+                    task,
+                    pid,
+                    self.task_timeout,
+                )
+                os.kill(pid, signal.SIGKILL)
+                self.started[pid] = (task, float("inf"))  # killed once; reaped next time
         self.fallback.reconcile()
 
     def close(self) -> None:
@@ -132,7 +167,19 @@ def _run_child(spec: Any) -> int:
     return code
 
 
+def own_flags(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """This SuperExec's own flags, and the rest (Flower's) for its CLI."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--task-timeout", type=float, default=DEFAULT_TASK_TIMEOUT)
+    p.add_argument("--max-tasks", type=int, default=1)
+    ours, rest = p.parse_known_args(argv)
+    if ours.task_timeout < 0 or ours.max_tasks < 1:
+        p.error("--task-timeout must be >= 0 (0: none) and --max-tasks >= 1")
+    return ours, rest
+
+
 def main() -> None:
+    ours, sys.argv[1:] = own_flags(sys.argv[1:])
     os.environ.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", TASK_POLL_INTERVAL)
     loaded = preload()
     import flwr.supercore.superexec.run_superexec as superexec
@@ -145,7 +192,7 @@ def main() -> None:
     def fork_executor(executor_type: Any, **kw: Any) -> ForkExecutor:
         if executor_type != ExecutorType.SUBPROCESS:
             raise ValueError("the warm superexec runs ClientApps by fork, not by an executor")
-        return ForkExecutor(get_executor(executor_type, **kw))
+        return ForkExecutor(get_executor(executor_type, **kw), ours.task_timeout, ours.max_tasks)
 
     # the change to Flower's SuperExec: its executor (looked up by this name), and
     # children that ask again for a message part soon (deploy/fast_supernode.py)

@@ -114,7 +114,9 @@ class RunConfig(BaseModel):
     min_replies: int = _field(1, alias="min-replies", ge=1)
     min_available_clients: int = _field(1, alias="min-available-clients", ge=1)
     max_abs_value: float = _field(1e6, alias="max-abs-value", gt=0)
-    round_timeout: float = _field(0.0, alias="round-timeout", ge=0)
+    # seconds a round waits for replies (0: Flower's 12-hour message TTL); 900 is about
+    # 10x the slowest round measured here (docs/RELIABILITY.md)
+    round_timeout: float = _field(900.0, alias="round-timeout", ge=0)
     dropout_rate: float = _field(0.0, alias="dropout-rate", ge=0, lt=1)
     # simulated hostile clients (client_app/attacks.py; never on a deployed site)
     attack: Literal["none", "inflate-count", "scale", "sign-flip", "label-flip"] = "none"

@@ -131,6 +131,27 @@ for site in "${SITES[@]}"; do
     wait_for 60 "$site's SuperNode health check" healthy "$P-$site" supernode
 done
 
+say "secrets: each container holds only what it needs; telemetry off"
+container() { docker ps -q --filter "label=com.docker.compose.project=$1" --filter "label=com.docker.compose.service=$2"; }
+files_in() { docker exec "$(container "$1" "$2")" find /app/certs -type f | sort | tr '\n' ' '; }
+mounted() { docker inspect -f '{{range .Mounts}}{{.Source}} {{end}}' "$(container "$1" "$2")"; }
+got=$(files_in "$P-server" superexec-serverapp)
+[ "$got" = "/app/certs/ca.crt /app/certs/superexec.secret " ] || fail "the ServerApp container holds: $got"
+! mounted "$P-server" superexec-serverapp | grep -E 'ca\.key|/keys/' >/dev/null \
+    || fail "the ServerApp container mounts a private key: $(mounted "$P-server" superexec-serverapp)"
+! files_in "$P-server" superlink | grep -E 'ca\.key|/keys/' >/dev/null || fail "the SuperLink holds a CA or site key"
+for site in "${SITES[@]}"; do
+    got=$(files_in "$P-$site" superexec-clientapp)
+    [ "$got" = "/app/certs/superexec.secret " ] || fail "$site's ClientApp container holds: $got"
+done
+secrets=$(for d in server "${SITES[@]}"; do sha256sum <"$W/$d/certs/superexec.secret"; done | sort -u | wc -l)
+[ "$secrets" = $((1 + ${#SITES[@]})) ] || fail "the server and the sites do not each have their own SuperExec secret"
+for pair in "$P-server superlink" "$P-server superexec-serverapp" "$P-site-a supernode" "$P-site-a superexec-clientapp"; do
+    # shellcheck disable=SC2086
+    [ "$(docker exec "$(container $pair)" printenv FLWR_TELEMETRY_ENABLED)" = 0 ] || fail "telemetry is on in $pair"
+done
+say "checked: the ServerApp holds only ca.crt and its secret, each ClientApp only its site's secret, secrets differ, telemetry off"
+
 say "flwr run: FedPer, 5 rounds, 2 sites"
 cat >"$W/cli/run.toml" <<EOF
 method = "fedper"

@@ -214,6 +214,7 @@ def test_site_launcher_builds_the_supernode_command(capsys: pytest.CaptureFixtur
     assert "--root-certificates ca.crt" in line and "--port 9094" in line
     assert "-m deploy.warm_superexec --runtime-api-address 127.0.0.1:9094 --insecure" in superexec
     assert "--superexec-auth-secret-file /var/lib/pflower/superexec.secret" in superexec
+    assert "--task-timeout=900 --max-tasks=1" in superexec  # a hung task is killed
     assert "--auth-supernode-private-key keys/hospital-a" in line
     assert "--insecure" not in line
     assert (
@@ -497,6 +498,35 @@ def test_a_site_that_trusts_only_signed_apps_refuses_an_app_submitted_from_a_dir
     assert "The FAB could not be verified" in node.text()
     results = fed.root / "out" / "unsigned" / "results.json"
     assert not results.exists() or not json.loads(results.read_text())["rounds"]
+
+
+def test_a_hung_clientapp_is_killed_after_its_timeout_and_the_round_goes_on(
+    tmp_path: Path,
+) -> None:
+    """Two warm sites; site-b's ClientApp hangs on every fit (tests/apps/hang). Its
+    SuperExec kills the task after --task-timeout, the server's round-timeout ends the
+    wait, and both rounds complete with site-a's replies."""
+    with LoopbackFederation(tmp_path, isolation="process", warm=True) as fed:
+        fed.start_superlink()
+        nodes = {
+            site: fed.start_supernode(
+                site, i, 2, tmp_path / f"state-{site}", superexec_args=["--task-timeout=5"]
+            )
+            for i, site in enumerate(["site-a", "site-b"])
+        }
+        for site, proc in nodes.items():
+            fed.wait_for(lambda p=proc: "SuperNode ID" in p.text(), 120, site, proc)
+        cfg = {**_run_config(tmp_path, "fedper"), **SMALL, "num-server-rounds": 2}
+        run_id = fed.run(
+            {**cfg, "round-timeout": 20.0}, app=Path(__file__).parent / "apps" / "hang"
+        )
+        assert fed.wait_run(run_id, RUN_TIMEOUT) == "finished:completed"
+        res = _results(tmp_path)
+        assert [r["round"] for r in res["rounds"]] == [1, 2]
+        assert all(r["replies"] == 1 for r in res["rounds"])  # site-a's
+        assert "site-a" in res["rounds"][-1]["per_client_accuracy"]
+        killed = _superexec_log(fed, "supernode-site-b")
+        assert "ran past --task-timeout 5s: killed" in killed
 
 
 # ---- docker/: syntax, files, and every flag checked against the installed 1.39 CLIs ------------
