@@ -17,13 +17,17 @@ ENV PATH=/opt/venv/bin:$PATH \
     FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 \
     FLWR_TELEMETRY_ENABLED=0 \
     FLWR_DISABLE_UPDATE_CHECK=1
+# every distribution of the wheelhouse, pinned by sha256 (scripts/wheel_hashes.py): pip
+# installs these bytes or fails, whoever serves WHEELS_URL (plain HTTP on the bridge, so
+# --trusted-host; the hashes, not the host, are what is trusted). A layer that survives
+# changes to the app's code.
+COPY wheel-hashes.txt /opt/wheel-hashes.txt
+RUN pip install --find-links "$WHEELS_URL" --trusted-host "$WHEELS_HOST" \
+        --require-hashes --no-deps -r /opt/wheel-hashes.txt
 COPY constraints.txt /opt/constraints.txt
-# the heavy dependencies first: a layer that survives changes to the app's code
-RUN pip install --find-links "$WHEELS_URL" --trusted-host "$WHEELS_HOST" \
-        -c /opt/constraints.txt "flwr[simulation]" torch torchvision
 COPY app /src
-RUN pip install --find-links "$WHEELS_URL" --trusted-host "$WHEELS_HOST" \
-        -c /opt/constraints.txt /src \
+# the app itself, from the build context, with what is installed (no index, no links)
+RUN pip install --no-deps --no-build-isolation /src \
     && pip check \
     && rm -rf /src
 # an unprivileged user (uid 49999, as in Flower's images) owns the state and outputs

@@ -54,6 +54,7 @@ echo "docker_images: building $APP_IMAGE on $BASE_IMAGE"
 ctx="$WORK/context" && rm -rf "$ctx" && mkdir -p "$ctx/app"
 packages=$("$PY" -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['tool']['hatch']['build']['targets']['wheel']['packages']))")
 cp constraints.txt "$ctx/"
+"$PY" scripts/wheel_hashes.py "$WHEELS" >"$ctx/wheel-hashes.txt"  # what the build may install
 cp pyproject.toml README.md "$ctx/app/"
 for pkg in $packages; do cp -r "$pkg" "$ctx/app/"; done
 find "$ctx/app" -name __pycache__ -prune -exec rm -rf {} +
@@ -71,6 +72,19 @@ port="${PFLOWER_WHEELS_PORT:-38419}"
 "$PY" -m http.server --bind "$bridge" --directory "$WHEELS" "$port" >"$WORK/wheels-http.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
+# the server on that port must be this one (a failed bind would leave another's there)
+served=""
+for _ in $(seq 50); do
+    kill -0 "$server" 2>/dev/null || break
+    served=$("$PY" -c "import sys, urllib.request as u; print(u.urlopen(sys.argv[1], timeout=2).read().decode().strip())" \
+        "http://$bridge:$port/.complete" 2>/dev/null) && break
+    sleep 0.1
+done
+if ! kill -0 "$server" 2>/dev/null || [ "$served" != "$inputs" ]; then
+    echo "docker_images: could not serve the wheelhouse on $bridge:$port (port in use? set" \
+        "PFLOWER_WHEELS_PORT): $(tail -1 "$WORK/wheels-http.log" 2>/dev/null)" >&2
+    exit 1
+fi
 previous=$(docker image inspect -f '{{.Id}}' "$APP_IMAGE" 2>/dev/null || true)
 DOCKER_BUILDKIT=0 docker build -q -f docker/app.Dockerfile --build-arg "BASE_IMAGE=$BASE_IMAGE" \
     --build-arg "WHEELS_URL=http://$bridge:$port/" --build-arg "WHEELS_HOST=$bridge" \

@@ -83,3 +83,59 @@ def test_the_demo_sites_each_have_their_own_superexec_secret() -> None:
         for site in "abc"
     }
     assert all(secrets[s] == [f"./certs/secrets/site-{s}.secret"] for s in "abc")
+
+
+def _wheel(path: Path, body: str) -> None:
+    """A minimal valid wheel of package 'tinypkg' 1.0 whose module holds ``body``."""
+    import base64
+    import hashlib
+    import zipfile
+
+    files = {
+        "tinypkg.py": body,
+        "tinypkg-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n",
+        "tinypkg-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for name, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
+        record.append(f"{name},sha256={digest.decode()},{len(text.encode())}")
+    files["tinypkg-1.0.dist-info/RECORD"] = "\n".join([*record, "tinypkg-1.0.dist-info/RECORD,,"])
+    with zipfile.ZipFile(path, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+
+
+def test_the_image_build_refuses_a_wheel_whose_hash_does_not_match(tmp_path) -> None:
+    """The Dockerfile's install step, run here: the hashes come from the wheelhouse as
+    it was when the build started; a wheel swapped afterwards (another server on the
+    port, a changed file) is refused."""
+    import sys
+
+    house = tmp_path / "wheels"
+    house.mkdir()
+    wheel = house / "tinypkg-1.0-py3-none-any.whl"
+    _wheel(wheel, "VALUE = 'genuine'\n")
+    pins = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "wheel_hashes.py"), str(house)],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert pins.startswith("tinypkg==1.0 --hash=sha256:")
+    (tmp_path / "wheel-hashes.txt").write_text(pins)
+    dockerfile = (DOCKER / "app.Dockerfile").read_text()
+    assert "--require-hashes --no-deps -r /opt/wheel-hashes.txt" in dockerfile
+
+    def install(target: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--no-index", "--find-links", str(house),
+             "--require-hashes", "--no-deps", "-r", str(tmp_path / "wheel-hashes.txt"),
+             "--target", str(tmp_path / target)],
+            capture_output=True, text=True,
+        )  # fmt: skip
+
+    assert install("good").returncode == 0
+    assert (tmp_path / "good" / "tinypkg.py").read_text() == "VALUE = 'genuine'\n"
+    _wheel(wheel, "VALUE = 'foreign'\n")  # same name and version, other bytes
+    refused = install("bad")
+    assert refused.returncode != 0 and "DO NOT MATCH THE HASHES" in refused.stderr
+    assert not (tmp_path / "bad" / "tinypkg.py").exists()
