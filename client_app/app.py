@@ -16,6 +16,7 @@ import logging
 import random
 import time
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -88,12 +89,33 @@ def build_client(context: Context, overrides: dict[str, Any] | None = None) -> C
     if attacker and cfg.attack == "label-flip":
         data = flip_labels(data, data_info(cfg, data_path, state_dir).num_classes)
     client = method.client(model, method.roles(model), data, cfg, store, device, site)
+    if not state_dir:  # simulation: in memory, or on disk past the budget
+        client.store = simulation_store(cfg, context, client, num_partitions, model)
     aggregation = method.aggregation if cfg.aggregation == "default" else cfg.aggregation
     equal = aggregation == "mean" or cfg.dp_mode != "off"  # DP averages with equal weights
     client.weight_by_samples = not (cfg.secure_aggregation and equal)
     if attacker and cfg.attack != "label-flip":  # simulated hostile client (client_app/attacks.py)
         return Attacker(client, cfg.attack, cfg.attack_scale).to_client()
     return client.to_client()
+
+
+def simulation_store(
+    cfg: RunConfig, context: Context, client: Any, num_partitions: int, model: nn.Module
+) -> PersonalStore:
+    """Where a simulated client keeps its personal state: in its node's context (the
+    engine holds every node's context in memory), or, when all clients' state would
+    exceed ``personal-state-budget-mb`` (``personal-state=auto``) or always
+    (``disk``), in the deployment's checksummed store under
+    ``<output-dir>/personal-state/run-<run id>/``, so memory stays bounded whatever
+    the number of clients."""
+    if cfg.personal_state == "memory":
+        return ContextStore(context)
+    if cfg.personal_state == "auto":
+        total = num_partitions * sum(a.nbytes for a in client.personal_state().values())
+        if total <= cfg.personal_state_budget_mb * 2**20:
+            return ContextStore(context)
+    root = Path(cfg.output_dir).expanduser().resolve() / "personal-state" / f"run-{context.run_id}"
+    return DiskStore(root, experiment_id(cfg, model), client.client_key)
 
 
 class PolicyRefusal(RuntimeError):

@@ -149,6 +149,9 @@ class RunConfig(BaseModel):
     # one `pflower-phases {...}` log line per ClientApp message: where its time goes
     log_phases: bool = _field(False, alias="log-phases")
     resume_from: str = _field("", alias="resume-from")  # a server-state.npz or its run dir
+    # simulation: personal state in the engine's memory, or spilled to disk (client_app/app.py)
+    personal_state: Literal["auto", "memory", "disk"] = _field("auto", alias="personal-state")
+    personal_state_budget_mb: float = _field(2048.0, alias="personal-state-budget-mb", gt=0)
 
     # the FedFac simulation study generator (the embedded default data set)
     sim_samples: int = _field(400, alias="sim-samples", ge=10)

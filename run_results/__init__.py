@@ -27,6 +27,12 @@ def default_run_name(cfg: RunConfig) -> str:
     return f"{cfg.method}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+# above this many clients a round's per-client accuracies go to PER_CLIENT_FILE, one line
+# a round, not into results.json: memory and each round's rewrite stay bounded
+PER_CLIENT_INLINE = 1000
+PER_CLIENT_FILE = "per_client.jsonl"
+
+
 class RunRecorder:
     """Collects per-round records and writes the results files."""
 
@@ -53,6 +59,13 @@ class RunRecorder:
         return self.dir / "results.json"
 
     def add_round(self, record: dict[str, Any]) -> None:
+        per_client = record.get("per_client_accuracy", {})
+        if len(per_client) > PER_CLIENT_INLINE:  # many clients: out of memory, into a file
+            record = dict(record)
+            with open(self.dir / PER_CLIENT_FILE, "a") as out:
+                out.write(json.dumps({"round": record["round"], "accuracy": per_client}) + "\n")
+            record["per_client_accuracy"] = {}
+            record["per_client_file"] = PER_CLIENT_FILE
         self.rounds.append(record)
         if self.board is not None:
             for key in CSV_COLUMNS[1:]:

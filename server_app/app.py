@@ -19,9 +19,11 @@ from run_config.schema import (
     parse_run_config,
 )
 from run_results import RunRecorder
+from server_app import linkstate_index
 from server_app.grid import PollingGrid
 
 log = logging.getLogger("flwr.pflower")
+linkstate_index.apply()  # simulation: the engine runs in this process (the module says why)
 
 
 def build_server(context: Context, overrides: dict[str, Any] | None = None) -> ServerAppComponents:

@@ -131,13 +131,14 @@ def build_inprocess(
         )
     components = build_server(Context(0, 0, {}, RecordDict(), {}), config)
     manager = SimpleClientManager()
+    run_id = time.time_ns() % 2**62  # unique per run, as Flower's: names spilled state
     for i in range(num_clients):
         node = {
             "partition-id": i,
             "num-partitions": num_clients,
             **(node_configs or [{}] * num_clients)[i],
         }
-        context = Context(0, i + 1, node, RecordDict(), {})
+        context = Context(run_id, i + 1, node, RecordDict(), {})
         manager.register(LocalProxy(i + 1, context, config, record))
     server = Server(client_manager=manager, strategy=components.strategy)
     server.set_max_workers(1)  # one client at a time: reproducible, like one actor

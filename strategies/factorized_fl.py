@@ -14,6 +14,9 @@ latest round).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import numpy as np
 from flwr.common import NDArrays, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 from torch import nn
@@ -52,6 +55,66 @@ def matching_weights(
     return keep, w / w.sum()
 
 
+class ClientPayloads:
+    """Each client's aggregate (encoded, as sent): in memory up to ``budget`` bytes,
+    then as files under ``spill_dir``, so the server's memory stays bounded however
+    many clients there are (``personal-state-budget-mb``)."""
+
+    def __init__(self, budget: float, spill_dir: Path | None) -> None:
+        self.budget = budget
+        self.spill_dir = spill_dir
+        self.memory: dict[str, Parameters] = {}
+        self.on_disk: set[str] = set()
+        self.used = 0
+
+    def _file(self, key: str) -> Path:
+        assert self.spill_dir is not None
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
+        return self.spill_dir / f"{safe}.npz"
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.memory or key in self.on_disk
+
+    def __len__(self) -> int:
+        return len(self.memory) + len(self.on_disk)
+
+    def keys(self) -> list[str]:
+        return sorted([*self.memory, *self.on_disk])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def __getitem__(self, key: str) -> Parameters:
+        if key in self.memory:
+            return self.memory[key]
+        with np.load(self._file(key), allow_pickle=False) as z:
+            tensors = [z[f"t{i}"].tobytes() for i in range(len(z.files) - 1)]
+            return Parameters(tensors=tensors, tensor_type=str(z["type"]))
+
+    def __setitem__(self, key: str, payload: Parameters) -> None:
+        size = sum(len(t) for t in payload.tensors)
+        old = self.memory.pop(key, None)
+        if old is not None:
+            self.used -= sum(len(t) for t in old.tensors)
+        if self.spill_dir is None or (key not in self.on_disk and self.used + size <= self.budget):
+            self.memory[key] = payload
+            self.used += size
+            return
+        self.spill_dir.mkdir(parents=True, exist_ok=True)
+        arrays = {f"t{i}": np.frombuffer(t, np.uint8) for i, t in enumerate(payload.tensors)}
+        tmp = self._file(key).with_suffix(".tmp.npz")
+        np.savez(tmp, type=np.array(payload.tensor_type), **arrays)
+        tmp.replace(self._file(key))
+        self.on_disk.add(key)
+
+    def update(self, other: dict[str, Parameters]) -> None:
+        for key, payload in other.items():
+            self[key] = payload
+
+    def items(self) -> list[tuple[str, Parameters]]:
+        return [(k, self[k]) for k in self.keys()]
+
+
 class FactorizedFLStrategy(PFLStrategy):
     """Per-client similarity-weighted aggregation over the Factorized-FL wire."""
 
@@ -68,7 +131,9 @@ class FactorizedFLStrategy(PFLStrategy):
         self.wire = Wire.of(model, tuple(s.name for s in spec), cfg)
         self.set_global(self.wire.encode(initial))
         self.spec = self.wire.down_spec()
-        self.payloads: dict[str, Parameters] = {}  # stable client key -> its aggregate
+        # stable client key -> its aggregate; spilled to the run's folder past the budget
+        spill = recorder.dir / "client-payloads" if recorder is not None else None
+        self.payloads = ClientPayloads(cfg.personal_state_budget_mb * 2**20, spill)
         # ffl-match=v-change: compare each v's move away from the initial v, which every
         # client starts from (the model's own initialisation)
         v0 = model.state_dict()[self.wire.match].detach().cpu().numpy().reshape(-1)
@@ -92,10 +157,11 @@ class FactorizedFLStrategy(PFLStrategy):
     def restore_server_state(self, arrays: dict[str, np.ndarray]) -> None:
         super().restore_server_state(arrays)
         keys = {k[len("client/") : k.rindex("/")] for k in arrays if k.startswith("client/")}
-        self.payloads = {
-            key: ndarrays_to_parameters(take_arrays(arrays, f"client/{key}/", self.spec))
-            for key in sorted(keys)
-        }
+        self.payloads = ClientPayloads(self.payloads.budget, self.payloads.spill_dir)
+        for key in sorted(keys):
+            self.payloads[key] = ndarrays_to_parameters(
+                take_arrays(arrays, f"client/{key}/", self.spec)
+            )
 
     def check_reply(self, client_key: str, arrays: NDArrays, num_examples: int) -> str | None:
         return super().check_reply(client_key, arrays, num_examples) or self.wire.check_sparse(

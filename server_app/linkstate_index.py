@@ -1,0 +1,98 @@
+"""Flower's in-memory LinkState, with its undelivered messages indexed by node.
+
+In a simulation, Flower's engine (``vce_api.add_messages_to_queue``) asks the
+LinkState for each node's next message, for every node, ten times a second; and
+``InMemoryLinkState.get_message_ins(node_id)`` scans every stored message to find
+that node's. With N nodes and about N messages in flight that is N^2 checks a
+pass, under the GIL: the per-client cost that grows with the federation
+(docs/PERFORMANCE.md, measured). This keeps, per destination node, the ids of
+the messages stored for it (added where Flower stores one, pruned when read), so
+a node's lookup checks only its own messages, in the same order and with the
+same checks and side effects as Flower's.
+
+Applied when the ServerApp module is imported (the simulation runs the engine in
+that process); checked against flwr 1.39.0. ``PFLOWER_FLOWER_PATCHES=0`` turns it
+off; on another flwr version it is not applied, with one warning line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import flwr
+
+log = logging.getLogger("flwr.pflower")
+TESTED = ("1.39.",)  # flwr versions whose InMemoryLinkState this was checked against
+
+
+def _index(state: Any) -> dict[int, list[str]]:
+    index = state.__dict__.get("_pflower_by_node")
+    if index is None:  # first use: index what is already stored
+        index = {}
+        for message_id, message in state.message_ins_store.items():
+            index.setdefault(message.metadata.dst_node_id, []).append(message_id)
+        state.__dict__["_pflower_by_node"] = index
+    return index
+
+
+def apply() -> bool:
+    """Patch InMemoryLinkState (once); whether the patch is in place."""
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+    from flwr.supercore.date import now
+
+    if getattr(InMemoryLinkState, "_pflower_indexed", False):
+        return True
+    if os.environ.get("PFLOWER_FLOWER_PATCHES", "1") == "0":
+        return False
+    if not flwr.__version__.startswith(TESTED):
+        log.warning(
+            "flwr %s: the LinkState message index (server_app/linkstate_index.py) was "
+            "checked against %s only, and is off",
+            flwr.__version__,
+            TESTED,
+        )
+        return False
+    store = InMemoryLinkState.store_message_ins
+
+    def store_message_ins(self: Any, message: Any) -> str | None:
+        message_id = store(self, message)
+        if message_id is not None:
+            with self.lock:
+                ids = _index(self).setdefault(message.metadata.dst_node_id, [])
+                if message_id not in ids:
+                    ids.append(message_id)
+        return message_id
+
+    def get_message_ins(
+        self: Any, node_id: int, limit: int | None, *, run_id: int | None = None
+    ) -> list[Any]:
+        if limit is not None and limit < 1:
+            raise AssertionError("`limit` must be >= 1")
+        found: list[Any] = []
+        with self.lock:
+            ids = _index(self).get(node_id, [])
+            for message_id in list(ids):
+                self._check_stored_messages({message_id})  # Flower's expiry checks
+                message = self.message_ins_store.get(message_id)
+                if message is None:  # deleted (replied to, expired): forget it
+                    ids.remove(message_id)
+                    continue
+                if (
+                    message.metadata.dst_node_id == node_id
+                    and (run_id is None or message.metadata.run_id == run_id)
+                    and message.metadata.delivered_at == ""
+                ):
+                    found.append(message)
+                if limit and len(found) == limit:
+                    break
+        delivered_at = now().isoformat()
+        for message in found:
+            message.metadata.delivered_at = delivered_at
+        return found
+
+    InMemoryLinkState.store_message_ins = store_message_ins
+    InMemoryLinkState.get_message_ins = get_message_ins
+    InMemoryLinkState._pflower_indexed = True
+    return True

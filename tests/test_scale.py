@@ -1,0 +1,83 @@
+"""Many simulated clients (#33): personal state spills to disk past a memory budget,
+and Flower's in-memory LinkState finds a node's messages without scanning all."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from server_app import linkstate_index
+from server_app.inprocess import build_inprocess
+
+SMALL = {"sim-samples": 60, "hidden-dim": 16, "num-server-rounds": 3, "run-name": "spill"}
+
+
+def _run(tmp_path, **keys: Any) -> tuple[dict, list]:
+    config = {**SMALL, "method": "feddecomp", "output-dir": str(tmp_path), **keys}
+    server, rounds = build_inprocess(config, 4)
+    server.fit(rounds, timeout=None)
+    contexts = [p.context for p in server.client_manager().all().values()]
+    res = server.strategy.recorder.results_path.read_text()
+    return __import__("json").loads(res), contexts
+
+
+@pytest.mark.parametrize("keys", [{"personal-state": "disk"}, {"personal-state-budget-mb": 1e-3}])
+def test_spilled_personal_state_gives_the_same_run_and_leaves_memory_empty(tmp_path, keys) -> None:
+    memory, in_memory = _run(tmp_path / "m", **{"personal-state": "memory"})
+    disk, spilled = _run(tmp_path / "d", **keys)
+    assert all(len(c.state) > 0 for c in in_memory)  # FedDecomp's tau, in each context
+    assert all(len(c.state) == 0 for c in spilled)  # nothing kept in the engine's memory
+    files = sorted((tmp_path / "d" / "personal-state").glob("run-*/spill/client-*.npz"))
+    assert [f.stem for f in files] == [f"client-{i}" for i in range(4)]
+    for a, b in zip(memory["rounds"], disk["rounds"], strict=True):
+        assert a["per_client_accuracy"] == b["per_client_accuracy"]
+
+
+def test_the_linkstate_index_is_applied_on_this_flower() -> None:
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+
+    assert linkstate_index.apply()
+    assert InMemoryLinkState._pflower_indexed
+
+
+def test_many_clients_per_client_figures_go_to_a_file(tmp_path, monkeypatch) -> None:
+    import json
+
+    import run_results
+
+    monkeypatch.setattr(run_results, "PER_CLIENT_INLINE", 3)  # as if 3 were many
+    config = {**SMALL, "method": "fedper", "output-dir": str(tmp_path)}
+    server, rounds = build_inprocess(config, 4)
+    server.fit(rounds, timeout=None)
+    run_dir = server.strategy.recorder.dir
+    res = json.loads((run_dir / "results.json").read_text())
+    assert all(r["per_client_accuracy"] == {} for r in res["rounds"])
+    assert all(r["per_client_file"] == "per_client.jsonl" for r in res["rounds"])
+    lines = [json.loads(x) for x in (run_dir / "per_client.jsonl").read_text().splitlines()]
+    assert [x["round"] for x in lines] == [1, 2, 3]
+    assert sorted(lines[-1]["accuracy"]) == [f"client-{i}" for i in range(4)]
+    assert res["final_accuracy_mean"] == pytest.approx(sum(lines[-1]["accuracy"].values()) / 4)
+
+
+def test_factorized_fl_per_client_aggregates_spill_past_the_budget(tmp_path) -> None:
+    """A budget of a few bytes: every aggregate goes to disk, and the run is the same."""
+    runs = {}
+    for name, budget in (("memory", 2048.0), ("disk", 1e-5)):
+        config = {
+            **SMALL,
+            "method": "factorized-fl-beta",
+            "output-dir": str(tmp_path / name),
+            "personal-state-budget-mb": budget,
+        }
+        server, rounds = build_inprocess(config, 4)
+        server.fit(rounds, timeout=None)
+        strategy = server.strategy
+        runs[name] = __import__("json").loads(strategy.recorder.results_path.read_text())
+        if name == "disk":
+            assert not strategy.payloads.memory and len(strategy.payloads.on_disk) == 4
+            assert len(list((strategy.recorder.dir / "client-payloads").glob("*.npz"))) == 4
+        else:
+            assert len(strategy.payloads.memory) == 4
+    for a, b in zip(runs["memory"]["rounds"], runs["disk"]["rounds"], strict=True):
+        assert a["per_client_accuracy"] == b["per_client_accuracy"]
