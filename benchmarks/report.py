@@ -8,7 +8,8 @@ keys as ``name`` or ``name:final|mean|sum|max``, looked up in the run's probe, i
 top level, then its rounds), ``curves`` (per-round keys drawn), ``per-client``
 (draw each client's final accuracy), ``heatmap`` (a per-round client x client
 matrix, e.g. Factorized-FL's ``ffl_mixture``, drawn for the last round of seed 0),
-``ratio-to`` (a row label: s/round divided by that row's).
+``ratio-to`` (a row label: s/round divided by that row's), ``per-client-round`` (a
+column of seconds per client per round: each round's seconds over its replies).
 """
 
 from __future__ import annotations
@@ -67,6 +68,15 @@ def summarise(cells: list[Cell]) -> dict[str, Any]:
         # steady state: the median round after the first (start-up costs land in round 1)
         "s_round": float(np.mean([np.median(s[1:] if len(s) > 1 else s) for s in secs])),
         "peak_mb": float(np.mean(peaks)) if peaks else float("nan"),
+        # per client that trained: each round's seconds over its replies, the median after round 1
+        "s_client_round": float(
+            np.mean(
+                [
+                    np.median([x["seconds"] / max(x.get("replies", 1), 1) for x in rs[1:] or rs])
+                    for rs in (r["rounds"] for r in results)
+                ]
+            )
+        ),
         "x": [x.get("round", i + 1) for i, x in enumerate(results[0]["rounds"][:n_rounds])],
         "curve": curves.mean(axis=0),
         "curve_std": curves.std(axis=0),
@@ -94,7 +104,9 @@ def table(preset: Preset, setting: str, rows: dict[str, dict[str, Any]]) -> list
     base = rows.get(ratio_to, {}).get("s_round") if ratio_to else None
     paper = preset.paper(setting)
     head = ["row", "seeds", "final acc (%)", "best acc (%)", "best pooled (%)", "MB/client/round"]
-    head += ["s/round", *([f"x {ratio_to}"] if ratio_to else []), "peak RSS (MB)", *extras]
+    per_client = bool(preset.report.get("per-client-round"))
+    head += ["s/round", *([f"x {ratio_to}"] if ratio_to else [])]
+    head += [*(["s/client-round"] if per_client else []), "peak RSS (MB)", *extras]
     head += ["paper"] if paper else []
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for label, row in rows.items():
@@ -110,6 +122,8 @@ def table(preset: Preset, setting: str, rows: dict[str, dict[str, Any]]) -> list
         cells += [f"{row['mb']:.3g}", f"{row['s_round']:.2f}"]
         if ratio_to:
             cells.append(f"{row['s_round'] / base:.1f}" if base else "")
+        if per_client:
+            cells.append(f"{row['s_client_round']:.4f}")
         cells.append(_num(row["peak_mb"]))
         for spec in extras:
             values = [v for r in row["results"] if (v := extra_value(r, spec)) is not None]

@@ -8,7 +8,8 @@ pass, under the GIL: the per-client cost that grows with the federation
 (docs/PERFORMANCE.md, measured). This keeps, per destination node, the ids of
 the messages stored for it (added where Flower stores one, pruned when read), so
 a node's lookup checks only its own messages, in the same order and with the
-same checks and side effects as Flower's.
+same checks and side effects as Flower's; and the engine's loop asks only the
+nodes that have messages (Flower's asks all N, ten times a second).
 
 Applied when the ServerApp module is imported (the simulation runs the engine in
 that process); checked against flwr 1.39.0. ``PFLOWER_FLOWER_PATCHES=0`` turns it
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import Any
 
 import flwr
@@ -39,6 +41,7 @@ def _index(state: Any) -> dict[int, list[str]]:
 
 def apply() -> bool:
     """Patch InMemoryLinkState (once); whether the patch is in place."""
+    from flwr.server.superlink.fleet.vce import vce_api
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
     from flwr.supercore.date import now
 
@@ -92,7 +95,23 @@ def apply() -> bool:
             message.metadata.delivered_at = delivered_at
         return found
 
+    def add_messages_to_queue(
+        state: Any, queue: Any, nodes_mapping: Any, f_stop: threading.Event
+    ) -> None:
+        """Flower's loop, asking only the nodes that have messages stored for them."""
+        while not f_stop.is_set():
+            if isinstance(state, InMemoryLinkState):
+                with state.lock:
+                    nodes = [n for n, ids in _index(state).items() if ids and n in nodes_mapping]
+            else:
+                nodes = list(nodes_mapping.keys())
+            for node_id in nodes:
+                for message in state.get_message_ins(node_id=node_id, limit=1):
+                    queue.put(message)
+            f_stop.wait(0.1)
+
     InMemoryLinkState.store_message_ins = store_message_ins
     InMemoryLinkState.get_message_ins = get_message_ins
     InMemoryLinkState._pflower_indexed = True
+    vce_api.add_messages_to_queue = add_messages_to_queue  # read when the engine starts
     return True
