@@ -104,13 +104,13 @@ def simulation_store(
 ) -> PersonalStore:
     """Where a simulated client keeps its personal state: in its node's context (the
     engine holds every node's context in memory), or, when all clients' state would
-    exceed ``personal-state-budget-mb`` (``personal-state=auto``) or always
+    exceed ``personal-state-budget-mb`` (``personal-state=budget``) or always
     (``disk``), in the deployment's checksummed store under
     ``<output-dir>/personal-state/run-<run id>/``, so memory stays bounded whatever
     the number of clients."""
     if cfg.personal_state == "memory":
         return ContextStore(context)
-    if cfg.personal_state == "auto":
+    if cfg.personal_state == "budget":
         total = num_partitions * sum(a.nbytes for a in client.personal_state().values())
         if total <= cfg.personal_state_budget_mb * 2**20:
             return ContextStore(context)

@@ -150,7 +150,8 @@ class RunConfig(BaseModel):
     log_phases: bool = _field(False, alias="log-phases")
     resume_from: str = _field("", alias="resume-from")  # a server-state.npz or its run dir
     # simulation: personal state in the engine's memory, or spilled to disk (client_app/app.py)
-    personal_state: Literal["auto", "memory", "disk"] = _field("auto", alias="personal-state")
+    # budget: in memory while all clients' state fits personal-state-budget-mb, else on disk
+    personal_state: Literal["budget", "memory", "disk"] = _field("budget", alias="personal-state")
     personal_state_budget_mb: float = _field(2048.0, alias="personal-state-budget-mb", gt=0)
 
     # the FedFac simulation study generator (the embedded default data set)
@@ -295,10 +296,10 @@ class RunConfig(BaseModel):
     def _run_name_is_one_name(self) -> RunConfig:
         # it names a folder under output-dir and every site's state folder
         name = self.run_name
-        if name and (name in (".", "..") or not all(c.isalnum() or c in "-_." for c in name)):
+        if name and (name in (".", "..") or not all(c.isalnum() or c in "-_.=" for c in name)):
             raise ValueError(
                 f"config key 'run-name': {name!r} is not one plain folder name (letters, "
-                "digits, '-', '_', '.'; not '.' or '..'): it names the results and every "
+                "digits, '-', '_', '.', '='; not '.' or '..'): it names the results and every "
                 "site's state folder"
             )
         return self
