@@ -1,0 +1,68 @@
+"""Where a Ray simulation's time goes as clients grow: the time inside Flower's
+InMemoryLinkState.get_message_ins (the engine's per-node message lookup), with and
+without server_app/linkstate_index.py (docs/PERFORMANCE.md):
+
+    python -m benchmarks.profile_linkstate 800            # Flower as it is
+    python -m benchmarks.profile_linkstate 800 --patched  # with the index
+
+FedPer on the embedded default, 40 samples a client, 2 rounds; one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from typing import Any
+
+
+def main(argv: list[str]) -> None:
+    patched = "--patched" in argv
+    clients = int(argv[0])
+    # before anything imports the ServerApp, which applies the index unless told not to
+    os.environ["PFLOWER_FLOWER_PATCHES"] = "1" if patched else "0"
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+
+    from server_app import linkstate_index
+
+    if patched:
+        assert linkstate_index.apply()
+    spent = {"seconds": 0.0, "calls": 0}
+    lookup = InMemoryLinkState.get_message_ins
+
+    def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return lookup(self, *args, **kwargs)
+        finally:
+            spent["seconds"] += time.perf_counter() - t0
+            spent["calls"] += 1
+
+    InMemoryLinkState.get_message_ins = timed
+    from server_app.simulate import simulate
+
+    config = {
+        "method": "fedper",
+        "num-server-rounds": 2,
+        "sim-samples": 40,
+        "output-dir": tempfile.mkdtemp(),
+        "run-name": "profile",
+    }
+    t0 = time.perf_counter()
+    rounds = simulate(config, clients, num_cpus=1.0)["rounds"]
+    line = {
+        "clients": clients,
+        "patched": patched,
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "round_s": [round(r["seconds"], 1) for r in rounds],
+        "s_per_client_round": round(rounds[-1]["seconds"] / clients, 4),
+        "get_message_ins_s": round(spent["seconds"], 1),
+        "calls": spent["calls"],
+    }
+    print(json.dumps(line))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
