@@ -81,3 +81,16 @@ def test_factorized_fl_per_client_aggregates_spill_past_the_budget(tmp_path) -> 
             assert len(strategy.payloads.memory) == 4
     for a, b in zip(runs["memory"]["rounds"], runs["disk"]["rounds"], strict=True):
         assert a["per_client_accuracy"] == b["per_client_accuracy"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", sorted(__import__("run_config.schema").schema.METHODS))
+def test_every_method_trains_with_partial_participation(method: str, tmp_path) -> None:
+    """fraction-fit 0.5 of 4 clients: 2 a round; the others keep their state and
+    come back (FedFac's factor analysis and Factorized-FL's matching see 2)."""
+    config = {**SMALL, "method": method, "fraction-fit": 0.5, "output-dir": str(tmp_path)}
+    server, rounds = build_inprocess(config, 4)
+    server.fit(rounds, timeout=None)
+    res = __import__("json").loads(server.strategy.recorder.results_path.read_text())
+    assert [r["round"] for r in res["rounds"]] == [1, 2, 3]
+    assert all(r["replies"] == 2 or method == "local" for r in res["rounds"])
