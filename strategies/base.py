@@ -421,6 +421,9 @@ class PFLStrategy(Strategy):
             else:
                 try:
                     arrays = parameters_to_ndarrays(res.parameters)
+                    # the decoded arrays are what is kept: drop the bytes (at 10,000
+                    # clients a round's serialized replies are gigabytes)
+                    res.parameters.tensors = []
                     if self.cfg.secure_aggregation:
                         arrays = self.from_secure_sum(server_round, arrays)
                     reason = self.check_reply(key, arrays, res.num_examples)
@@ -491,9 +494,13 @@ class PFLStrategy(Strategy):
             if n < r.num_examples:
                 rl.extra["weights_capped"] = rl.extra.get("weights_capped", 0) + 1
                 r.num_examples = n
-        references = [
-            parameters_to_ndarrays(self.payload_for(r.client_key, server_round)) for r in replies
-        ]
+        decoded: dict[int, NDArrays] = {}  # each distinct payload decoded once, not per reply
+        references = []
+        for r in replies:
+            payload = self.payload_for(r.client_key, server_round)
+            if id(payload) not in decoded:
+                decoded[id(payload)] = parameters_to_ndarrays(payload)
+            references.append(decoded[id(payload)])
         uploads, check = bound_updates(
             [r.arrays for r in replies], references, cfg.update_norm_bound, cfg.update_norm_action
         )

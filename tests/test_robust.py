@@ -40,9 +40,11 @@ def test_one_client_cannot_move_the_global_model_beyond_the_stated_bound(attack:
         bad = [(s + 1000.0 * (b - s)).astype(b.dtype) for s, b in zip(start, bad)]
     if attack in ("inflated-count", "both"):
         count = 10**15
-    replies = [(FakeProxy(k), fit_res(h, f"c{k}", 48)) for k, h in enumerate(honest)]
-    replies.append((FakeProxy(9), fit_res(bad, "c9", count)))
-    strategy.aggregate_fit(1, replies, [])
+    def replies() -> list:  # fresh each time: the strategy drops a reply's bytes once read
+        out = [(FakeProxy(k), fit_res(h, f"c{k}", 48)) for k, h in enumerate(honest)]
+        return [*out, (FakeProxy(9), fit_res(bad, "c9", count))]
+
+    strategy.aggregate_fit(1, replies(), [])
     norms = [update_norm(h, start) for h in honest]
     bound = cfg.update_norm_bound * float(np.median(norms + [update_norm(bad, start)]))
     assert _move(strategy, start) <= bound * (1 + 1e-6)
@@ -54,7 +56,7 @@ def test_one_client_cannot_move_the_global_model_beyond_the_stated_bound(attack:
     # without the defences the same reply takes the model over (the attack is real)
     open_cfg = config(method="fedavg", **{"weight-cap": 0.0, "update-norm-bound": 0.0})
     undefended = make_strategy(open_cfg)
-    undefended.aggregate_fit(1, replies, [])
+    undefended.aggregate_fit(1, replies(), [])
     if count > 48:  # the global model becomes the attacker's upload
         assert update_norm(undefended.global_arrays, bad) < 1e-6 * update_norm(bad, start)
     else:  # or moves as far as it scaled its update
