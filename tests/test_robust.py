@@ -40,6 +40,7 @@ def test_one_client_cannot_move_the_global_model_beyond_the_stated_bound(attack:
         bad = [(s + 1000.0 * (b - s)).astype(b.dtype) for s, b in zip(start, bad)]
     if attack in ("inflated-count", "both"):
         count = 10**15
+
     def replies() -> list:  # fresh each time: the strategy drops a reply's bytes once read
         out = [(FakeProxy(k), fit_res(h, f"c{k}", 48)) for k, h in enumerate(honest)]
         return [*out, (FakeProxy(9), fit_res(bad, "c9", count))]
