@@ -38,8 +38,11 @@ class ClientData:
         return int(self.y_train.shape[0])
 
 
-def simulation_study(cfg: RunConfig, num_partitions: int):  # noqa: ANN201 (SimulationStudy)
-    """The generated federation for this config (cached)."""
+def simulation_study(  # noqa: ANN201 (SimulationStudy)
+    cfg: RunConfig, num_partitions: int, teachers: bool = False
+):
+    """The generated federation for this config (cached); ``teachers`` keeps the
+    per-client teacher weights too (FedFac's oracle split)."""
     return generate_simulation_study(
         num_partitions,
         cfg.sim_samples,
@@ -49,6 +52,7 @@ def simulation_study(cfg: RunConfig, num_partitions: int):  # noqa: ANN201 (Simu
         cfg.sim_shared_covariates,
         cfg.sim_noise,
         cfg.seed,
+        teachers,
     )
 
 

@@ -30,7 +30,7 @@ class SimulationStudy:
     features: tuple[np.ndarray, ...]  # per client, (n, d) float32
     labels: tuple[np.ndarray, ...]  # per client, (n,) int64
     shared_neurons: np.ndarray  # (m,) bool: the true split of the hidden layer
-    teacher_weights: tuple[np.ndarray, ...]  # per client, (m, d): incoming weights
+    teacher_weights: tuple[np.ndarray, ...]  # per client, (m, d); () unless kept
 
 
 @lru_cache(maxsize=4)
@@ -43,8 +43,11 @@ def generate_simulation_study(
     shared_covariates: float = 0.4,
     noise: float = 0.1,
     seed: int = 0,
+    keep_teachers: bool = False,
 ) -> SimulationStudy:
-    """Generate the heterogeneous federation of eq. (8), deterministic for a seed."""
+    """Generate the heterogeneous federation of eq. (8), deterministic for a seed.
+    The per-client teachers (m x d each: gigabytes for 10,000 clients) are kept only
+    with ``keep_teachers``; the data are the same either way."""
     rng = np.random.default_rng(seed)
     d2 = int(round(shared_covariates * dim))
     d1 = dim - d2
@@ -70,7 +73,8 @@ def generate_simulation_study(
         y_star = np.maximum(x @ w.T, 0.0) @ a + noise * rng.standard_normal(samples_per_client)
         xs.append(x.astype(np.float32))
         ys.append((y_star > np.median(y_star)).astype(np.int64))
-        teachers.append(w.astype(np.float32))
+        if keep_teachers:
+            teachers.append(w.astype(np.float32))
     truth = np.zeros(hidden, dtype=bool)
     truth[m1:] = True
     return SimulationStudy(tuple(xs), tuple(ys), truth, tuple(teachers))

@@ -121,7 +121,7 @@ class FedFacStrategy(PFLStrategy):
                 f"fa-split={cfg.fa_split} needs the simulation study: dataset=synthetic, an "
                 "MLP and fa-layers naming its hidden layer only"
             )
-        study = simulation_study(cfg, self.num_clients)
+        study = simulation_study(cfg, self.num_clients, teachers=True)
         layer = next(iter(self.sizes))
         if cfg.fa_split == "true":
             return {layer: study.shared_neurons.copy()}
