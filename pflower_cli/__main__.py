@@ -191,7 +191,7 @@ def run(argv: list[str]) -> int:
     if results.exists() and results.stat().st_mtime >= started:
         record_command(results, ["bash", "scripts/dev.sh", "run", *argv])
     if problem is None and code == 0:
-        print(f"run finished: every round recorded in {results}")
+        print(f"run finished: every round recorded; the plot: {results.parent / 'accuracy.png'}")
         return 0
     print(f"run FAILED: {problem or f'flwr exited with {code}'}", file=sys.stderr)
     return code or EXIT_FAILED

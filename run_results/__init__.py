@@ -73,11 +73,21 @@ class RunRecorder:
                     self.board.add_scalar(key, record[key], record["round"])
             self.board.flush()
         total = self.round_offset + self.cfg.num_server_rounds
+        # with eval-in-fit a round's model is scored by the clients at the start of the
+        # next round (Flower's [ROUND r+1]), the last one by the closing evaluation
+        scored = (
+            f"scored in round {record['round'] + 1}"
+            if self.cfg.eval_in_fit and record["round"] < total
+            else "scored at the end"
+            if self.cfg.eval_in_fit
+            else f"scored in round {record['round']}"
+        )
         log.info(
-            "[%s] round %d/%d  acc(mean) %.4f  acc(pooled) %.4f  up %s  down %s  %.1fs",
+            "[%s] round %d/%d model (%s)  acc(mean) %.4f  acc(pooled) %.4f  up %s  down %s  %.1fs",
             self.cfg.method,
             record["round"],
             total,
+            scored,
             record["accuracy_mean"],
             record["accuracy_pooled"],
             human_bytes(record["bytes_up"]),
@@ -118,7 +128,10 @@ class RunRecorder:
         self.write()
         plot_accuracy([self.summary()], self.dir / "accuracy.png")
         print(summary_table(self.summary()), flush=True)
-        print(f"results: {self.results_path}", flush=True)
+        print(
+            f"results: {self.results_path} (per round: rounds.csv; plot: accuracy.png)",
+            flush=True,
+        )
 
 
 CSV_COLUMNS = (

@@ -26,9 +26,21 @@ log = logging.getLogger("flwr.pflower")
 linkstate_index.apply()  # simulation: the engine runs in this process (the module says why)
 
 
+class _NoEvaluateEachRound(logging.Filter):
+    """With eval-in-fit, Flower's legacy loop says 'configure_evaluate: no clients
+    selected, skipping evaluation' every round: by design here, so not shown."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "configure_evaluate: no clients selected" not in record.getMessage()
+
+
 def build_server(context: Context, overrides: dict[str, Any] | None = None) -> ServerAppComponents:
     raw = {**context.run_config, **(overrides or {})}
     cfg = parse_run_config(raw)
+    if cfg.eval_in_fit and not any(
+        isinstance(f, _NoEvaluateEachRound) for f in logging.getLogger("flwr").filters
+    ):
+        logging.getLogger("flwr").addFilter(_NoEvaluateEachRound())
     auto = auto_resolved(raw)
     log.info("%s", describe_settings(cfg, auto))
     method = get_method(cfg.method)

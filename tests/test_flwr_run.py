@@ -70,7 +70,9 @@ def test_the_readme_main_job_runs_offline(tmp_path: Path) -> None:
     assert [r["round"] for r in data["rounds"]] == [1, 2]
     # the project's federation (scripts/federation.toml): 10 clients
     assert len(data["rounds"][-1]["per_client_accuracy"]) == 10
-    assert "round 2/2" in log and f"results: {results}" in log
+    assert "round 2/2 model (scored at the end)" in log and f"results: {results}" in log
+    assert "round 1/2 model (scored in round 2)" in log  # Flower's [ROUND 2]
+    assert "configure_evaluate: no clients selected" not in log  # eval-in-fit, by design
     assert (home / "config.toml").read_text() == (ROOT / "scripts/flower-config.toml").read_text()
 
 
