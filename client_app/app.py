@@ -31,7 +31,13 @@ from client_app import timing
 from client_app.attacks import Attacker, flip_labels
 from client_app.state import ContextStore, DiskStore, PersonalStore
 from methods import get_method
-from pfl_data import data_info, load_client_data
+from pfl_data import (
+    class_fingerprint,
+    data_info,
+    load_client_data,
+    run_class_names,
+    site_class_names,
+)
 from pfl_privacy.policy import REFUSED, PolicyError, SitePolicy
 from run_config.schema import METHODS, RunConfig, parse_run_config
 
@@ -91,6 +97,9 @@ def build_client(context: Context, overrides: dict[str, Any] | None = None) -> C
     client = method.client(model, method.roles(model), data, cfg, store, device, site)
     if not state_dir:  # simulation: in memory, or on disk past the budget
         client.store = simulation_store(cfg, context, client, num_partitions, model)
+    if not run_class_names(cfg):  # each site's own labels: the server compares the lists
+        own = site_class_names(cfg, partition_id, num_partitions, data_path, state_dir)
+        client.class_fingerprint = class_fingerprint(own)
     aggregation = method.aggregation if cfg.aggregation == "default" else cfg.aggregation
     equal = aggregation == "mean" or cfg.dp_mode != "off"  # DP averages with equal weights
     client.weight_by_samples = not (cfg.secure_aggregation and equal)

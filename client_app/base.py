@@ -23,6 +23,7 @@ from client_app import timing
 from client_app.state import PersonalStore
 from client_app.train import cross_entropy, evaluate, train_epochs
 from models.roles import (
+    CLASSES_KEY,
     CLIENT_KEY,
     DP_PARTICIPANTS,
     EVAL_PREFIX,
@@ -44,6 +45,9 @@ class PFLClient(NumPyClient):
     # The weight a fit reply reports: its sample count, or 1 where the method takes
     # a plain mean under secure aggregation (SecAgg+ weights the sum by it).
     weight_by_samples = True
+    # a digest of this client's own class list (its data's, when the run gives no
+    # class-names): the server stops a run whose sites disagree
+    class_fingerprint = ""
 
     def __init__(
         self,
@@ -102,10 +106,11 @@ class PFLClient(NumPyClient):
             std = noise_share_std(self.cfg.dp_noise_multiplier, self.cfg.dp_clipping_norm, asked)
             add_noise(upload, std, np.random.default_rng())  # OS entropy
         timing.mark("store + upload")
+        classes = {CLASSES_KEY: self.class_fingerprint} if self.class_fingerprint else {}
         return (
             upload,
             int(self.y_train.shape[0]) if self.weight_by_samples else 1,
-            {CLIENT_KEY: self.client_key, **metrics, **evaluation},
+            {CLIENT_KEY: self.client_key, **metrics, **evaluation, **classes},
         )
 
     def evaluate(

@@ -17,6 +17,7 @@ from torch import nn
 # Keys on the wire, read by both sides (clients and strategies import them from here).
 CLIENT_KEY = "client-key"  # fit/evaluate metrics: the stable client identity
 EVALUATE_FIRST = "evaluate-first"  # fit instruction: score before training (eval-in-fit)
+CLASSES_KEY = "class-names-sha"  # fit metrics: a digest of the client's own class list
 DP_PARTICIPANTS = "dp-participants"  # fit instruction: clients asked (distributed DP)
 EVAL_PREFIX = "eval-"  # fit metrics carrying that score (eval-accuracy, eval-loss, ...)
 

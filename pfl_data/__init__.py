@@ -7,6 +7,7 @@ process and cached (a simulation actor serves many rounds).
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -22,6 +23,7 @@ from run_config.schema import RunConfig
 class DataInfo:
     input_shape: tuple[int, ...]
     num_classes: int
+    class_names: tuple[str, ...] = ()  # the data's own, in its label order (if it names them)
 
 
 @dataclass(frozen=True)
@@ -67,15 +69,41 @@ def data_info(cfg: RunConfig, data_path: str = "", cache_dir: str = "") -> DataI
 
     source = data_path or first_client_path or cfg.dataset
     if not cache_dir:
-        return hf_data_info(source)
-    from pfl_data.cache import cached_info, info_key
-
-    def build() -> tuple[tuple[int, ...], int]:
         info = hf_data_info(source)
-        return info.input_shape, info.num_classes
+    else:
+        from pfl_data.cache import cached_info, info_key
 
-    shape, classes = cached_info(Path(cache_dir) / "data-cache", info_key(cfg, data_path), build)
-    return DataInfo(shape, classes)
+        def build() -> tuple[tuple[int, ...], int, tuple[str, ...]]:
+            info = hf_data_info(source)
+            return info.input_shape, info.num_classes, info.class_names
+
+        key = info_key(cfg, data_path)
+        info = DataInfo(*cached_info(Path(cache_dir) / "data-cache", key, build))
+    names = run_class_names(cfg)
+    if names:  # the run's classes, in the run's order: every site maps its labels by name
+        return DataInfo(info.input_shape, len(names), names)
+    return info
+
+
+def site_class_names(
+    cfg: RunConfig, partition_id: int, num_partitions: int, data_path: str = "", cache_dir: str = ""
+) -> tuple[str, ...]:
+    """This client's own class list, in its label order (empty if its data name none)."""
+    if data_path or not cfg.client_data_paths:
+        return data_info(cfg, data_path, cache_dir).class_names
+    from pfl_data.hf import _client_path, hf_data_info
+
+    return hf_data_info(_client_path(cfg, partition_id, num_partitions)).class_names
+
+
+def run_class_names(cfg: RunConfig) -> tuple[str, ...]:
+    """The run's ``class-names`` (empty: each data set's own label ids)."""
+    return tuple(n.strip() for n in cfg.class_names.split(",") if n.strip())
+
+
+def class_fingerprint(names: tuple[str, ...]) -> str:
+    """A short digest of a class list (names only, in label order)."""
+    return hashlib.sha256("\n".join(names).encode()).hexdigest()[:16] if names else ""
 
 
 def split_train_test(

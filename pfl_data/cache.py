@@ -92,29 +92,32 @@ def info_key(cfg: RunConfig, data_path: str) -> str:
 
 
 def cached_info(
-    cache_root: Path, key: str, build: Callable[[], tuple[tuple[int, ...], int]]
-) -> tuple[tuple[int, ...], int]:
-    """(input shape, number of classes) from ``cache_root/key.json``, else built
-    (which decodes the data set) and written; an unreadable entry is rebuilt."""
+    cache_root: Path, key: str, build: Callable[[], tuple[tuple[int, ...], int, tuple[str, ...]]]
+) -> tuple[tuple[int, ...], int, tuple[str, ...]]:
+    """(input shape, number of classes, class names) from ``cache_root/key.json``, else
+    built (which decodes the data set) and written; an unreadable or older entry is
+    rebuilt."""
     path = cache_root / f"{key}.json"
     if path.exists():
         try:
             saved = json.loads(path.read_text())
             shape, classes = tuple(int(d) for d in saved["input_shape"]), int(saved["num_classes"])
+            names = tuple(str(n) for n in saved["class_names"])
             if not shape or classes < 1:
                 raise ValueError(f"implausible entry {saved}")
-            return shape, classes
+            return shape, classes, names
         except (OSError, ValueError, KeyError, TypeError) as err:
             log.warning("data cache: %s is unusable (%s); rebuilding it", path, err)
-    shape, classes = build()
+    shape, classes, names = build()
     try:
         cache_root.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-        tmp.write_text(json.dumps({"input_shape": list(shape), "num_classes": classes}))
+        entry = {"input_shape": list(shape), "num_classes": classes, "class_names": list(names)}
+        tmp.write_text(json.dumps(entry))
         os.replace(tmp, path)  # atomic, as the arrays' entries
     except OSError as err:
         log.info("data cache: %s not written (%s)", path, err)
-    return shape, classes
+    return shape, classes, names
 
 
 def _digest(arrays: Arrays) -> str:

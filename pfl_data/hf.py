@@ -312,9 +312,26 @@ def load_source(name_or_path: str) -> _Source:
 
 
 def hf_data_info(name_or_path: str) -> DataInfo:
-    """Input shape (after the transform) and number of classes of a data set."""
+    """Input shape (after the transform), number of classes and class names of a data set."""
     src = load_source(name_or_path)
-    return DataInfo(tuple(src.input_shape), src.num_classes)
+    return DataInfo(tuple(src.input_shape), src.num_classes, tuple(src.class_names))
+
+
+def to_run_classes(src: _Source, names: tuple[str, ...], where: str) -> np.ndarray:
+    """The table from ``src``'s label ids to the run's (``class-names``), by name; a
+    class the run does not know is a config error naming it."""
+    if not src.class_names:
+        raise ValueError(
+            f"config key 'class-names': {where} has integer labels with no names to map"
+        )
+    known = {n: i for i, n in enumerate(names)}
+    unknown = [n for n in src.class_names if n not in known]
+    if unknown:
+        raise ValueError(
+            f"config key 'class-names': {where} has class(es) {unknown} that the run does "
+            f"not list ({', '.join(names)})"
+        )
+    return np.array([known[n] for n in src.class_names], dtype=np.int64)
 
 
 # ----------------------------------------------------------------------------- partitioners
@@ -628,6 +645,10 @@ def load_client_arrays(
     else:
         src = load_source(cfg.dataset)
         tr, te, y_tr, y_te = _partition(cfg, src, partition_id, num_partitions)
+    names = tuple(n.strip() for n in cfg.class_names.split(",") if n.strip())
+    if names:  # by name: a site that lacks a class keeps every other class's id
+        table = to_run_classes(src, names, whole or cfg.dataset)
+        y_tr, y_te = table[y_tr], table[y_te]
     x_tr, x_te = src.raw(tr), src.raw(te)
     if cfg.domain_shift and src.is_image:
         shift = partition_id % cfg.num_domains

@@ -84,6 +84,9 @@ class RunConfig(BaseModel):
     domain_groups: Literal["auto", "semantic", "random"] = _field("auto", alias="domain-groups")
     domain_shift: bool = _field(False, alias="domain-shift")
     client_data_paths: str = _field("", alias="client-data-paths")
+    # the run's classes by name, in label order (comma-separated): every site maps its
+    # labels through them, so a site missing a class keeps the others' ids
+    class_names: str = _field("", alias="class-names")
     model: Literal["mlp", "cnn4", "resnet8", "resnet10", "resnet18"] = "mlp"
     hidden_dim: int = _field(200, alias="hidden-dim", ge=1)
     pretrained_weights: str = _field("", alias="pretrained-weights")

@@ -33,7 +33,14 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 from torch import nn
 
-from models.roles import CLIENT_KEY, DP_PARTICIPANTS, EVAL_PREFIX, EVALUATE_FIRST, TensorSpec
+from models.roles import (
+    CLASSES_KEY,
+    CLIENT_KEY,
+    DP_PARTICIPANTS,
+    EVAL_PREFIX,
+    EVALUATE_FIRST,
+    TensorSpec,
+)
 from pfl_privacy import PrivacyAccountant, add_noise, clip_update, noise_std
 from pfl_privacy.policy import REFUSED
 from run_config.schema import ConfigError, RunConfig
@@ -57,6 +64,10 @@ SETTLE_S = 30  # how long the first round waits for registrations to settle
 
 class RunRefused(RuntimeError):
     """Every client asked refused the run by its site's policy: it stops here."""
+
+
+class ClassListMismatch(RuntimeError):
+    """Sites label their data through different class lists: training would mix labels."""
 
 
 @dataclass
@@ -175,6 +186,7 @@ class PFLStrategy(Strategy):
         self.recorder = recorder
         self.node_keys: dict[int, str] = {}  # transient node id -> stable client key
         self.key_owner: dict[str, int] = {}  # client key -> the node bound to it
+        self.class_lists: dict[str, str] = {}  # client key -> digest of its class list
         self._manager: ClientManager | None = None  # for who is still connected
         self.rounds: dict[int, RoundLog] = {}
         self._encoded: Parameters | None = None
@@ -448,6 +460,7 @@ class PFLStrategy(Strategy):
             if isinstance(train_loss, (int, float)) and math.isfinite(train_loss):
                 rl.train_losses.append(float(train_loss))
         rl.replies = len(accepted)
+        self.check_class_lists(server_round, accepted)
         refusals = [r for r in map(failure_reason, failures) if REFUSED in r]
         if not accepted and refusals and len(refusals) == len(failures):
             raise RunRefused(
@@ -484,6 +497,25 @@ class PFLStrategy(Strategy):
         self.save_checkpoint(server_round)
         rl.marks["aggregate"] = time.perf_counter()
         return self.global_payload(), {"replies": len(accepted)}
+
+    def check_class_lists(self, server_round: int, replies: list[Reply]) -> None:
+        """Stop the run, before anything is aggregated, when sites report different
+        class lists (each site's label ids come from its own; give ``class-names``)."""
+        for r in replies:
+            fingerprint = r.metrics.get(CLASSES_KEY)
+            if isinstance(fingerprint, str) and fingerprint:
+                self.class_lists[r.client_key] = fingerprint
+        groups: dict[str, list[str]] = {}
+        for key, fingerprint in sorted(self.class_lists.items()):
+            groups.setdefault(fingerprint, []).append(key)
+        if len(groups) > 1:
+            sides = "; ".join(", ".join(keys) for keys in groups.values())
+            raise ClassListMismatch(
+                f"round {server_round}: the sites' class lists differ ({sides} each have one "
+                "of their own), so the same label id means different classes: nothing was "
+                "aggregated. Give the run config key 'class-names' (every class, in order) "
+                "and each site maps its labels by name"
+            )
 
     def bound_replies(self, server_round: int, replies: list[Reply]) -> list[Reply]:
         """What one client can do, bounded (strategies/robust.py): weights capped at
