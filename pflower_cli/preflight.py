@@ -118,14 +118,32 @@ def data_checks(
 
 
 def model_checks(cfg: RunConfig, shape_classes: tuple[tuple[int, ...], int] | None) -> None:
-    """Build the model where the method checks keys against it (FedFac's fa-layers).
-    This imports torch (a few seconds), so only those methods pay for it."""
-    if shape_classes is None or not cfg.method.startswith("fedfac"):
+    """Build the method's model for the data's shape and pass one dummy batch through
+    it, as the run will: a model that cannot take the data (an image model on the
+    generated vectors, images too small for it) is a config error naming the key.
+    This imports torch (a few seconds), after every key has been checked."""
+    if shape_classes is None:
         return
+    import torch
+
     from methods import get_method
     from pfl_data import DataInfo
 
-    get_method(cfg.method).build_model(cfg, DataInfo(*shape_classes))
+    shape, classes = shape_classes
+    try:
+        model = get_method(cfg.method).build_model(cfg, DataInfo(shape, classes))
+        model.eval()
+        with torch.no_grad():
+            model(torch.zeros((2, *shape)))
+    except ConfigError:
+        raise  # a method's own check (FedFac's fa-layers) names its key
+    except Exception as err:  # noqa: BLE001 - any failure here is the run's first crash
+        kind = "vectors of" if len(shape) == 1 else "inputs of shape"
+        raise ConfigError(
+            f"config key 'model': '{cfg.model}' cannot take the data's {kind} "
+            f"{shape if len(shape) > 1 else shape[0]} (dataset={cfg.dataset!r}): "
+            f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
+        ) from None
 
 
 def preflight(project_dir: Path, overrides: list[str]) -> tuple[RunConfig, dict[str, Any], str]:

@@ -53,6 +53,10 @@ def dev_sh(
         ("check", "dataset='../no/such.parquet'", "'dataset'"),
         ("check", "method='feddecomp' local-epochs=1", "'local-epochs'"),
         ("check", "method='fedfac-static' fa-layers='features.0'", "'fa-layers'"),
+        # the model on one dummy batch of the data's shape (#36: these passed, then crashed)
+        ("check", "method='feddecomp' model='resnet8'", "'model'"),  # vectors, image model
+        ("check", "model='cnn4' dataset='sklearn-digits'", "'model'"),  # 8x8: too small
+        ("check", "method='fedcp' model='cnn4'", "'model'"),
         ("run", "alpha=-1", "'alpha'"),  # run stops before anything of Flower starts
     ],
 )
@@ -66,6 +70,14 @@ def test_a_bad_config_fails_fast_with_one_line_and_exit_2(command, run_config, k
     assert "Traceback" not in proc.stdout + proc.stderr
     assert "SuperLink" not in proc.stdout  # Flower was never started
     assert elapsed < 30  # seconds, not the half minute of a SuperLink start (loose: CI load)
+
+
+def test_check_passes_a_model_that_takes_the_data() -> None:
+    proc = dev_sh(
+        "check", "--run-config", "method='feddecomp' model='resnet8' dataset='sklearn-digits'"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("ok: feddecomp settings")
 
 
 def test_check_accepts_every_method_alone_and_prints_its_settings() -> None:
