@@ -433,9 +433,10 @@ class PFLStrategy(Strategy):
             else:
                 try:
                     arrays = parameters_to_ndarrays(res.parameters)
-                    # the decoded arrays are what is kept: drop the bytes (at 10,000
-                    # clients a round's serialized replies are gigabytes)
-                    res.parameters.tensors = []
+                    # the decoded arrays are what is kept: drop this reply's reference to
+                    # the bytes (at 10,000 clients a round's replies are gigabytes); not
+                    # in place: SecAgg+ hands every reply one shared Parameters object
+                    res.parameters = Parameters(tensors=[], tensor_type=res.parameters.tensor_type)
                     if self.cfg.secure_aggregation:
                         arrays = self.from_secure_sum(server_round, arrays)
                     reason = self.check_reply(key, arrays, res.num_examples)
