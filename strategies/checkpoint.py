@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,3 +68,38 @@ def rounds_before(path: Path, server_round: int) -> list[dict[str, Any]]:
     except (OSError, ValueError, KeyError):
         return []
     return [r for r in rounds if int(r.get("round", 0)) <= server_round]
+
+
+def checkpoint_due(server_round: int, every: int, last_round: int) -> bool:
+    """``checkpoint-every`` rounds (0: never), and always after the last round."""
+    return every > 0 and (server_round % every == 0 or server_round == last_round)
+
+
+def resume(
+    resume_from: str, method: str, restore: Callable[[dict[str, np.ndarray]], None]
+) -> tuple[int, Path]:
+    """Load the checkpoint ``resume-from`` names into ``restore`` (the strategy's);
+    returns (the rounds it had done, its path). ConfigError naming ``resume-from``
+    if it is missing, corrupt, another method's, or does not fit this model."""
+    path = checkpoint_path(resume_from)
+    server_round, arrays = load_server_state(path, method)
+    try:
+        restore(arrays)
+    except ValueError as err:
+        raise ConfigError(
+            f"config key 'resume-from': {path} does not fit this run's model and method ({err})"
+        ) from None
+    log.info("resumed from %s: %d rounds done before", path, server_round)
+    return server_round, path
+
+
+def save_if_due(strategy: Any, server_round: int) -> None:
+    """Write the strategy's ``server_state()`` after ``server_round`` when
+    ``checkpoint-every`` asks for it (and after the last round); nothing without a
+    run directory (the strategy's recorder)."""
+    cfg, recorder = strategy.cfg, strategy.recorder
+    if recorder is not None and checkpoint_due(
+        server_round, cfg.checkpoint_every, cfg.num_server_rounds
+    ):
+        done = strategy.round_offset + server_round
+        save_server_state(recorder.dir, cfg.method, done, strategy.server_state())

@@ -273,7 +273,7 @@ class FedFacStrategy(PFLStrategy):
     def _start(self, client_manager: ClientManager) -> None:
         if self.num_clients:
             return
-        self.num_clients = self.wait_for_federation(client_manager)
+        self.num_clients = self.sampler.wait_for_federation(client_manager)
         self.held_out = self.new_client_keys()
         if len(self.held_out) >= self.num_clients:
             key = "new-client-sites" if self.cfg.new_client_sites.strip() else "new-clients"
@@ -305,7 +305,7 @@ class FedFacStrategy(PFLStrategy):
         pairs = super().configure_fit(server_round, parameters, client_manager)
         kept = []
         for proxy, ins in pairs:
-            if self.key_of(proxy) in self.held_out:  # known new client: no training
+            if self.clients.key_of(proxy) in self.held_out:  # known new client: no training
                 self.rounds[server_round].bytes_down -= payload_bytes(ins.parameters)
             else:
                 kept.append((proxy, ins))
@@ -320,7 +320,7 @@ class FedFacStrategy(PFLStrategy):
         trained = []
         for proxy, res in results:
             if res.metrics.get(HELD_OUT):  # a new client declined to train (first round)
-                problem = self.bind(proxy.node_id, str(res.metrics.get(CLIENT_KEY)))
+                problem = self.clients.bind(proxy.node_id, str(res.metrics.get(CLIENT_KEY)))
                 if problem is not None:
                     log.warning("round %d: rejected reply: %s", server_round, problem)
             else:
@@ -391,7 +391,7 @@ class FedFacStrategy(PFLStrategy):
         extra = self.rounds[server_round].extra
 
         def share(proxy: ClientProxy) -> FitRes | None:
-            key = self.key_of(proxy)
+            key = self.clients.key_of(proxy)
             config = {**self.client_config(key, server_round), PHASE: "share-model"}
             ins = FitIns(self.payload_for(key, server_round), config)
             try:

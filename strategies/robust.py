@@ -17,12 +17,17 @@ weighted mean of them moves the global model by at most that much.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+from flwr.common import Parameters, parameters_to_ndarrays
 from flwr.server.strategy.aggregate import aggregate_median, aggregate_trimmed_avg
 
 NDArrays = list[np.ndarray]
+log = logging.getLogger("flwr.pflower")
 
 
 def capped_counts(counts: list[int], cap: float) -> list[int]:
@@ -97,3 +102,87 @@ def robust_mean(uploads: list[NDArrays], rule: str, trim: float) -> NDArrays:
         m = np.asarray(m)
         out.append((np.rint(m) if first.dtype.kind in "iu" else m).astype(first.dtype))
     return out
+
+
+def bound_replies(
+    replies: list[Any],
+    reference_of: Callable[[str], Parameters],
+    weight_cap: float,
+    norm_bound: float,
+    action: str,
+    extra: dict[str, Any],
+) -> tuple[list[Any], list[str]]:
+    """The replies (``Reply``: arrays, num_examples, client_key) with their weights
+    capped and their updates bounded against the payload each was sent
+    (``reference_of(client key)``, each distinct payload decoded once, not per
+    reply); returns (the replies kept, the rejection reasons). The round's counts
+    go into ``extra``."""
+    for r, n in zip(replies, capped_counts([r.num_examples for r in replies], weight_cap)):
+        if n < r.num_examples:
+            extra["weights_capped"] = extra.get("weights_capped", 0) + 1
+            r.num_examples = n
+    decoded: dict[int, NDArrays] = {}
+    references = []
+    for r in replies:
+        payload = reference_of(r.client_key)
+        if id(payload) not in decoded:
+            decoded[id(payload)] = parameters_to_ndarrays(payload)
+        references.append(decoded[id(payload)])
+    uploads, check = bound_updates([r.arrays for r in replies], references, norm_bound, action)
+    for r, u in zip(replies, uploads):
+        r.arrays = u
+    if check.limit is not None:
+        extra.update(update_norm_limit=check.limit, updates_clipped=check.clipped)
+    rejected = set(check.rejected or [])
+    reasons = [
+        f"{replies[i].client_key}: update norm above update-norm-bound x the median "
+        f"({check.limit:.3g})"
+        for i in sorted(rejected)
+    ]
+    return [r for i, r in enumerate(replies) if i not in rejected], reasons
+
+
+def bound_round(
+    server_round: int,
+    replies: list[Any],
+    reference_of: Callable[[str], Parameters],
+    cfg: Any,
+    extra: dict[str, Any],
+    rejected: list[str],
+) -> list[Any]:
+    """``bound_replies`` with the run config's bounds (``weight-cap``,
+    ``update-norm-bound``, ``update-norm-action``); each rejection is logged and
+    added to ``rejected``."""
+    kept, reasons = bound_replies(
+        replies,
+        reference_of,
+        cfg.weight_cap,
+        cfg.update_norm_bound,
+        cfg.update_norm_action,
+        extra,
+    )
+    for reason in reasons:
+        log.warning("round %d: rejected reply from %s", server_round, reason)
+    rejected += reasons
+    if not kept:
+        log.error("round %d: every reply was rejected: the global state is kept", server_round)
+    return kept
+
+
+def weighted_mean(arrays: list[NDArrays], weights: list[float]) -> NDArrays:
+    """Per-tensor weighted mean, in float64, cast back to each tensor's dtype."""
+    total = float(sum(weights))
+    out = []
+    for tensors in zip(*arrays, strict=True):
+        acc = sum(w * t.astype(np.float64) for w, t in zip(weights, tensors)) / total
+        out.append(acc.astype(tensors[0].dtype))
+    return out
+
+
+def mean_by_rule(replies: list[Any], rule: str, trim: float) -> NDArrays:
+    """The replies' arrays combined by ``rule``: weighted (by sample count), mean
+    (equal weights), median or trimmed-mean."""
+    arrays = [r.arrays for r in replies]
+    if rule in ("median", "trimmed-mean"):
+        return robust_mean(arrays, rule, trim)
+    return weighted_mean(arrays, [1.0 if rule == "mean" else r.num_examples for r in replies])

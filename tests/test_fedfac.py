@@ -414,7 +414,7 @@ def test_new_client_sites_hold_out_named_deployment_sites():
     assert strategy.num_clients == 3 and strategy.held_out == {"site-b", "site-c"}
     assert strategy.client_config("site-a", 1)[HELD_OUT] == "site-b,site-c"
     # a held-out site is not sent fit instructions once its key is known
-    strategy.node_keys = {1: "site-a", 2: "site-b", 3: "site-c"}
+    strategy.clients.node_keys = {1: "site-a", 2: "site-b", 3: "site-c"}
     sampled = strategy.configure_fit(1, strategy.global_payload(), manager)
     assert [p.node_id for p, _ in sampled] == [1]
     *_, everyone = make(new_client_sites="site-a,site-b,site-c")

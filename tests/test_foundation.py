@@ -226,7 +226,7 @@ def test_a_round_waits_for_min_available_clients(monkeypatch, caplog) -> None:
 
     from flwr.server.client_manager import SimpleClientManager
 
-    import strategies.base
+    import strategies.sampling
 
     cfg = config(method="fedavg", min_available_clients=2)
     strategy = make_strategy(cfg)
@@ -237,7 +237,7 @@ def test_a_round_waits_for_min_available_clients(monkeypatch, caplog) -> None:
     sampled = strategy.configure_fit(1, strategy.global_payload(), manager)
     assert sorted(p.node_id for p, _ in sampled) == [1, 2]
     # a federation that never fills up: the round goes on with who is there
-    monkeypatch.setattr(strategies.base, "WAIT_S", 0.2)
+    monkeypatch.setattr(strategies.sampling, "WAIT_S", 0.2)
     strategy = make_strategy(config(method="fedavg", min_available_clients=5))
     with caplog.at_level("WARNING", logger="flwr"):
         sampled = strategy.configure_fit(1, strategy.global_payload(), manager)

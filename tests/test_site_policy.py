@@ -147,11 +147,11 @@ def test_a_reply_carrying_another_nodes_client_key_is_rejected(tmp_path) -> None
     server, rounds = build_inprocess(config, 3, None, nodes)
     server.fit(rounds, timeout=None)
     strategy = server.strategy
-    owner = strategy.key_owner["client-0"]
+    owner = strategy.clients.key_owner["client-0"]
     impostor = ({1, 3} - {owner}).pop()
-    assert impostor not in strategy.node_keys  # so it is sent the global payload only
+    assert impostor not in strategy.clients.node_keys  # so it is sent the global payload only
     proxy = server.client_manager().all()[str(impostor)]
-    assert strategy.payload_for(strategy.key_of(proxy), 4) is strategy.global_payload()
+    assert strategy.payload_for(strategy.clients.key_of(proxy), 4) is strategy.global_payload()
     assert strategy.payload_for("client-0", 4) is not strategy.global_payload()
     for r in json.loads(strategy.recorder.results_path.read_text())["rounds"]:
         assert any(f"belongs to node {owner}, still connected" in x for x in r["rejected"])

@@ -1,0 +1,127 @@
+"""Recording: what the server measured in each round, and the round's record in
+results.json built from its clients' evaluations."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from flwr.common import Scalar
+
+from models.roles import EVAL_PREFIX
+from run_results import RunRecorder
+from strategies.replies import Evaluation, Reply
+
+log = logging.getLogger("flwr.pflower")
+# evaluate metrics whose mean over clients each round record keeps (as name_mean)
+RECORDED_METRICS = ("accuracy-", "logit-norm-", "confidence-")
+
+
+@dataclass
+class RoundLog:
+    """What the strategy measured in one round, before evaluation completes it."""
+
+    started: float = field(default_factory=time.perf_counter)
+    ended: float | None = None  # eval-in-fit: when the next round began
+    bytes_down: int = 0
+    bytes_up: int = 0
+    bytes_down_eval: int = 0
+    replies: int = 0
+    rejected: list[str] = field(default_factory=list)
+    failures: int = 0
+    train_losses: list[float] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+    marks: dict[str, float] = field(default_factory=dict)  # server phase ends (perf_counter)
+
+    def server_seconds(self) -> dict[str, float]:
+        """The server's side of the round: configuring the messages, waiting for
+        the clients' replies (transport, queues and the clients' work), aggregating."""
+        points = [("started", self.started), *self.marks.items()]
+        return {b: round(tb - ta, 4) for (_, ta), (b, tb) in zip(points, points[1:])}
+
+    def add_train_losses(self, replies: list[Reply]) -> None:
+        for r in replies:
+            loss = r.metrics.get("train-loss")
+            if isinstance(loss, (int, float)) and math.isfinite(loss):
+                self.train_losses.append(float(loss))
+
+
+def evaluations_in_fit(replies: list[Reply]) -> list[Evaluation]:
+    """The previous round's evaluations that fit replies carry (eval-in-fit)."""
+    out = []
+    for r in replies:
+        metrics = {
+            k[len(EVAL_PREFIX) :]: v for k, v in r.metrics.items() if k.startswith(EVAL_PREFIX)
+        }
+        if "accuracy" not in metrics:
+            continue
+        n = metrics.pop("num-examples", 0)
+        loss = metrics.pop("loss", float("nan"))
+        e = Evaluation(r.client_key, loss, int(n) if isinstance(n, (int, float)) else 0, metrics)
+        if e.problem() is None:
+            out.append(e)
+    return out
+
+
+class Rounds(dict[int, RoundLog]):
+    """Every round's log by round number, and the round records they make."""
+
+    def __init__(self, recorder: RunRecorder | None) -> None:
+        super().__init__()
+        self.recorder = recorder
+        self.offset = 0  # rounds done before this run (resume-from)
+
+    def of(self, server_round: int) -> RoundLog:
+        return self.setdefault(server_round, RoundLog())
+
+    def record(
+        self,
+        server_round: int,
+        evals: list[Evaluation],
+        extras: Callable[[int, list[Evaluation]], dict[str, Any]],
+    ) -> tuple[float | None, dict[str, Scalar]]:
+        """One round's record in results.json, from its clients' evaluations;
+        ``extras`` adds the method's own entries (FedCP's PIR)."""
+        rl = self.of(server_round)
+        if not evals:
+            log.error("round %d: no usable evaluation replies", server_round)
+            return None, {}
+        per_client = {str(e.client_key): float(e.metrics["accuracy"]) for e in evals}
+        counts = {str(e.client_key): int(e.num_examples) for e in evals}
+        losses = [float(e.loss) for e in evals if math.isfinite(float(e.loss))]
+        means: dict[str, list[float]] = {}
+        for e in evals:
+            for name, value in e.metrics.items():
+                if name.startswith(RECORDED_METRICS) and isinstance(value, (int, float)):
+                    means.setdefault(name, []).append(float(value))
+        keys = sorted(per_client)
+        mean = float(np.mean([per_client[k] for k in keys]))
+        pooled = sum(per_client[k] * counts[k] for k in keys) / sum(counts.values())
+        record: dict[str, Any] = {
+            "round": self.offset + server_round,
+            "accuracy_mean": mean,
+            "accuracy_pooled": float(pooled),
+            "loss_mean": float(np.mean(losses)) if losses else None,
+            "train_loss_mean": float(np.mean(rl.train_losses)) if rl.train_losses else None,
+            "per_client_accuracy": {k: per_client[k] for k in keys},
+            "bytes_down": rl.bytes_down,
+            "bytes_up": rl.bytes_up,
+            "bytes_down_eval": rl.bytes_down_eval,
+            "seconds": (rl.ended or time.perf_counter()) - rl.started,
+            "server_seconds": rl.server_seconds(),
+            "replies": rl.replies,
+            "rejected": rl.rejected,
+            "failures": rl.failures,
+        }
+        for name, values in sorted(means.items()):
+            record[name.replace("-", "_") + "_mean"] = float(np.mean(values))
+        record.update(extras(server_round, evals))
+        record.update(rl.extra)
+        if self.recorder is not None:
+            self.recorder.add_round(record)
+        return None, {"accuracy": mean, "accuracy-pooled": float(pooled)}

@@ -1,0 +1,57 @@
+"""Sampling: who is asked in a round, once the federation has registered."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+
+log = logging.getLogger("flwr.pflower")
+
+WAIT_S = 600  # how long a round waits for min-available-clients
+SETTLE_S = 30  # how long the first round waits for registrations to settle
+
+
+class Sampler:
+    """Waits once for the federation to settle, then samples a fraction of it."""
+
+    def __init__(self, min_available_clients: int) -> None:
+        self.min_available = min_available_clients
+        self.settled = False
+
+    def wait_for_federation(self, client_manager: ClientManager) -> int:
+        """Once per run, before the first round: nodes register asynchronously,
+        so wait until the number of connected clients stops changing (at most
+        SETTLE_S). Returns the number connected."""
+        if not self.settled:
+            deadline = time.monotonic() + SETTLE_S
+            last, since = -1, time.monotonic()
+            while time.monotonic() < deadline:
+                n = client_manager.num_available()
+                if n != last:
+                    last, since = n, time.monotonic()
+                elif n > 0 and time.monotonic() - since >= 1.0:
+                    break
+                time.sleep(0.1)
+            self.settled = True
+        return client_manager.num_available()
+
+    def sample(self, client_manager: ClientManager, fraction: float) -> list[ClientProxy]:
+        """ceil(fraction x available) clients (at least 1), after waiting up to WAIT_S
+        for ``min-available-clients``."""
+        self.wait_for_federation(client_manager)
+        wanted = self.min_available
+        if client_manager.num_available() < wanted:
+            log.info("waiting up to %ds for %d clients (min-available-clients)", WAIT_S, wanted)
+            if not client_manager.wait_for(wanted, timeout=WAIT_S):
+                log.warning(
+                    "only %d of %d clients connected: going on",
+                    client_manager.num_available(),
+                    wanted,
+                )
+        available = client_manager.num_available()
+        n = max(1, int(math.ceil(fraction * available)))
+        return client_manager.sample(num_clients=n, min_num_clients=n)
