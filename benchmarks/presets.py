@@ -131,20 +131,22 @@ def load(name: str) -> Preset:
     if not path.exists():
         raise SystemExit(f"no preset {name!r}; known: {', '.join(names())}")
     raw = tomllib.loads(path.read_text())
-    from run_config.schema import METHODS
+    from methods import method_names
+
+    METHODS = method_names()
 
     methods = tuple(raw.get("methods", []))
     named = [*methods, *(v["method"] for v in raw.get("variants", {}).values() if "method" in v)]
     unknown = [m for m in named if m not in METHODS]
     if unknown or not named:
         raise SystemExit(f"{path.name}: unknown or no methods {unknown}; known: {METHODS}")
-    config = dict(raw.get("config", {}))
+    config = _flat(raw.get("config", {}))
     for key in ("engine", "clients", "rounds"):  # top-level shorthands
         if key in raw:
             config[key] = raw[key]
-    variants = {"": {}} if raw.get("base-row", True) else {}
-    variants.update(raw.get("variants", {}))
-    settings = raw.get("settings") or {"default": {}}
+    variants: dict[str, dict[str, Any]] = {"": {}} if raw.get("base-row", True) else {}
+    variants.update({k: _flat(v) for k, v in raw.get("variants", {}).items()})
+    settings = {k: _flat(v) for k, v in (raw.get("settings") or {"default": {}}).items()}
     for sname, keys in [*settings.items(), *variants.items()]:
         tables = [k for k, v in keys.items() if isinstance(v, dict) and k != "paper"]
         if tables:  # [settings.a.5] is a table "5" inside "a": the name needs quotes
@@ -160,11 +162,26 @@ def load(name: str) -> Preset:
         settings=settings,
         variants=variants,
         config=config,
-        method_config=raw.get("method-config", {}),
+        method_config={k: _flat(v) for k, v in raw.get("method-config", {}).items()},
         report=raw.get("report", {}),
         probe=raw.get("probe", ""),
         gpu=bool(raw.get("gpu", False)),
     )
+
+
+def _flat(keys: dict[str, Any]) -> dict[str, Any]:
+    """A method's keys written as TOML dotted keys (``fedcp.mmd-lambda = 1``) load as
+    a nested table; flattened back to the run-config key, as Flower flattens them."""
+    from methods import registry
+
+    namespaces = {m.params.namespace for m in registry().values()} - {""}
+    out: dict[str, Any] = {}
+    for key, value in keys.items():
+        if key in namespaces and isinstance(value, dict):
+            out.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            out[key] = value
+    return out
 
 
 def names() -> list[str]:

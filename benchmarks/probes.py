@@ -14,8 +14,8 @@ import numpy as np
 def fedfac_recovery(results: dict[str, Any], clients: int) -> dict[str, float]:
     """FedFac's simulation study (paper Sec. 4.3): the share of hidden neurons whose
     final shared/personal label equals the generating teacher's."""
+    from methods import parse_run_config
     from pfl_data import simulation_study
-    from run_config.schema import parse_run_config
 
     masks = results["rounds"][-1].get("fa_shared_mask") or {}
     if len(masks) != 1:
@@ -33,9 +33,8 @@ def linear_probe(results: dict[str, Any], clients: int) -> dict[str, float]:
     import torch
 
     from client_app.train import evaluate, train_epochs
-    from methods import get_method
+    from methods import get_method, parse_run_config
     from pfl_data import data_info, load_client_data
-    from run_config.schema import parse_run_config
     from strategies.checkpoint import SERVER_STATE, load_server_state
 
     cfg = parse_run_config(results["config"])

@@ -1,6 +1,6 @@
 """Where a Ray simulation's time goes as clients grow: the time inside Flower's
 InMemoryLinkState.get_message_ins (the engine's per-node message lookup), with and
-without server_app/linkstate_index.py (docs/PERFORMANCE.md):
+without the linkstate-index patch (pfl_patches; docs/PERFORMANCE.md):
 
     python -m benchmarks.profile_linkstate 800            # Flower as it is
     python -m benchmarks.profile_linkstate 800 --patched  # with the index
@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from typing import Any
+from unittest import mock
 
 
 def main(argv: list[str]) -> None:
@@ -25,10 +26,10 @@ def main(argv: list[str]) -> None:
     os.environ["PFLOWER_FLOWER_PATCHES"] = "1" if patched else "0"
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
 
-    from server_app import linkstate_index
+    import pfl_patches
 
     if patched:
-        assert linkstate_index.apply()
+        assert pfl_patches.linkstate_index()
     spent = {"seconds": 0.0, "calls": 0}
     lookup = InMemoryLinkState.get_message_ins
 
@@ -40,7 +41,6 @@ def main(argv: list[str]) -> None:
             spent["seconds"] += time.perf_counter() - t0
             spent["calls"] += 1
 
-    InMemoryLinkState.get_message_ins = timed
     from server_app.simulate import simulate
 
     config = {
@@ -51,7 +51,9 @@ def main(argv: list[str]) -> None:
         "run-name": "profile",
     }
     t0 = time.perf_counter()
-    rounds = simulate(config, clients, num_cpus=1.0)["rounds"]
+    # a measuring wrapper for this run only (mock restores the method after it)
+    with mock.patch.object(InMemoryLinkState, "get_message_ins", timed):
+        rounds = simulate(config, clients, num_cpus=1.0)["rounds"]
     line = {
         "clients": clients,
         "patched": patched,

@@ -3,7 +3,7 @@
 Engines (what one cell runs, all through the real Strategy and ClientApp):
 * ``inprocess``: server_app/inprocess.py (Flower's round loop, real Messages, no Ray);
 * ``simulation``: ``flwr``'s Ray simulation (server_app/simulate.py);
-* ``deployment``: a loopback SuperLink + one SuperNode per client (deploy/loopback.py),
+* ``deployment``: a loopback SuperLink + one SuperNode per client (harness/loopback.py),
   the run submitted with ``flwr run``; the wire bytes counted by a TCP relay;
 * ``plain``: the floor: the same clients' local training and evaluation in a plain
   PyTorch loop in one process, no Flower (a Local run without the framework).
@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.presets import REPO, Cell, Preset
-from run_config.defaults import USED_BY, resolve_auto
 
 # ----------------------------------------------------------------------------- resume
 
@@ -46,15 +45,13 @@ def is_complete(cell: Cell) -> bool:
     # where the runs live is not part of the experiment
     if any(stored.get(k) != v for k, v in cell.config.items() if k != "output-dir"):
         return False
-    # and an ``auto`` key the method reads must still resolve to what the run used, so a
-    # run made before a default changed is redone (a key the run predates is not compared)
-    method = cell.config.get("method", "fedavg")
-    wanted, resolved = resolve_auto(cell.config)
-    return all(
-        stored[k] == wanted[k]
-        for k in resolved
-        if k in stored and method in USED_BY.get(k, (method,))
-    )
+    # and an ``auto`` key must still resolve to what the run used, so a run made before
+    # a default changed is redone (a key the run predates is not compared)
+    from methods import parse_run_config
+
+    wanted = parse_run_config(cell.config)
+    now = wanted.as_dict()
+    return all(stored[k] == now[k] for k in wanted.auto_resolved if k in stored)
 
 
 # ----------------------------------------------------------------------------- one cell
@@ -66,7 +63,7 @@ def cell_spec(cell: Cell) -> str:
 
 def run_cell_here(spec_json: str) -> None:
     """Inside the cell's process: validate the config, run the engine, then the probe."""
-    from run_config.schema import parse_run_config
+    from methods import parse_run_config
 
     cell = Cell(**json.loads(spec_json))
     parse_run_config(cell.config)  # a bad preset fails before any training
@@ -96,9 +93,8 @@ def _plain_loop(cell: Cell) -> None:
     import torch
 
     from client_app.train import evaluate, train_epochs
-    from methods import get_method
+    from methods import get_method, parse_run_config
     from pfl_data import data_info, load_client_data
-    from run_config.schema import parse_run_config
 
     torch.set_num_threads(1)  # as each simulated client
     cfg = parse_run_config(cell.config)
@@ -152,7 +148,7 @@ def _deployment(cell: Cell, warm: bool) -> None:
     a byte-counting relay; the run's results.json gains the wire bytes. ``warm``: the
     sites' ClientApps are forked by deploy.warm_superexec."""
     from client_app.timing import median_phases
-    from deploy.loopback import CountingRelay, LoopbackFederation
+    from harness.loopback import CountingRelay, LoopbackFederation
 
     with tempfile.TemporaryDirectory(prefix="pflower-experiment-") as tmp:
         fed = LoopbackFederation(

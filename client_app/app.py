@@ -30,7 +30,7 @@ from torch import nn
 from client_app import timing
 from client_app.attacks import Attacker, flip_labels
 from client_app.state import ContextStore, DiskStore, PersonalStore
-from methods import get_method
+from methods import get_method, method_names, parse_run_config
 from pfl_data import (
     class_fingerprint,
     data_info,
@@ -39,7 +39,7 @@ from pfl_data import (
     site_class_names,
 )
 from pfl_privacy.policy import REFUSED, PolicyError, SitePolicy
-from run_config.schema import METHODS, RunConfig, parse_run_config
+from run_config.schema import RunConfig
 
 log = logging.getLogger("flwr.pflower")
 
@@ -137,7 +137,7 @@ def policy_refusal(
     """Why this site refuses this message of this run, or None."""
     site = str(node.get("site", "") or f"client-{node.get('partition-id', 0)}")
     try:
-        policy = SitePolicy.of_node(node, METHODS)
+        policy = SitePolicy.of_node(node, method_names())
     except PolicyError as err:
         return f"site {site!r} {REFUSED}: {err}"
     why = None

@@ -22,6 +22,7 @@ from torch import nn
 from client_app import timing
 from client_app.state import PersonalStore
 from client_app.train import cross_entropy, evaluate, train_epochs
+from methods import get_method
 from models.roles import (
     CLASSES_KEY,
     CLIENT_KEY,
@@ -32,6 +33,7 @@ from models.roles import (
     get_arrays,
     set_arrays,
 )
+from models.wire import Wire
 from pfl_data import ClientData
 from pfl_privacy import add_noise, clip_update, noise_share_std
 from run_config.schema import RunConfig
@@ -58,9 +60,12 @@ class PFLClient(NumPyClient):
         store: PersonalStore,
         device: torch.device,
         client_key: str,
+        wire: Wire | None = None,
     ) -> None:
         self.model = model.to(device)
         self.roles = roles
+        # how the shared tensors travel: the method's wire, as the server builds it
+        self.wire = wire or get_method(cfg.method).build_wire(self.model, roles, cfg)
         self.cfg = cfg
         self.store = store
         self.device = device
@@ -185,13 +190,14 @@ class PFLClient(NumPyClient):
     # ---- hooks a method overrides --------------------------------------------------------
 
     def receive(self, parameters: NDArrays, config: dict[str, Scalar]) -> None:
-        """Load what the server sent (the shared tensors by default)."""
+        """Load what the server sent: the shared tensors, as the wire carries them."""
         if parameters:
-            set_arrays(self.model, self.roles.shared, parameters)
+            dense = self.wire.decode_down(parameters, self.model)
+            set_arrays(self.model, self.roles.shared, dense)
 
     def upload(self, config: dict[str, Scalar]) -> NDArrays:
-        """What leaves the client: exactly the shared tensors by default."""
-        return get_arrays(self.model, self.roles.shared)
+        """What leaves the client: exactly the shared tensors, as the wire carries them."""
+        return self.wire.encode_up(self.model)
 
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The local objective (cross-entropy by default)."""

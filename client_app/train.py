@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+import pfl_patches
 from run_config.schema import RunConfig
 
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -87,49 +87,8 @@ def only_trainable(model: nn.Module, params: Iterable[nn.Parameter]) -> Iterator
             p.requires_grad_(before[id(p)])
 
 
-# ---- optimizers without torch._dynamo ---------------------------------------------------
-# torch.optim imports torch._dynamo on an optimizer's first use: its methods are wrapped by
-# torch._compile._disable_dynamo (imports on first call) and step() by a graph-break wrapper
-# (imports on every call). That is 2-5 s in every new process, and a deployed ClientApp is
-# a new process per message. Nothing here is compiled, so the two optimizers below skip the
-# wrappers and do exactly what they do outside compilation (the tests check
-# the updates are bit-identical and that a fresh process never imports torch._dynamo:
-# tests/test_client_start.py).
-
-
-def _mark_dynamo_disabled(cls: type) -> None:
-    """Pre-fill the cache ``_disable_dynamo``'s wrapper fills on first call."""
-    inner_code = torch._compile._disable_dynamo(lambda: None).__code__
-    for attr in vars(cls).values():
-        fn = getattr(attr, "__wrapped__", None)
-        if getattr(attr, "__code__", None) is inner_code and fn is not None:
-            setattr(fn, "__dynamo_disable", fn)
-
-
-def _undecorated(fn: Callable[..., Any]) -> Callable[..., Any]:
-    while hasattr(fn, "__wrapped__"):
-        fn = fn.__wrapped__
-    return fn
-
-
-def _without_graph_break(base: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
-    """``base`` whose step() runs the undecorated update under the grad mode torch's
-    wrapper would set (no_grad unless ``differentiable``), without its dynamo import."""
-    raw_step = _undecorated(base.step)
-
-    def step(self: torch.optim.Optimizer, closure: Callable[[], float] | None = None) -> Any:
-        with torch.set_grad_enabled(self.defaults["differentiable"]):
-            return raw_step(self, closure)
-
-    return type(base.__name__, (base,), {"step": step, "__module__": __name__})
-
-
-SGD = _without_graph_break(torch.optim.SGD)
-Adam = _without_graph_break(torch.optim.Adam)
-
-
-for _cls in (torch.optim.Optimizer, torch.optim.SGD, torch.optim.Adam):
-    _mark_dynamo_disabled(_cls)
+# torch's SGD and Adam, without their torch._dynamo wrappers (pfl_patches says why)
+SGD, Adam = pfl_patches.optimizers()
 
 
 def make_optimizer(params: list[nn.Parameter], cfg: RunConfig) -> torch.optim.Optimizer:

@@ -9,7 +9,7 @@ message: seconds per message (docs/PERFORMANCE.md). This is Flower's own
 ``flower-superexec`` (same flags, same Runtime API, same authentication), except
 that it imports the ClientApp's libraries once, then forks a child per task, and
 the child runs Flower's ``run_clientapp`` exactly as ``flwr-clientapp`` would
-(asking again soon for message parts still on their way: deploy/fast_supernode.py).
+(asking again soon for message parts still on their way: pfl_patches).
 The app's own modules are not kept: each child imports them from the installed
 FAB, so a new app version is never served from a stale import.
 
@@ -45,6 +45,7 @@ PROJECT_PACKAGES = (
     "pfl_store",
     "pfl_privacy",
     "pflower_cli",
+    "pfl_patches",
 )
 # Flower polls its Runtime API for new tasks once a second by default; the API
 # is on the site's own machine, so a tenth of a second costs nothing.
@@ -182,12 +183,11 @@ def main() -> None:
     ours, sys.argv[1:] = own_flags(sys.argv[1:])
     os.environ.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", TASK_POLL_INTERVAL)
     loaded = preload()
-    import flwr.supercore.superexec.run_superexec as superexec
     from flwr.supercore.cli import flower_superexec
     from flwr.supercore.constant import ExecutorType
     from flwr.supercore.superexec.executor import get_executor
 
-    from deploy.fast_supernode import faster_object_retries
+    import pfl_patches
 
     def fork_executor(executor_type: Any, **kw: Any) -> ForkExecutor:
         if executor_type != ExecutorType.SUBPROCESS:
@@ -195,9 +195,9 @@ def main() -> None:
         return ForkExecutor(get_executor(executor_type, **kw), ours.task_timeout, ours.max_tasks)
 
     # the change to Flower's SuperExec: its executor (looked up by this name), and
-    # children that ask again for a message part soon (deploy/fast_supernode.py)
-    superexec.get_executor = fork_executor
-    faster_object_retries()
+    # children that ask again for a message part soon (pfl_patches)
+    pfl_patches.superexec_fork(fork_executor)
+    pfl_patches.object_retries()
     log.info("warm superexec: %d libraries preloaded (torch: %s)", len(loaded), "torch" in loaded)
     flower_superexec()  # Flower's CLI: its flags, its task loop, its signal handling
 

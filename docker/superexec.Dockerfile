@@ -14,6 +14,7 @@ COPY run_config ./run_config
 COPY run_results ./run_results
 COPY pfl_store ./pfl_store
 COPY pfl_privacy ./pfl_privacy
+COPY pfl_patches ./pfl_patches
 COPY pflower_cli ./pflower_cli
 COPY deploy ./deploy
 # flwr is in the base image already: install the app's other dependencies (torch from

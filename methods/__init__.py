@@ -1,44 +1,54 @@
-"""The method registry: one table from the ``method`` config value to
-(split rule, local schedule = client class, aggregation = strategy class and
-rule, model transform, disclosures beyond the shared tensors). Method modules are imported lazily, and each names its
-client and strategy classes as ``"module:Class"``: a client process never
-imports the server's strategies, nor the server the clients' schedules (the
-import contracts in pyproject.toml hold the code to that)."""
+"""The method registry. A method is one package under methods/ whose ``__init__``
+is its card: ``METHODS``, a tuple of ``Method`` rows, each naming
+
+* its **split rule** (which of the model's tensors are personal),
+* its **local schedule** (the client class) and its **aggregation** (the strategy
+  class and its rule),
+* its model transform and model check, its own run-config keys (a
+  ``MethodParams``), its paper's local schedule (the ``auto`` values), and what its
+  protocol reveals beyond the shared tensors.
+
+The registry finds the packages itself: adding a method is adding a package. A card
+names code as ``"package.module:name"`` and imports no torch: the pre-flight reads
+every card in well under a second, a client process never imports the server's
+strategies, nor the server the clients' schedules (the import contracts in
+pyproject.toml hold the code to that).
+"""
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
+import pkgutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cache, lru_cache
 from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
-
-from models.backbones import build_backbone
-from models.roles import Roles, SplitRule, get_arrays, wire_spec
-from pfl_data import DataInfo
 from pfl_privacy.disclosure import Disclosure
-from run_config.schema import METHODS, RunConfig
+from run_config.params import MethodParams, NoParams
+from run_config.schema import ConfigError, RunConfig
+from run_config.schema import parse_run_config as _parse
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from client_app.base import PFLClient
+    from models.roles import Roles
+    from models.wire import Wire
+    from pfl_data import DataInfo
     from run_results import RunRecorder
     from strategies.base import PFLStrategy
 
 BASE_CLIENT = "client_app.base:PFLClient"
 BASE_STRATEGY = "strategies.base:PFLStrategy"
 
+Disclosures = Callable[[RunConfig], tuple[Disclosure, ...]]
+
 
 def resolve(ref: str) -> Any:
     """The object named by ``"package.module:Name"``."""
     module, _, name = ref.partition(":")
     return getattr(importlib.import_module(module), name)
-
-
-Transform = Callable[[nn.Module, RunConfig], nn.Module]
-ModelCheck = Callable[[nn.Module, RunConfig], None]
-Disclosures = Callable[[RunConfig], tuple[Disclosure, ...]]
 
 
 def shared_tensors_only(cfg: RunConfig) -> tuple[Disclosure, ...]:
@@ -48,18 +58,31 @@ def shared_tensors_only(cfg: RunConfig) -> tuple[Disclosure, ...]:
 
 @dataclass(frozen=True)
 class Method:
-    """A personalised-FL method: which tensors are personal, how a client
-    trains, how the server aggregates."""
+    """A personalised-FL method: which tensors are personal, how a client trains,
+    how the server aggregates; code named by reference (``"module:name"``)."""
 
     name: str
-    split: SplitRule
+    split: str  # -> models.roles.SplitRule
     client_ref: str = BASE_CLIENT  # the local schedule
     strategy_ref: str = BASE_STRATEGY  # the server side
     aggregation: str = "weighted"  # the strategy's rule unless the config sets one
-    transform: Transform | None = None
-    check: ModelCheck | None = None  # raises ConfigError for keys the model cannot use
+    transform: str = ""  # -> (model, cfg) -> model
+    check: str = ""  # -> (model, cfg) -> None, ConfigError for keys the model cannot use
+    wire: str = "models.wire:Wire"  # how the shared tensors travel (models/wire.py)
+    params: type[MethodParams] = NoParams  # its own run-config keys
+    # its paper's local schedule and other common auto values (raw config -> values)
+    schedule: Callable[[dict[str, Any]], dict[str, Any]] = field(default=lambda raw: {})
     # what the protocol reveals beyond the shared tensors (pfl_privacy/disclosure.py)
     disclosures: Disclosures = shared_tensors_only
+    # why the method has no mean of one global state (so no SecAgg+, DP or robust rule)
+    per_client: str = ""
+
+    # ---- the config's view (run_config.params.MethodSpec) ------------------------------------
+
+    def defaults(self, raw: dict[str, Any]) -> dict[str, Any]:
+        return self.schedule(raw)
+
+    # ---- the runtime's view (imports torch) -------------------------------------------------
 
     @property
     def client(self) -> type[PFLClient]:
@@ -71,59 +94,91 @@ class Method:
 
     def build_model(self, cfg: RunConfig, info: DataInfo) -> nn.Module:
         """The method's model, identical on server and every client (seeded)."""
+        import torch
+
+        from models.backbones import build_backbone
+
         torch.manual_seed(cfg.seed)
         model: nn.Module = build_backbone(
             cfg.model, info.input_shape, info.num_classes, cfg.hidden_dim, cfg.pretrained_weights
         )
-        if self.transform is not None:
-            model = self.transform(model, cfg)
-        if self.check is not None:
-            self.check(model, cfg)
+        if self.transform:
+            model = resolve(self.transform)(model, cfg)
+        if self.check:
+            resolve(self.check)(model, cfg)
         return model
 
     def roles(self, model: nn.Module) -> Roles:
-        return Roles.of(model, self.split)
+        from models.roles import Roles
+
+        return Roles.of(model, resolve(self.split))
+
+    def build_wire(self, model: nn.Module, roles: Roles, cfg: RunConfig) -> Wire:
+        """The method's wire, built alike on the server and on every client."""
+        return resolve(self.wire)(model, roles, cfg)
 
     def build_strategy(
         self, cfg: RunConfig, model: nn.Module, recorder: RunRecorder | None = None
     ) -> PFLStrategy:
-        """The server side: wire spec and initial shared tensors from ``model``."""
-        shared = self.roles(model).shared
+        """The server side: its wire and initial shared tensors from ``model``."""
+        from models.roles import get_arrays
+
+        roles = self.roles(model)
+        wire = self.build_wire(model, roles, cfg)
         return self.strategy(
             cfg=cfg,
-            spec=wire_spec(model, shared),
-            initial=get_arrays(model, shared),
+            spec=wire.spec,
+            initial=get_arrays(model, roles.shared),
             model=model,
             recorder=recorder,
             default_aggregation=self.aggregation,
+            wire=wire,
         )
 
 
-# method name -> module defining METHODS: dict[str, Method]
-_MODULES = {
-    "fedavg": "methods.baselines",
-    "fedavg-ft": "methods.baselines",
-    "local": "methods.baselines",
-    "fedper": "methods.baselines",
-    "fedrep": "methods.baselines",
-    "fedbn": "methods.baselines",
-    "feddecomp": "methods.feddecomp",
-    "fedcp": "methods.fedcp",
-    "factorized-fl-alpha": "methods.factorized_fl",
-    "factorized-fl-beta": "methods.factorized_fl",
-    "fedfac-static": "methods.fedfac",
-    "fedfac-dynamic": "methods.fedfac",
-    "dualfed": "methods.dualfed",
-}
-assert set(_MODULES) == set(METHODS)
+@cache
+def registry() -> dict[str, Method]:
+    """Every method of every package under methods/, by name."""
+    out: dict[str, Method] = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        if not info.ispkg:
+            continue
+        card = importlib.import_module(f"{__name__}.{info.name}")
+        for method in getattr(card, "METHODS", ()):
+            if method.name in out:
+                raise ValueError(f"method '{method.name}' is registered twice")
+            out[method.name] = method
+    return out
+
+
+def method_names() -> tuple[str, ...]:
+    """The registered methods, baselines first, in their packages' order."""
+    return tuple(registry())
 
 
 def get_method(name: str) -> Method:
     """The registered method called ``name``."""
-    if name not in _MODULES:
-        raise ValueError(f"unknown method '{name}', expected one of {sorted(_MODULES)}")
+    methods = registry()
+    if name not in methods:
+        raise ValueError(f"unknown method '{name}', expected one of {sorted(methods)}")
+    return methods[name]
+
+
+def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
+    """The validated run config for a registered method (ConfigError naming every bad
+    key), parsed once per distinct config in a process: a ClientApp's mods and its
+    client read the same object, and ``auto`` resolves once."""
     try:
-        module = importlib.import_module(_MODULES[name])
-    except ModuleNotFoundError as err:
-        raise NotImplementedError(f"method '{name}' is not available: {err}") from err
-    return module.METHODS[name]
+        key = tuple(sorted(raw.items()))
+        hash(key)
+    except TypeError:  # an unhashable value: validation will name it
+        return _parse(raw, registry())
+    return _parse_cached(key)
+
+
+@lru_cache(maxsize=32)
+def _parse_cached(items: tuple[tuple[str, Any], ...]) -> RunConfig:
+    return _parse(dict(items), registry())
+
+
+__all__ = ["ConfigError", "Method", "get_method", "method_names", "parse_run_config"]

@@ -61,7 +61,7 @@ class SmallResNet(Backbone):
 
     def __init__(self, in_channels: int, num_classes: int, widths: tuple[int, ...]) -> None:
         # torchvision is imported where it is used: importing it costs a deployed
-        # ClientApp (one process per message) about 40% of its start-up
+        # ClientApp (one process per message) a large share of its start-up
         from torchvision.models.resnet import BasicBlock
 
         super().__init__()

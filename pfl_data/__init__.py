@@ -128,8 +128,8 @@ def _to_tensors(
 
 
 # A simulation actor serves every client in turn: with fewer slots than clients per actor
-# every message missed (CIFAR, 300 + 100 per client: 12.6 ms per client_fn instead of
-# 2.4 ms, benchmarks/overhead.py). 256 slots bound the memory to 256 clients' tensors.
+# every message would miss and decode its client's data again (docs/PERFORMANCE.md,
+# the overhead preset). 256 slots bound the memory to 256 clients' tensors.
 @lru_cache(maxsize=256)
 def load_client_data(
     cfg: RunConfig, partition_id: int, num_partitions: int, data_path: str = "", cache_dir: str = ""

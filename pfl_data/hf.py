@@ -149,7 +149,7 @@ def _load_hf(name: str) -> Any:
         )
     hint = (
         "Without internet, pass a local path via dataset=<parquet file | parquet folder | "
-        "image folder> (e.g. ../shared/data/cifar10-dev-12k.parquet) or "
+        "image folder> (e.g. /data/cifar10.parquet) or "
         "dataset='sklearn-digits' (or set HF_HUB_OFFLINE=1 to use a copy already cached)."
     )
     if not datasets.config.HF_HUB_OFFLINE and not _hub_reachable():

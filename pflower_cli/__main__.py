@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pflower_cli.preflight import preflight
-from run_config.schema import ConfigError, auto_resolved, describe_settings
+from run_config.schema import ConfigError, describe_settings
 
 PROJECT = Path(__file__).resolve().parents[1]
 FEDERATION_DEFAULTS = PROJECT / "scripts" / "federation.toml"
@@ -67,7 +67,7 @@ def check(argv: list[str]) -> int:
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return EXIT_CONFIG
-    print(f"ok: {describe_settings(cfg, auto_resolved(raw))}; data: {data}")
+    print(f"ok: {describe_settings(cfg)}; data: {data}")
     return 0
 
 
@@ -158,7 +158,7 @@ def run(argv: list[str]) -> int:
     except (ConfigError, ValueError) as err:
         print(f"config error: {err}", file=sys.stderr)
         return EXIT_CONFIG
-    print(f"pre-flight ok: {describe_settings(cfg, auto_resolved(raw))}; data: {data}", flush=True)
+    print(f"pre-flight ok: {describe_settings(cfg)}; data: {data}", flush=True)
     run_name = cfg.run_name or f"{cfg.method}-{time.strftime('%Y%m%d-%H%M%S')}"
     out_dir = Path(cfg.output_dir).expanduser()
     if not out_dir.is_absolute():

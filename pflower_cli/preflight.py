@@ -10,7 +10,8 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from run_config.schema import ConfigError, RunConfig, check_against_data, parse_run_config
+from methods import parse_run_config
+from run_config.schema import ConfigError, RunConfig, check_against_data
 
 # Models that need image inputs (C, H, W), and the smallest side each accepts.
 _MIN_SIDE = {"cnn4": 16, "resnet8": 8, "resnet10": 8, "resnet18": 8}
@@ -136,7 +137,7 @@ def model_checks(cfg: RunConfig, shape_classes: tuple[tuple[int, ...], int] | No
         with torch.no_grad():
             model(torch.zeros((2, *shape)))
     except ConfigError:
-        raise  # a method's own check (FedFac's fa-layers) names its key
+        raise  # a method's own check (FedFac's fedfac.fa-layers) names its key
     except Exception as err:  # noqa: BLE001 - any failure here is the run's first crash
         kind = "vectors of" if len(shape) == 1 else "inputs of shape"
         raise ConfigError(
@@ -147,7 +148,14 @@ def model_checks(cfg: RunConfig, shape_classes: tuple[tuple[int, ...], int] | No
 
 
 def preflight(project_dir: Path, overrides: list[str]) -> tuple[RunConfig, dict[str, Any], str]:
-    """(validated config, raw config, data description); ConfigError on a bad one."""
+    """(validated config, raw config, data description); ConfigError on a bad one, or
+    on a Flower or torch version the project's patches were not checked against."""
+    import pfl_patches
+
+    try:
+        pfl_patches.check()
+    except pfl_patches.UntestedVersion as err:
+        raise ConfigError(str(err)) from None
     raw = flwr_run_config(project_dir, overrides)
     cfg = parse_run_config(raw)
     if cfg.tensorboard and importlib.util.find_spec("tensorboard") is None:

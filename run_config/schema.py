@@ -1,42 +1,24 @@
 """The validated run config: read once at the edge, passed down as a typed object.
 
-Every field's alias is the hyphenated key of ``[tool.flwr.app.config]``. A bad
-value fails before any training with a message naming the key.
+Every common field's alias is the hyphenated key of ``[tool.flwr.app.config]``; a
+method's own keys are namespaced (``fedcp.mmd-lambda``) and validated by its
+package's ``MethodParams`` (``cfg.params``). A bad value fails before any training
+with a message naming the key. ``parse_run_config`` takes the methods it may run
+(``methods.parse_run_config`` passes the registry and caches the result, so a
+process resolves a config once).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
-from run_config.defaults import SCHEDULE_KEYS, USED_BY, resolve_auto
+from run_config.defaults import SCHEDULE_KEYS, resolve_auto
+from run_config.params import AUTO, MethodParams, MethodSpec, NoParams
 
-METHODS = (
-    "fedavg",
-    "fedavg-ft",
-    "local",
-    "fedper",
-    "fedrep",
-    "fedbn",
-    "feddecomp",
-    "fedcp",
-    "factorized-fl-alpha",
-    "factorized-fl-beta",
-    "fedfac-static",
-    "fedfac-dynamic",
-    "dualfed",
-)
-# Secure aggregation and DP both work on one mean of updates taken from one global
-# state; these methods aggregate (or pay out) per client, so they refuse both.
-ONLY_PER_CLIENT = {
-    "local": "nothing leaves a client, so there is nothing to aggregate",
-    "factorized-fl-alpha": "its aggregation is a per-client mixture of the individual uploads",
-    "factorized-fl-beta": "its aggregation is a per-client mixture of the individual uploads",
-    "fedfac-static": "its aggregation runs factor analysis on the individual uploads",
-    "fedfac-dynamic": "its aggregation runs factor analysis on the individual uploads",
-}
 PARTITIONERS = ("iid", "dirichlet", "dirichlet-client", "pathological", "natural", "domain")
 
 
@@ -51,23 +33,19 @@ def _field(default: Any, **kw: Any) -> Any:
     return Field(default, **kw)
 
 
+def _per_client(info: ValidationInfo) -> str:
+    """Why the method has no mean of one global state ('' if it has one)."""
+    spec = (info.context or {}).get("spec")
+    return getattr(spec, "per_client", "") if spec is not None else ""
+
+
 class RunConfig(BaseModel):
-    """All run-config keys. Aliases are the hyphenated TOML keys."""
+    """The common run-config keys, and the method's own (``params``)."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _resolve_auto(cls, data: Any) -> Any:
-        """``auto`` (or a missing key of AUTO_KEYS) -> the method's or model's value
-        (run_config/defaults.py); a value the user set is kept."""
-        if not isinstance(data, dict):
-            return data
-        resolved, _ = resolve_auto({k.replace("_", "-"): v for k, v in data.items()})
-        return resolved
-
     # what to run
-    method: Literal[METHODS] = "fedavg"  # type: ignore[valid-type]
+    method: str = "fedavg"  # a registered method (methods/)
     dataset: str = "synthetic"
     partitioner: Literal[PARTITIONERS] = "iid"  # type: ignore[valid-type]
     alpha: float = _field(0.5, gt=0)
@@ -99,8 +77,6 @@ class RunConfig(BaseModel):
     lr: float = _field(0.05, gt=0)
     momentum: float = _field(0.0, ge=0, lt=1)
     weight_decay: float = _field(0.0, alias="weight-decay", ge=0)
-    head_epochs: int = _field(1, alias="head-epochs", ge=1)
-    finetune_epochs: int = _field(1, alias="finetune-epochs", ge=0)  # fedavg-ft
     augment: Literal["none", "crop-flip", "flip-rotate"] = "none"
     # default: the method's own (mean or weighted); median / trimmed-mean: robust rules
     aggregation: Literal["default", "mean", "weighted", "median", "trimmed-mean"] = "default"
@@ -164,86 +140,6 @@ class RunConfig(BaseModel):
     sim_shared_covariates: float = _field(0.4, alias="sim-shared-covariates", ge=0, le=1)
     sim_noise: float = _field(0.1, alias="sim-noise", ge=0)
 
-    # FedFac (METHODS.md section 4); the paper trains with optimizer=adam, lr=0.001
-    fa_layers: str = _field("features.1", alias="fa-layers")
-    fa_quantile: float = _field(0.5, alias="fa-quantile", ge=0, le=1)
-    fa_kappa: float = _field(0.85, alias="fa-kappa", gt=0, le=1)
-    fa_input: Literal["weights", "updates"] = _field("weights", alias="fa-input")
-    fa_smoothing: float = _field(0.0, alias="fa-smoothing", ge=0, lt=1)  # 0: the paper
-    fa_split: Literal["fa", "true", "oracle", "random"] = _field("fa", alias="fa-split")
-    new_clients: int = _field(0, alias="new-clients", ge=0)
-    new_client_sites: str = _field("", alias="new-client-sites")  # deployment: site names
-    new_client_mode: Literal["localtrain", "ensemble"] = _field(
-        "localtrain", alias="new-client-mode"
-    )
-    # Ensemble discloses the trained sites' personalised models to the new clients
-    ensemble_share_models: bool = _field(False, alias="ensemble-share-models")
-
-    # Factorized-FL (reference defaults, single-domain permuted-label setting)
-    ffl_rank: int = _field(1, alias="ffl-rank", ge=1)
-    ffl_l1: float = _field(5e-4, alias="ffl-l1", ge=0)
-    ffl_mu_threshold: float = _field(5e-4, alias="ffl-mu-threshold", ge=0)
-    ffl_sim_threshold: float = _field(0.0, alias="ffl-sim-threshold", ge=-1, le=1)
-    ffl_min_aggr: int = _field(10, alias="ffl-min-aggr", ge=1)
-    ffl_epsilon: float = _field(1.0, alias="ffl-epsilon", ge=0)
-    # what the similarity compares: v (the paper) or v minus its initial value, which
-    # every client shares (docs/factorized_fl.md: v barely leaves it at this budget)
-    ffl_match: Literal["v", "v-change"] = _field("v", alias="ffl-match")
-
-    # FedCP (paper default lambda = 5; lr 0.005 / batch 10 are passed per run)
-    mmd_lambda: float = _field(5.0, alias="mmd-lambda", ge=0)
-    cp_noisy_eval: bool = _field(False, alias="cp-noisy-eval")
-
-    # DualFed (paper: tau = 0.2; lambda = 40 as the reference's PACS run with tau = 0.2)
-    supcon_lambda: float = _field(1.0, alias="supcon-lambda", ge=0)
-    supcon_temperature: float = _field(0.2, alias="supcon-temperature", gt=0)
-    # stage 2 (h_s on the frozen z): auto = stage 1's local-epochs and lr (the paper's),
-    # 20 and 0.1 from random init on images (run_config/defaults.py)
-    global_head_epochs: int = _field(1, alias="global-head-epochs", ge=1)
-    global_head_lr: float = _field(0.01, alias="global-head-lr", gt=0)
-    dual_schedule: Literal["stagewise", "simultaneous"] = _field("stagewise", alias="dual-schedule")
-    dual_combine: Literal["logits", "probabilities"] = _field("probabilities", alias="dual-combine")
-    # the personal branch's cross-entropy: on h_p(u) alone (the paper), or on the combined
-    # prediction (h_s frozen in stage 1), so h_p learns what h_s gets wrong on this client
-    dual_personal_loss: Literal["personal", "combined"] = _field(
-        "personal", alias="dual-personal-loss"
-    )
-    # the global head's prediction as the combination uses it: as is (the paper), or moved
-    # to this client's label prior (h_s(z) + log of the client's training label frequencies:
-    # Bayes' rule for a label shift from a balanced federation; the counts stay local), or
-    # that only where a chi-square test finds the client's labels unlike uniform at 5%
-    # (client-if-skewed: IID counts are noise); auto: client-if-skewed from random init on
-    # images, none otherwise
-    dual_global_prior: Literal["none", "client", "client-if-skewed"] = _field(
-        "none", alias="dual-global-prior"
-    )
-    projector_hidden: int = _field(256, alias="projector-hidden", ge=1)
-
-    # FedDecomp (paper defaults: CIFAR-10's best R_c = R_l = 0.6, E_lora = 2)
-    rank_basis: Literal["min", "out"] = _field("min", alias="rank-basis")
-    conv_rank_ratio: float = _field(0.6, alias="conv-rank-ratio", gt=0, le=1)
-    linear_rank_ratio: float = _field(0.6, alias="linear-rank-ratio", gt=0, le=1)
-    linear_rank_abs: int = _field(0, alias="linear-rank-abs", ge=0)
-    lora_epochs: int = _field(2, alias="lora-epochs", ge=0)
-    decomp_schedule: Literal["alternating", "simultaneous"] = _field(
-        "alternating", alias="decomp-schedule"
-    )
-    decomp_reverse: bool = _field(False, alias="decomp-reverse")
-
-    @model_validator(mode="after")
-    def _feddecomp_checks(self) -> RunConfig:
-        if (
-            self.method == "feddecomp"
-            and self.decomp_schedule == "alternating"
-            and self.lora_epochs > self.local_epochs
-        ):
-            raise ValueError(
-                f"config key 'lora-epochs' ({self.lora_epochs}) must be <= 'local-epochs' "
-                f"({self.local_epochs}): a FedDecomp round is lora-epochs on tau, then "
-                "local-epochs - lora-epochs on sigma (the paper: 5 and 2, the 'auto' default)"
-            )
-        return self
-
     @model_validator(mode="after")
     def _backbone_keys(self) -> RunConfig:
         weights = self.pretrained_weights
@@ -260,22 +156,22 @@ class RunConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _secure_aggregation_fits_the_method(self) -> RunConfig:
+    def _secure_aggregation_fits_the_method(self, info: ValidationInfo) -> RunConfig:
         if not self.secure_aggregation:
             return self
-        why = ONLY_PER_CLIENT.get(self.method)
-        if why is not None:
+        why = _per_client(info)
+        if why:
             raise ValueError(
                 f"config key 'secure-aggregation': method '{self.method}' cannot use it: {why}"
             )
         return self
 
     @model_validator(mode="after")
-    def _dp_fits_the_method(self) -> RunConfig:
+    def _dp_fits_the_method(self, info: ValidationInfo) -> RunConfig:
         if self.dp_mode == "off":
             return self
-        why = ONLY_PER_CLIENT.get(self.method)
-        if why is not None:
+        why = _per_client(info)
+        if why:
             raise ValueError(f"config key 'dp-mode': method '{self.method}' cannot use it: {why}")
         if self.dp_mode == "distributed" and not self.secure_aggregation:
             raise ValueError(
@@ -308,10 +204,10 @@ class RunConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _robust_rule_fits(self) -> RunConfig:
+    def _robust_rule_fits(self, info: ValidationInfo) -> RunConfig:
         if self.aggregation not in ("median", "trimmed-mean"):
             return self
-        why = ONLY_PER_CLIENT.get(self.method)
+        why: str | None = _per_client(info) or None
         if why is not None:
             why = f"method '{self.method}' has its own aggregation: {why}"
         elif self.secure_aggregation:
@@ -324,73 +220,106 @@ class RunConfig(BaseModel):
             )
         return self
 
-    @model_validator(mode="after")
-    def _ensemble_consent(self) -> RunConfig:
-        if self.new_client_mode == "ensemble" and not self.ensemble_share_models:
-            raise ValueError(
-                "config key 'ensemble-share-models' must be true for new-client-mode="
-                "'ensemble': the trained sites' personalised models (shared and personal "
-                "tensors) go to the new clients, so the sites must agree to disclose them"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _new_clients_once(self) -> RunConfig:
-        if self.new_clients and self.new_client_sites.strip():
-            raise ValueError(
-                "config keys 'new-clients' and 'new-client-sites' both name the held-out "
-                "clients: set one (new-clients in simulation, new-client-sites in deployment)"
-            )
-        return self
-
-    def key(self, field_name: str) -> str:
-        """The TOML key of a field."""
-        info = type(self).model_fields[field_name]
-        return info.alias or field_name
+    # the method's own keys (its package's MethodParams), and the keys ``auto`` resolved
+    params: MethodParams = NoParams()
+    auto_resolved: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        """The config as the hyphenated keys (for results.json)."""
-        return self.model_dump(by_alias=True)
+        """The config as the run-config keys (for results.json): the common keys
+        hyphenated, the method's own namespaced."""
+        out = self.model_dump(by_alias=True, exclude={"params", "auto_resolved"})
+        ns = type(self.params).namespace
+        own = self.params.model_dump(by_alias=True)
+        return {**out, **{f"{ns}.{k}": v for k, v in own.items()}}
 
 
-def _name_key(loc: tuple[Any, ...]) -> str:
+def _name_key(loc: tuple[Any, ...], model: type[BaseModel], prefix: str = "") -> str:
     if not loc:
         return "<config>"
     name = str(loc[0])
-    info = RunConfig.model_fields.get(name)
-    return (info.alias or name) if info else name
+    info = model.model_fields.get(name)
+    return prefix + ((info.alias or name) if info else name)
 
 
-def parse_run_config(raw: dict[str, Any]) -> RunConfig:
-    """Validate a Flower run config; raise ConfigError naming every bad key."""
+def _problems(err: ValidationError, model: type[BaseModel], prefix: str = "") -> list[str]:
+    problems = []
+    for e in err.errors():
+        key = _name_key(tuple(e["loc"]), model, prefix)
+        if e["type"] == "extra_forbidden":
+            problems.append(f"unknown config key '{key}'")
+        elif not e["loc"]:  # a cross-key check: its message names the keys
+            problems.append(str(e["msg"]).removeprefix("Value error, "))
+        else:
+            problems.append(f"config key '{key}': {e['msg']} (got {e.get('input')!r})")
+    return problems
+
+
+def parse_run_config(raw: Mapping[str, Any], methods: Mapping[str, MethodSpec]) -> RunConfig:
+    """Validate a Flower run config for one of ``methods``; raise ConfigError naming
+    every bad key. ``auto`` keys resolve here, once (``cfg.auto_resolved``)."""
+    data = {(k if "." in k else k.replace("_", "-")): v for k, v in raw.items()}
+    method = data.get("method", "fedavg")
+    spec = methods.get(method) if isinstance(method, str) else None
+    if spec is None:
+        raise ConfigError(
+            f"invalid run config: config key 'method': unknown method {method!r}, expected "
+            f"one of {sorted(methods)}"
+        )
+    problems = []
+    namespaces = {m.params.namespace: m.params for m in methods.values()}
+    for key in [k for k in data if "." in k]:
+        ns, _, name = key.partition(".")
+        if ns not in namespaces or name not in namespaces[ns].keys():
+            problems.append(f"unknown config key '{key}'")
+    if problems:
+        raise ConfigError("invalid run config: " + "; ".join(problems))
     try:
-        return RunConfig.model_validate(dict(raw))
+        data, resolved = resolve_auto(data, spec)
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        # a value the method's ``auto`` rules cannot read (an unknown model, say):
+        # validate with the rules' values left out, so the error names that key
+        unresolved = {k: v for k, v in data.items() if v != AUTO}
+        try:
+            RunConfig.model_validate(
+                {k: v for k, v in unresolved.items() if "." not in k}, context={"spec": spec}
+            )
+        except ValidationError as bad:
+            problems = _problems(bad, RunConfig)
+            raise ConfigError("invalid run config: " + "; ".join(problems)) from None
+        raise ConfigError(f"invalid run config: {err}") from None
+    ns = spec.params.namespace
+    own = {k.partition(".")[2]: v for k, v in data.items() if k.startswith(f"{ns}.") and ns}
+    common = {k: v for k, v in data.items() if "." not in k}
+    params: MethodParams | None = None
+    try:
+        params = spec.params.model_validate(own)
     except ValidationError as err:
-        problems = []
-        for e in err.errors():
-            key = _name_key(tuple(e["loc"]))
-            if e["type"] == "extra_forbidden":
-                problems.append(f"unknown config key '{key}'")
-            elif not e["loc"]:  # a cross-key check: its message names the keys
-                problems.append(str(e["msg"]).removeprefix("Value error, "))
-            else:
-                problems.append(f"config key '{key}': {e['msg']} (got {e.get('input')!r})")
-        raise ConfigError("invalid run config: " + "; ".join(problems)) from None
-
-
-def auto_resolved(raw: dict[str, Any]) -> list[str]:
-    """The keys of a raw run config that ``auto`` (or their absence) resolved."""
+        problems += _problems(err, spec.params, f"{ns}.")
     try:
-        return resolve_auto({k.replace("_", "-"): v for k, v in raw.items()})[1]
-    except ValueError:
-        return []
+        cfg = RunConfig.model_validate(
+            {**common, "params": params or NoParams(), "auto_resolved": tuple(resolved)},
+            context={"spec": spec},
+        )
+    except ValidationError as err:
+        problems += _problems(err, RunConfig)
+        cfg = None
+    if cfg is not None and params is not None:
+        try:
+            params.check(cfg)
+        except ValueError as err:
+            problems.append(str(err))
+    if problems or cfg is None:
+        raise ConfigError("invalid run config: " + "; ".join(problems))
+    return cfg
 
 
-def describe_settings(cfg: RunConfig, auto: list[str]) -> str:
-    """One line: the method's local schedule and every auto-resolved key."""
-    own = [k for k, users in USED_BY.items() if cfg.method in users]
-    keys = [*SETTINGS_SHOWN, *own]
+def describe_settings(cfg: RunConfig) -> str:
+    """One line: the method's local schedule and its own ``auto`` keys, each marked
+    if the user set it."""
     data = cfg.as_dict()
+    params = type(cfg.params)
+    keys = [*SETTINGS_SHOWN, *(f"{params.namespace}.{k}" for k in params.auto_keys)]
+    auto = set(cfg.auto_resolved)
     parts = [f"{k}={data[k]}{'' if k in auto else ' (set)'}" for k in keys if k in data]
     return f"{cfg.method} settings ('auto' unless marked set): " + " ".join(parts)
 

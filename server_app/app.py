@@ -10,20 +10,15 @@ from flwr.server import Grid, LegacyContext, ServerApp, ServerAppComponents, Ser
 from flwr.server.compat import start_grid
 from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 
-from methods import get_method
+import pfl_patches
+from methods import get_method, parse_run_config
 from pfl_data import data_info
-from run_config.schema import (
-    auto_resolved,
-    check_against_data,
-    describe_settings,
-    parse_run_config,
-)
+from run_config.schema import check_against_data, describe_settings
 from run_results import RunRecorder
-from server_app import linkstate_index
 from server_app.grid import PollingGrid
 
 log = logging.getLogger("flwr.pflower")
-linkstate_index.apply()  # simulation: the engine runs in this process (the module says why)
+pfl_patches.linkstate_index()  # simulation: the engine runs in this process (pfl_patches)
 
 
 class _NoEvaluateEachRound(logging.Filter):
@@ -41,14 +36,13 @@ def build_server(context: Context, overrides: dict[str, Any] | None = None) -> S
         isinstance(f, _NoEvaluateEachRound) for f in logging.getLogger("flwr").filters
     ):
         logging.getLogger("flwr").addFilter(_NoEvaluateEachRound())
-    auto = auto_resolved(raw)
-    log.info("%s", describe_settings(cfg, auto))
+    log.info("%s", describe_settings(cfg))
     method = get_method(cfg.method)
     info = data_info(cfg)
     check_against_data(cfg, info.num_classes)
     model = method.build_model(cfg, info)
     roles = method.roles(model)
-    recorder = RunRecorder(cfg, extra={"auto_resolved": auto})
+    recorder = RunRecorder(cfg, extra={"auto_resolved": list(cfg.auto_resolved)})
     log.info(
         "%s on %s (%s): %d shared / %d personal tensors; results -> %s",
         cfg.method,

@@ -24,7 +24,6 @@ from flwr.common import (
     NDArrays,
     Parameters,
     Scalar,
-    ndarrays_to_parameters,
 )
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
@@ -32,9 +31,11 @@ from flwr.server.strategy import Strategy
 from torch import nn
 
 from models.roles import DP_PARTICIPANTS, EVALUATE_FIRST, TensorSpec
+from models.wire import Wire
 from run_config.schema import RunConfig
 from run_results import RunRecorder
 from strategies import checkpoint, privacy
+from strategies.payloads import Payloads
 from strategies.recording import RoundLog, Rounds, evaluations_in_fit
 from strategies.replies import (
     ClassListMismatch,
@@ -73,13 +74,15 @@ class PFLStrategy(Strategy):
         model: nn.Module,
         recorder: RunRecorder | None = None,
         default_aggregation: str | None = None,
+        wire: Wire | None = None,
     ) -> None:
         super().__init__()
         if default_aggregation is not None:
             self.default_aggregation = default_aggregation  # the method's rule (methods/)
         self.cfg, self.spec, self.recorder = cfg, spec, recorder
-        self.global_arrays: NDArrays = [a.copy() for a in initial]
-        self._encoded: Parameters | None = None
+        self.wire = wire if wire is not None else Wire.of_spec(spec)
+        spill = recorder.dir / "client-payloads" if recorder is not None else None
+        self.payloads = Payloads(self.wire, initial, cfg.personal_state_budget_mb * 2**20, spill)
         self.sampler = Sampler(cfg.min_available_clients)
         self.clients = ClientKeys()
         self.class_lists = ClassLists()
@@ -102,43 +105,40 @@ class PFLStrategy(Strategy):
 
     # ---- payloads: what each client is sent and must send back -------------------------------
 
+    @property
+    def global_arrays(self) -> NDArrays:
+        return self.payloads.global_arrays
+
     def set_global(self, arrays: NDArrays) -> None:
-        self.global_arrays = arrays
-        self._encoded = None
+        self.payloads.set_global(arrays)
 
     def global_payload(self) -> Parameters:
-        """The global shared tensors, serialized once per round (not per client)."""
-        if self._encoded is None:
-            self._encoded = ndarrays_to_parameters(self.global_arrays)
-        return self._encoded
+        return self.payloads.global_payload()
 
     def payload_for(self, client_key: str | None, server_round: int) -> Parameters:
-        """What one client receives; per-client aggregation overrides this."""
-        return self.global_payload()
+        """What one client receives: its own payload if the method keeps one, else the
+        global payload."""
+        return self.payloads.payload_for(client_key)
 
     def client_config(self, client_key: str | None, server_round: int) -> dict[str, Scalar]:
         """Per-client instructions sent with every payload, fit and evaluate alike."""
         return {}
 
-    def expected_spec(self, client_key: str) -> list[TensorSpec]:
-        """The spec a reply must match; the upload spec may differ per method."""
-        return self.spec
-
     def check_reply(self, client_key: str, arrays: NDArrays, num_examples: int) -> str | None:
-        """None if a reply is acceptable, else the reason to reject it."""
-        spec = self.expected_spec(client_key)
-        return check_arrays(spec, arrays, num_examples, self.cfg.max_abs_value)
+        """None if a reply is acceptable (the wire's upload), else the reason to reject it."""
+        spec = self.wire.up_spec()
+        problem = check_arrays(spec, arrays, num_examples, self.cfg.max_abs_value)
+        return problem or self.wire.check_up(arrays)
 
     # ---- the server checkpoint ---------------------------------------------------------------
 
     def server_state(self) -> dict[str, np.ndarray]:
         """Everything the server has learned, as named arrays (and the privacy spent)."""
-        state = {f"global/{s.name}": a for s, a in zip(self.spec, self.global_arrays)}
-        return {**state, **self.dp.state()}
+        return {**self.payloads.state(self.spec), **self.dp.state()}
 
     def restore_server_state(self, arrays: dict[str, np.ndarray]) -> None:
         """The inverse of ``server_state``; ValueError naming the first misfit."""
-        self.set_global(take_arrays(arrays, "global/", self.spec))
+        self.payloads.restore(self.spec, arrays)
         self.dp.restore(arrays)
 
     def resume(self, resume_from: str) -> None:

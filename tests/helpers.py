@@ -19,18 +19,34 @@ from flwr.server.client_proxy import ClientProxy
 from client_app.app import pick_device
 from client_app.base import PFLClient
 from client_app.state import ContextStore
-from methods import get_method
+from methods import get_method, parse_run_config
 from pfl_data import data_info, load_client_data
-from run_config.schema import RunConfig, parse_run_config
+from run_config.schema import RunConfig
 from strategies.base import PFLStrategy
 
 SMALL = {"sim-samples": 120, "hidden-dim": 32, "sim-dim": 20}
 
 
+def raw_config(**overrides: Any) -> dict[str, Any]:
+    """A raw run config: keyword names are common keys (``_`` for ``-``) or the
+    method's own keys by field name (namespaced here: ``rank`` of Factorized-FL is
+    ``factorized-fl.rank``); names with a dot are taken as they are."""
+    params = get_method(str(overrides.get("method", "fedavg"))).params
+    out: dict[str, Any] = {}
+    for key, value in overrides.items():
+        name = key.replace("-", "_")
+        field = params.model_fields.get(name)
+        if "." in key:
+            out[key] = value
+        elif field is not None:
+            out[f"{params.namespace}.{field.alias or name}"] = value
+        else:
+            out[key.replace("_", "-")] = value
+    return out
+
+
 def config(**overrides: Any) -> RunConfig:
-    raw = dict(SMALL)
-    raw.update({k.replace("_", "-"): v for k, v in overrides.items()})
-    return parse_run_config(raw)
+    return parse_run_config({**SMALL, **raw_config(**overrides)})
 
 
 def make_client(

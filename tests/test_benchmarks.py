@@ -45,7 +45,7 @@ paper = { fedavg = "50.0" }
 
 
 def test_every_shipped_preset_is_a_valid_grid_of_run_configs(monkeypatch, tmp_path):
-    from run_config.schema import parse_run_config
+    from methods import parse_run_config
 
     # data placeholders stand for a file name here: nothing is decoded or written
     monkeypatch.setattr(
@@ -183,18 +183,21 @@ def test_complete_needs_every_round_and_the_same_config(tmp_path):
 def test_a_run_made_before_an_auto_default_changed_is_redone(tmp_path):
     """A key the method reads and the preset leaves ``auto`` is compared as resolved now;
     a key the run predates, or one the method does not read, is not."""
-    from run_config.defaults import resolve_auto
+    from methods import parse_run_config
 
     text = GRID.replace('methods = ["fedavg", "local"]', 'methods = ["dualfed"]')
     cell = _preset(tmp_path, text).cells(seeds=[0], runs=tmp_path)[0]
-    resolved, _ = resolve_auto(cell.config)
+    resolved = parse_run_config(cell.config).as_dict()
     _fake(cell, [0.5, 0.6], 10, [1.0, 2.0])
     res = json.loads((cell.dir / "results.json").read_text())
     for stored, complete in (
         ({**resolved}, True),
-        ({**resolved, "global-head-epochs": resolved["global-head-epochs"] + 4}, False),
-        ({**resolved, "ffl-epsilon": 99.0}, True),  # Factorized-FL's key
-        ({k: v for k, v in resolved.items() if k != "dual-global-prior"}, True),
+        (
+            {**resolved, "dualfed.global-head-epochs": resolved["dualfed.global-head-epochs"] + 4},
+            False,
+        ),
+        ({**resolved, "factorized-fl.epsilon": 99.0}, True),  # Factorized-FL's key
+        ({k: v for k, v in resolved.items() if k != "dualfed.global-prior"}, True),
     ):
         (cell.dir / "results.json").write_text(json.dumps({**res, "config": stored}))
         assert runner.is_complete(cell) is complete, stored
@@ -222,8 +225,8 @@ def test_summary_statistics_and_extras(tmp_path):
 
 
 def test_the_recovery_probe_compares_the_final_split_with_the_teacher():
+    from methods import parse_run_config
     from pfl_data import simulation_study
-    from run_config.schema import parse_run_config
 
     config = {"dataset": "synthetic", "method": "fedfac-static", "sim-samples": 40}
     truth = simulation_study(parse_run_config(config), 3).shared_neurons

@@ -27,7 +27,7 @@ def _one_round(strategy: PFLStrategy, server_round: int, clients: int = 4) -> No
     rng = np.random.default_rng(server_round)
     replies = []
     for k in range(clients):
-        spec = strategy.expected_spec(f"client-{k}")
+        spec = strategy.wire.up_spec()
         arrays = [
             rng.normal(size=[d if d >= 0 else 3 for d in s.shape]).astype(s.dtype) for s in spec
         ]
@@ -55,7 +55,7 @@ def test_a_resumed_server_has_what_the_saved_one_learned(method: str, tmp_path: 
         for layer, mask in first.shared.items():
             np.testing.assert_array_equal(second.shared[layer], mask)
         # static: no second FA, so the uploads carry the shared elements only
-        assert second.needs_full_upload() == (method == "fedfac-dynamic")
+        assert second.wire.full_upload() == (method == "fedfac-dynamic")
     # rounds go on from the saved one, on the wire and in the checkpoint
     _one_round(second, 1)
     assert json.loads(str(np.load(tmp_path / "b" / SERVER_STATE)["__meta__"]))["round"] == 3
@@ -67,13 +67,13 @@ def test_factorized_fl_resumes_every_clients_own_aggregate(tmp_path: Path) -> No
     _one_round(first, 1)
     second = _with_recorder(config(method="factorized-fl-alpha", output_dir=str(tmp_path)))
     second.resume(str(tmp_path / "a"))  # the run directory names its checkpoint too
-    assert sorted(second.payloads) == [f"client-{k}" for k in range(4)]
-    for key, payload in first.payloads.items():
+    assert sorted(second.payloads.per_client) == [f"client-{k}" for k in range(4)]
+    for key, payload in first.payloads.per_client.items():
         for got, want in zip(
-            parameters_to_ndarrays(second.payloads[key]), parameters_to_ndarrays(payload)
+            parameters_to_ndarrays(second.payloads.per_client[key]), parameters_to_ndarrays(payload)
         ):
             np.testing.assert_array_equal(got, want)
-    assert second.payload_for("client-2", 1) is second.payloads["client-2"]
+    assert second.payload_for("client-2", 1) is second.payloads.per_client["client-2"]
 
 
 def test_checkpoint_every_zero_writes_none(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from methods import parse_run_config
 from pfl_data import load_client_data
-from run_config.schema import parse_run_config
 from server_app.inprocess import build_inprocess, run_inprocess
 from strategies.base import ClassListMismatch
 

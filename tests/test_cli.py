@@ -52,7 +52,7 @@ def dev_sh(
         ("check", "no-such-key=1", "'no-such-key'"),
         ("check", "dataset='../no/such.parquet'", "'dataset'"),
         ("check", "method='feddecomp' local-epochs=1", "'local-epochs'"),
-        ("check", "method='fedfac-static' fa-layers='features.0'", "'fa-layers'"),
+        ("check", "method='fedfac-static' fedfac.fa-layers='features.0'", "'fedfac.fa-layers'"),
         # the model on one dummy batch of the data's shape (#36: these passed, then crashed)
         ("check", "method='feddecomp' model='resnet8'", "'model'"),  # vectors, image model
         ("check", "model='cnn4' dataset='sklearn-digits'", "'model'"),  # 8x8: too small
@@ -83,7 +83,7 @@ def test_check_passes_a_model_that_takes_the_data() -> None:
 def test_check_accepts_every_method_alone_and_prints_its_settings() -> None:
     proc = dev_sh("check", "--run-config", "method='feddecomp'")
     assert proc.returncode == 0, proc.stderr
-    assert "local-epochs=5" in proc.stdout and "lora-epochs=2" in proc.stdout
+    assert "local-epochs=5" in proc.stdout and "feddecomp.lora-epochs=2" in proc.stdout
 
 
 def test_args_are_split_as_flwr_reads_them() -> None:

@@ -13,7 +13,7 @@ import torch
 
 from client_app import timing
 from client_app.train import SGD, Adam
-from run_config.schema import parse_run_config
+from methods import parse_run_config
 from server_app.inprocess import run_inprocess
 
 
@@ -47,7 +47,7 @@ def test_a_fresh_process_trains_without_importing_torch_dynamo():
     code = (
         "import sys, torch\n"
         "from client_app.train import make_optimizer\n"
-        "from run_config.schema import parse_run_config\n"
+        "from methods import parse_run_config\n"
         "for opt in ('sgd', 'adam'):\n"
         "    m = torch.nn.Linear(4, 2)\n"
         "    o = make_optimizer(list(m.parameters()), parse_run_config({'optimizer': opt}))\n"
@@ -125,13 +125,13 @@ def test_the_server_grid_polls_replies_with_a_short_backoff(monkeypatch):
 def test_the_site_idle_poll_backs_off_and_resets_on_a_message(monkeypatch):
     import flwr.supernode.start_client_internal as loop
 
-    from deploy import fast_supernode
+    import pfl_patches
 
     slept: list[float] = []
-    monkeypatch.setattr(fast_supernode.time, "sleep", slept.append)
+    monkeypatch.setattr(pfl_patches.time, "sleep", slept.append)
     monkeypatch.setattr(loop, "time", loop.time)  # undone after the test
     monkeypatch.setattr(loop, "_pull_and_store_message", lambda **kw: kw["run_id"])
-    backoff = fast_supernode.install()
+    backoff = pfl_patches.supernode_backoff()
     assert loop.time is backoff and loop.time.time() > 0  # the rest of `time` passes through
     for _ in range(12):
         loop.time.sleep(3)  # Flower's idle wait, as start_client_internal calls it
@@ -170,11 +170,11 @@ def test_the_warm_superexec_forgets_exactly_the_projects_packages():
 def test_a_missing_message_part_is_asked_for_again_soon(monkeypatch):
     from flwr.supercore.inflatable import inflatable_utils as objects
 
-    from deploy.fast_supernode import FIRST_OBJECT_RETRY, faster_object_retries
+    from pfl_patches import FIRST_OBJECT_RETRY, object_retries
 
     for fn in (objects.pull_objects, objects.pull_and_inflate_object_from_tree):
         monkeypatch.setitem(fn.__kwdefaults__, "initial_backoff", 1)  # Flower's, restored after
-    faster_object_retries()
+    assert object_retries()
     tries = iter([objects.ObjectUnavailableError("x"), objects.ObjectUnavailableError("x")])
 
     def pull(object_id: str) -> bytes:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from methods import parse_run_config
 from pfl_data import data_info, load_client_data
 from pfl_data.hf import (
     DOMAIN_SHIFTS,
@@ -27,7 +28,7 @@ from pfl_data.hf import (
     semantic_groups,
     source_from_dataset,
 )
-from run_config.schema import ConfigError, RunConfig, parse_run_config
+from run_config.schema import ConfigError, RunConfig
 
 CIFAR_DEV = (
     Path(__file__).resolve().parents[1].parent / "shared" / "data" / "cifar10-dev-12k.parquet"

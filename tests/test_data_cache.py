@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from benchmarks.presets import subset_parquet
+from methods import parse_run_config
 from pfl_data import DataInfo, data_info, load_client_data
-from run_config.schema import parse_run_config
 
 
 @pytest.fixture()

@@ -10,7 +10,6 @@ test, bounded in time and killed by pid in the fixture's teardown.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import os
 import re
@@ -45,14 +44,13 @@ from flwr.compat.common.recorddict_compat import (
 
 import methods
 from client_app.app import build_client
-from deploy.loopback import BIN, LoopbackFederation, descendants, free_ports
 from deploy.site import main as site_main
-from models.roles import Roles
+from harness.loopback import BIN, LoopbackFederation, descendants, free_ports
+from methods import parse_run_config
+from models.wire import Wire
 from pfl_data import data_info
-from run_config.schema import parse_run_config
 from server_app.app import build_server
 from server_app.simulate import simulate
-from strategies.base import PFLStrategy
 from tests.test_wire_audit import check_values
 
 pytestmark = pytest.mark.slow
@@ -130,15 +128,12 @@ def federations(tmp_path_factory: pytest.TempPathFactory):
 # ---- what leaves a client: captured by a client mod, for every registered method ----------
 
 
-def _importable_methods() -> list[str]:
-    """Every registry entry whose module exists (new methods are picked up as they land)."""
-    return sorted(n for n, mod in methods._MODULES.items() if importlib.util.find_spec(mod))
-
-
-@pytest.mark.parametrize("method", _importable_methods())
+@pytest.mark.parametrize("method", methods.method_names())
 def test_only_the_shared_spec_leaves_the_client(method: str, tmp_path: Path) -> None:
     cfg = {**SMALL, "method": method, "output-dir": str(tmp_path), "run-name": "wire"}
-    cfg["local-epochs"] = 2  # some schedules have phases (FedDecomp: lora-epochs <= local-epochs)
+    cfg["local-epochs"] = (
+        2  # some schedules have phases (FedDecomp: feddecomp.lora-epochs <= local-epochs)
+    )
     strategy = build_server(Context(0, 0, {}, RecordDict(), {}), cfg).strategy
     outgoing: list[Message] = []
 
@@ -166,14 +161,14 @@ def test_only_the_shared_spec_leaves_the_client(method: str, tmp_path: Path) -> 
     # The upload spec names model tensors only (an encoding may split one: 'name#idx'); a
     # method without its own upload spec sends exactly the shared tensors. (Factorized-FL
     # uploads v^{L-1} for similarity matching, dynamic FedFac whole Lambda layers for factor
-    # analysis: their papers' protocols, declared in their strategies' expected_spec.)
+    # analysis: their papers' protocols, declared in their wires' up_spec.)
     method_ = methods.get_method(method)
-    roles = Roles.of(
-        method_.build_model(parse_run_config(cfg), data_info(parse_run_config(cfg))), method_.split
+    roles = method_.roles(
+        method_.build_model(parse_run_config(cfg), data_info(parse_run_config(cfg)))
     )
-    spec = strategy.expected_spec("site-b")
+    spec = strategy.wire.up_spec()
     assert {s.name.split("#")[0] for s in spec} <= set(roles.shared) | set(roles.personal)
-    if type(strategy).expected_spec is PFLStrategy.expected_spec:
+    if type(strategy.wire).up_spec is Wire.up_spec:
         assert [s.name for s in spec] == list(roles.shared)
 
     fit = recorddict_to_fitres(train.content, keep_input=True)
@@ -410,9 +405,9 @@ REFUSED_RUNS = {  # each needs a disclosure the default site policy does not acc
     "ensemble": (
         {
             "method": "fedfac-static",
-            "new-client-sites": "site-c",
-            "new-client-mode": "ensemble",
-            "ensemble-share-models": True,
+            "fedfac.new-client-sites": "site-c",
+            "fedfac.new-client-mode": "ensemble",
+            "fedfac.ensemble-share-models": True,
         },
         "whole-model",
     ),
@@ -599,8 +594,10 @@ def test_the_site_compose_file_carries_the_sites_policy() -> None:
     default policy (shared tensors only); set, they are the site's own choice."""
     from flwr.common.config import parse_config_args
 
+    from methods import method_names
     from pfl_privacy.policy import SitePolicy
-    from run_config.schema import METHODS
+
+    METHODS = method_names()
 
     doc = yaml.safe_load((DOCKER / "compose.client.yml").read_text())
     (arg,) = [a for a in doc["services"]["supernode"]["command"] if "--node-config=" in a]

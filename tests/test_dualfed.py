@@ -10,12 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from client_app.dualfed import DualFedClient, labels_skewed, supcon_loss
-from methods import get_method
-from models.dualfed import DualFedModel
+from methods import get_method, parse_run_config
+from methods.dualfed.client import DualFedClient, labels_skewed, supcon_loss
+from methods.dualfed.model import DualFedModel
 from models.roles import get_arrays, set_arrays
 from pfl_data import ClientData, DataInfo
-from run_config.schema import parse_run_config
 
 
 class MemoryStore:
@@ -79,12 +78,12 @@ def make_client(
         {
             "method": "dualfed",
             "model": "resnet8",
-            "dual-schedule": schedule,
+            "dualfed.schedule": schedule,
             "lr": 0.05,
             "momentum": 0.5,
             "batch-size": 16,
-            "projector-hidden": 32,
-            "supcon-lambda": 1.0,
+            "dualfed.projector-hidden": 32,
+            "dualfed.supcon-lambda": 1.0,
             **overrides,
         }
     )
@@ -124,10 +123,10 @@ def test_stage1_trains_main_branch_and_leaves_global_head_untouched():
 
 @pytest.mark.parametrize("combine", ["probabilities", "logits"])
 def test_stage1_can_train_the_personal_branch_on_the_combined_prediction(combine):
-    """dual-personal-loss=combined: stage 1's CE is the combined prediction's (h_s frozen
+    """dualfed.personal-loss=combined: stage 1's CE is the combined prediction's (h_s frozen
     but in the loss), not h_p's alone; the paper's default stays h_p's alone."""
     for target in ("personal", "combined"):
-        client, model = make_client(**{"dual-personal-loss": target, "dual-combine": combine})
+        client, model = make_client(**{"dualfed.personal-loss": target, "dualfed.combine": combine})
         model.train()
         x, y = client.x_train[:16], client.y_train[:16]
         with torch.no_grad():
@@ -143,7 +142,7 @@ def test_stage1_can_train_the_personal_branch_on_the_combined_prediction(combine
         expected = combined_ce if target == "combined" else personal_ce
         assert loss == pytest.approx(float(expected + supcon), rel=1e-5)
     # h_s is still frozen in stage 1
-    client, model = make_client(**{"dual-personal-loss": "combined", "dual-combine": combine})
+    client, model = make_client(**{"dualfed.personal-loss": "combined", "dualfed.combine": combine})
     before = snapshot(model, "head.")
     client.stage1(torch.Generator().manual_seed(0))
     assert changed(before, model) == set()
@@ -151,13 +150,13 @@ def test_stage1_can_train_the_personal_branch_on_the_combined_prediction(combine
 
 @pytest.mark.parametrize("combine", ["probabilities", "logits"])
 def test_the_global_prior_moves_the_global_head_to_the_clients_labels(combine):
-    """dual-global-prior=client: the combination uses h_s(z) + log(this client's training
+    """dualfed.global-prior=client: the combination uses h_s(z) + log(this client's training
     label frequencies, add-one smoothed); the paper's default uses h_s(z) as is."""
     skewed = torch.tensor([0] * 30 + [1] * 10 + [2] * 8)  # class 3 never seen
     client, _ = make_client(
-        y_train=skewed, **{"dual-global-prior": "client", "dual-combine": combine}
+        y_train=skewed, **{"dualfed.global-prior": "client", "dualfed.combine": combine}
     )
-    paper, _ = make_client(y_train=skewed, **{"dual-combine": combine})
+    paper, _ = make_client(y_train=skewed, **{"dualfed.combine": combine})
     log_prior = torch.tensor([31.0, 11.0, 9.0, 1.0]).div(52.0).log()
     personal, glob = torch.randn(5, 4), torch.randn(5, 4)
 
@@ -190,7 +189,7 @@ def test_labels_skewed_passes_sampling_noise_and_flags_a_label_skew():
 
 
 def test_the_default_prior_applies_only_to_a_client_whose_labels_are_skewed():
-    """dual-global-prior=client-if-skewed: a skewed client moves h_s to its prior, a
+    """dualfed.global-prior=client-if-skewed: a skewed client moves h_s to its prior, a
     balanced one combines h_s as is; client applies it to both."""
     skewed = torch.tensor([0] * 30 + [1] * 10 + [2] * 8)
     balanced = torch.tensor([0] * 13 + [1] * 12 + [2] * 12 + [3] * 11)  # sampling noise
@@ -201,7 +200,7 @@ def test_the_default_prior_applies_only_to_a_client_whose_labels_are_skewed():
         (balanced, "client", True),
         (skewed, "none", False),
     ):
-        client, _ = make_client(y_train=y, **{"dual-global-prior": mode})
+        client, _ = make_client(y_train=y, **{"dualfed.global-prior": mode})
         as_is = torch.log((F.softmax(personal, 1) + F.softmax(glob, 1)) / 2)
         got = client._combine(personal, glob)
         assert (not torch.allclose(got, as_is)) is moved, (mode, y.bincount())
@@ -217,8 +216,8 @@ def test_stage2_trains_only_the_global_head():
 
 
 def test_stage2_runs_its_own_epochs_and_step(monkeypatch):
-    """Stage 2 trains h_s for global-head-epochs at global-head-lr (not the run's lr)."""
-    import client_app.dualfed as dualfed
+    """Stage 2 trains h_s for dualfed.global-head-epochs at dualfed.global-head-lr (not the run's lr)."""
+    import methods.dualfed.client as dualfed
 
     seen = {}
 
@@ -227,7 +226,8 @@ def test_stage2_runs_its_own_epochs_and_step(monkeypatch):
         return 0.0
 
     client, _ = make_client()
-    client.cfg = client.cfg.model_copy(update={"global_head_epochs": 7, "global_head_lr": 0.3})
+    params = client.cfg.params.model_copy(update={"global_head_epochs": 7, "global_head_lr": 0.3})
+    client.cfg = client.cfg.model_copy(update={"params": params})
     monkeypatch.setattr(dualfed, "train_epochs", spy)
     client.stage2(torch.Generator().manual_seed(1))
     assert seen == {"epochs": 7, "lr": 0.3, "batch": 16, "dim": 2}  # on z, not on images
@@ -311,7 +311,7 @@ def test_end_to_end_on_default_data(tmp_path):
         {
             "method": "dualfed",
             "num-server-rounds": 2,
-            "supcon-lambda": 1.0,
+            "dualfed.supcon-lambda": 1.0,
             # the pipeline, not the paper's schedule: batch 256 is 2 steps an epoch here
             "lr": 0.05,
             "batch-size": 32,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from run_config.schema import parse_run_config
+from methods import parse_run_config
 from server_app.inprocess import run_inprocess
 
 SMALL = {"sim-samples": 60, "hidden-dim": 16, "num-server-rounds": 3}
@@ -55,9 +55,9 @@ def test_one_message_per_round_gives_the_same_results(method: str, tmp_path) -> 
 def test_auto_keeps_two_messages_where_new_clients_are_scored_in_evaluate() -> None:
     assert parse_run_config({"method": "fedper"}).eval_in_fit
     assert parse_run_config({"method": "fedfac-static"}).eval_in_fit
-    assert not parse_run_config({"method": "fedfac-static", "new-clients": 1}).eval_in_fit
+    assert not parse_run_config({"method": "fedfac-static", "fedfac.new-clients": 1}).eval_in_fit
     assert parse_run_config(
-        {"method": "fedfac-static", "new-clients": 1, "eval-in-fit": True}
+        {"method": "fedfac-static", "fedfac.new-clients": 1, "eval-in-fit": True}
     ).eval_in_fit
 
 

@@ -10,8 +10,8 @@ from flwr.common import Context, RecordDict, ndarrays_to_parameters, parameters_
 
 from client_app.base import PFLClient
 from client_app.state import ContextStore
-from methods import get_method
-from models.factorized_fl import (
+from methods import get_method, parse_run_config
+from methods.factorized_fl.model import (
     DENSE,
     INDEX,
     MASK,
@@ -24,19 +24,20 @@ from models.factorized_fl import (
     matching_layer,
     mu_l1,
 )
-from models.roles import get_arrays, wire_spec
+from methods.factorized_fl.strategy import FactorizedFLStrategy, cosine_matrix, matching_weights
+from models.roles import get_arrays
 from pfl_data import ClientData, DataInfo, data_info, load_client_data
-from run_config.schema import RunConfig, parse_run_config
+from run_config.schema import RunConfig
 from server_app.simulate import simulate
 from strategies.base import Reply, payload_bytes
-from strategies.factorized_fl import FactorizedFLStrategy, cosine_matrix, matching_weights
+from tests.helpers import raw_config
 
 CIFAR = DataInfo((3, 32, 32), 10)
 SMALL = {"sim-samples": 120, "hidden-dim": 32, "sim-dim": 20}
 
 
 def cfg_of(**kw: object) -> RunConfig:
-    return parse_run_config({**SMALL, **{k.replace("_", "-"): v for k, v in kw.items()}})
+    return parse_run_config({**SMALL, **raw_config(**kw)})
 
 
 def client_of(
@@ -56,11 +57,7 @@ def client_of(
 
 def strategy_of(cfg: RunConfig, info: DataInfo) -> FactorizedFLStrategy:
     method = get_method(cfg.method)
-    model = method.build_model(cfg, info)
-    shared = method.roles(model).shared
-    return method.strategy(
-        cfg=cfg, spec=wire_spec(model, shared), initial=get_arrays(model, shared), model=model
-    )
+    return method.build_strategy(cfg, method.build_model(cfg, info))  # type: ignore[return-value]
 
 
 # ---- the factorization ----------------------------------------------------------------------
@@ -70,7 +67,7 @@ def strategy_of(cfg: RunConfig, info: DataInfo) -> FactorizedFLStrategy:
 def test_factorized_weights_keep_shapes_and_reconstruct(rank: int) -> None:
     plain = get_method("fedavg").build_model(cfg_of(model="cnn4"), CIFAR)
     model = get_method("factorized-fl-alpha").build_model(
-        cfg_of(model="cnn4", ffl_rank=rank), CIFAR
+        cfg_of(method="factorized-fl-alpha", model="cnn4", rank=rank), CIFAR
     )
     layers = factorized_layers(model)
     assert len(layers) == 4  # 2 conv + fc + head
@@ -100,7 +97,7 @@ def test_factorized_weights_keep_shapes_and_reconstruct(rank: int) -> None:
 def test_l1_penalty_has_the_sign_gradient_on_mu() -> None:
     grads = {}
     for l1 in (0.0, 0.01):
-        client = client_of(cfg_of(method="factorized-fl-beta", ffl_l1=l1), data_info(cfg_of()))
+        client = client_of(cfg_of(method="factorized-fl-beta", l1=l1), data_info(cfg_of()))
         mu = factorized_layers(client.model)["features.1"].parametrizations.weight.original2
         with torch.no_grad():
             mu.copy_(torch.randn(mu.shape, generator=torch.Generator().manual_seed(0)))
@@ -113,7 +110,7 @@ def test_l1_penalty_has_the_sign_gradient_on_mu() -> None:
 
 
 def test_pruning_drops_small_mu_at_eval_and_on_the_wire() -> None:
-    cfg = cfg_of(method="factorized-fl-beta", ffl_mu_threshold=0.1)
+    cfg = cfg_of(method="factorized-fl-beta", mu_threshold=0.1)
     client = client_of(cfg, data_info(cfg))
     layer = factorized_layers(client.model)["features.1"]
     p = layer.parametrizations.weight
@@ -278,7 +275,7 @@ def _reply(strat: FactorizedFLStrategy, key: str, value: float, match: np.ndarra
 
 
 def test_each_client_gets_its_own_aggregate_from_the_round_inputs() -> None:
-    cfg = cfg_of(method="factorized-fl-alpha", ffl_sim_threshold=0.5, ffl_min_aggr=1)
+    cfg = cfg_of(method="factorized-fl-alpha", sim_threshold=0.5, min_aggr=1)
     strat = strategy_of(cfg, data_info(cfg))
     dim = strat.wire.up_spec()[-1].shape[0]
     a, b = np.zeros(dim), np.zeros(dim)
@@ -314,11 +311,11 @@ def test_each_client_gets_its_own_aggregate_from_the_round_inputs() -> None:
 
 
 def test_v_change_matching_compares_moves_away_from_the_shared_initial_v() -> None:
-    """ffl-match=v-change: two clients whose v moved in orthogonal directions from the
+    """factorized-fl.match=v-change: two clients whose v moved in orthogonal directions from the
     initial v (which every client starts from) are dissimilar; compared as v (the
     paper) they look alike, since the common start dominates."""
     for match, expect_similar in (("v", True), ("v-change", False)):
-        cfg = cfg_of(method="factorized-fl-alpha", ffl_match=match)
+        cfg = cfg_of(method="factorized-fl-alpha", match=match)
         strat = strategy_of(cfg, data_info(cfg))
         client = client_of(cfg, data_info(cfg))
         v0 = client.model.state_dict()[strat.wire.match].numpy().reshape(-1)
@@ -332,7 +329,7 @@ def test_v_change_matching_compares_moves_away_from_the_shared_initial_v() -> No
 
 def test_two_clients_with_different_v_get_different_payloads_from_training() -> None:
     """Real clients: after one fit each, their v differ and so do their payloads."""
-    cfg = cfg_of(method="factorized-fl-alpha", ffl_epsilon=20.0)
+    cfg = cfg_of(method="factorized-fl-alpha", epsilon=20.0)
     strat = strategy_of(cfg, data_info(cfg))
     start = parameters_to_ndarrays(strat.payload_for(None, 1))
     replies = []

@@ -10,10 +10,10 @@ import torch.nn.functional as F
 from flwr.common import Context, RecordDict
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from client_app.fedcp import FedCPClient
 from client_app.state import ContextStore
-from methods import get_method
-from models.fedcp import FedCPModel, mmd_rbf
+from methods import get_method, parse_run_config
+from methods.fedcp.client import FedCPClient
+from methods.fedcp.model import FedCPModel, mmd_rbf
 from models.roles import CLIENT_KEY, get_arrays
 from pfl_data import DataInfo, load_client_data
 from run_config.schema import RunConfig
@@ -21,8 +21,12 @@ from run_config.schema import RunConfig
 METHOD = get_method("fedcp")
 
 
+def _cfg(**raw: object) -> RunConfig:
+    return parse_run_config({"method": "fedcp", **raw})
+
+
 def _model(cfg: RunConfig | None = None, model: str = "mlp") -> FedCPModel:
-    cfg = cfg or RunConfig(method="fedcp", model=model)
+    cfg = cfg or _cfg(model=model)
     shape = (3, 32, 32) if model == "cnn4" else (cfg.sim_dim,)
     return METHOD.build_model(cfg, DataInfo(shape, 10 if model == "cnn4" else 2))
 
@@ -92,13 +96,13 @@ def test_eval_is_deterministic_by_default_and_noisy_option_is_not() -> None:
     model = _model()
     model.eval()
     assert torch.equal(model(x), model(x))
-    noisy = _model(RunConfig(method="fedcp", **{"cp-noisy-eval": True}))
+    noisy = _model(_cfg(**{"fedcp.noisy-eval": True}))
     noisy.eval()
     assert not torch.equal(noisy(x), noisy(x))
 
 
 def test_frozen_parts_get_no_gradient_and_global_head_is_blended() -> None:
-    cfg = RunConfig(method="fedcp", lr=0.05, **{"batch-size": 10})
+    cfg = _cfg(lr=0.05, **{"batch-size": 10})
     client = _client(cfg)
     m = client.model
     # make h_p and h_g differ so the blend is observable
@@ -130,7 +134,7 @@ def test_frozen_parts_get_no_gradient_and_global_head_is_blended() -> None:
 
 
 def test_receive_sets_shared_keeps_personal_and_refreshes_copy_and_context() -> None:
-    cfg = RunConfig(method="fedcp")
+    cfg = _cfg()
     client = _client(cfg)
     m = client.model
     with torch.no_grad():
@@ -147,7 +151,7 @@ def test_receive_sets_shared_keeps_personal_and_refreshes_copy_and_context() -> 
 
 
 def test_personal_head_never_on_wire_and_survives_rounds() -> None:
-    cfg = RunConfig(method="fedcp")
+    cfg = _cfg()
     client = _client(cfg)
     roles = client.roles
     sent = get_arrays(client.model, roles.shared)
@@ -196,7 +200,7 @@ def test_end_to_end_completes_improves_and_records_pir(tmp_path) -> None:  # noq
 
 
 def test_wraps_resnet18_with_its_fc_as_heads() -> None:
-    cfg = RunConfig(method="fedcp", model="resnet18")
+    cfg = _cfg(model="resnet18")
     model = METHOD.build_model(cfg, DataInfo((3, 32, 32), 10))
     assert model.feature_dim == 512 and model.global_head.weight.shape == (10, 512)
     model.eval()

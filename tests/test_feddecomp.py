@@ -10,12 +10,12 @@ from flwr.common import ndarray_to_bytes
 from torch import nn
 
 from client_app.base import PFLClient
-from methods import get_method
+from methods import get_method, parse_run_config
+from methods.feddecomp.model import LowRankTau, tau_entries
 from models.backbones import build_backbone
-from models.feddecomp import LowRankTau, tau_entries
 from models.roles import Roles, get_arrays, nothing_personal
 from pfl_data import ClientData, DataInfo, data_info
-from run_config.schema import ConfigError, RunConfig, parse_run_config
+from run_config.schema import ConfigError, RunConfig
 from server_app.simulate import simulate
 from strategies.base import PFLStrategy, Reply
 
@@ -37,7 +37,7 @@ class DictStore:
 
 
 def cfg_of(**kw: object) -> RunConfig:
-    raw = {"method": "feddecomp", "local-epochs": 3, "lora-epochs": 1, "batch-size": 16}
+    raw = {"method": "feddecomp", "local-epochs": 3, "feddecomp.lora-epochs": 1, "batch-size": 16}
     raw.update(kw)
     return parse_run_config(raw)
 
@@ -76,7 +76,11 @@ def test_every_conv_and_linear_gets_a_zero_low_rank_tau_of_the_paper_rank(model:
         (tau,) = layer.parametrizations.weight
         sigma = layer.parametrizations.weight.original
         out_dim, in_dim = sigma.shape[:2]
-        ratio = cfg.linear_rank_ratio if isinstance(layer, nn.Linear) else cfg.conv_rank_ratio
+        ratio = (
+            cfg.params.linear_rank_ratio
+            if isinstance(layer, nn.Linear)
+            else cfg.params.conv_rank_ratio
+        )
         assert tau.rank == max(1, round(ratio * min(in_dim, out_dim)))
         k = sigma.shape[2] if sigma.dim() == 4 else 1
         assert tau.lora_A.shape == (tau.rank * k, in_dim * k)
@@ -102,12 +106,14 @@ def test_every_conv_and_linear_gets_a_zero_low_rank_tau_of_the_paper_rank(model:
 
 
 def test_rank_options_reference_basis_and_absolute_linear_rank() -> None:
-    cfg = cfg_of(model="resnet8", **{"rank-basis": "out", "conv-rank-ratio": 0.5})
+    cfg = cfg_of(
+        model="resnet8", **{"feddecomp.rank-basis": "out", "feddecomp.conv-rank-ratio": 0.5}
+    )
     net = get_method("feddecomp").build_model(cfg, DataInfo(IMAGE, 10))
     stem = net.features[0].parametrizations.weight[0]  # 3 -> 64, 7x7
     assert stem.rank == 32  # 0.5 * O, not 0.5 * min(3, 64) = 2
     assert net.head.parametrizations.weight[0].rank == 6  # linear 256 -> 10: 0.6 * O
-    cfg = cfg_of(model="resnet8", **{"linear-rank-abs": 40})
+    cfg = cfg_of(model="resnet8", **{"feddecomp.linear-rank-abs": 40})
     net = get_method("feddecomp").build_model(cfg, DataInfo(IMAGE, 10))
     assert net.head.parametrizations.weight[0].rank == 40
     assert net.features[0].parametrizations.weight[0].rank == 2  # round(0.6 * 3)
@@ -115,7 +121,7 @@ def test_rank_options_reference_basis_and_absolute_linear_rank() -> None:
 
 def test_split_personal_is_exactly_a_and_b_and_reverse_swaps() -> None:
     for reverse in (False, True):
-        cfg = cfg_of(model="resnet8", **{"decomp-reverse": reverse})
+        cfg = cfg_of(model="resnet8", **{"feddecomp.reverse": reverse})
         method = get_method("feddecomp")
         net = method.build_model(cfg, DataInfo(IMAGE, 10))
         roles = method.roles(net)
@@ -133,7 +139,7 @@ def test_split_personal_is_exactly_a_and_b_and_reverse_swaps() -> None:
 
 def test_reverse_uploads_only_a_and_b_and_keeps_sigma() -> None:
     store = DictStore()
-    client = make(cfg_of(model="cnn4", **{"decomp-reverse": True}), image_data(), store)
+    client = make(cfg_of(model="cnn4", **{"feddecomp.reverse": True}), image_data(), store)
     sent, _, _ = client.fit(get_arrays(client.model, client.roles.shared), {"server-round": 1})
     state = client.model.state_dict()
     assert [a.shape for a in sent] == [tuple(state[n].shape) for n in client.roles.shared]
@@ -142,18 +148,22 @@ def test_reverse_uploads_only_a_and_b_and_keeps_sigma() -> None:
 
 
 def test_lora_epochs_above_local_epochs_is_a_config_error_naming_the_key() -> None:
-    with pytest.raises(ConfigError, match="lora-epochs"):
-        parse_run_config({"method": "feddecomp", "local-epochs": 2, "lora-epochs": 3})
-    with pytest.raises(ConfigError, match="lora-epochs"):
-        parse_run_config({"method": "feddecomp", "lora-epochs": 6})  # above the auto E = 5
+    with pytest.raises(ConfigError, match="feddecomp.lora-epochs"):
+        parse_run_config({"method": "feddecomp", "local-epochs": 2, "feddecomp.lora-epochs": 3})
+    with pytest.raises(ConfigError, match="feddecomp.lora-epochs"):
+        parse_run_config(
+            {"method": "feddecomp", "feddecomp.lora-epochs": 6}
+        )  # above the auto E = 5
     cfg = parse_run_config({"method": "feddecomp"})  # the paper's E = 5, E_lora = 2 (auto)
-    assert (cfg.local_epochs, cfg.lora_epochs) == (5, 2)
+    assert (cfg.local_epochs, cfg.params.lora_epochs) == (5, 2)
     # fine where it does not apply, and at the boundary
-    parse_run_config({"method": "fedavg", "lora-epochs": 3})
-    parse_run_config({"method": "feddecomp", "decomp-schedule": "simultaneous"})
-    parse_run_config({"method": "feddecomp", "local-epochs": 2, "lora-epochs": 2})
-    with pytest.raises(ConfigError, match="conv-rank-ratio"):
-        parse_run_config({"method": "feddecomp", "local-epochs": 5, "conv-rank-ratio": 1.5})
+    parse_run_config({"method": "fedavg", "feddecomp.lora-epochs": 3})
+    parse_run_config({"method": "feddecomp", "feddecomp.schedule": "simultaneous"})
+    parse_run_config({"method": "feddecomp", "local-epochs": 2, "feddecomp.lora-epochs": 2})
+    with pytest.raises(ConfigError, match="feddecomp.conv-rank-ratio"):
+        parse_run_config(
+            {"method": "feddecomp", "local-epochs": 5, "feddecomp.conv-rank-ratio": 1.5}
+        )
 
 
 def test_with_zero_lora_epochs_one_round_equals_fedavg() -> None:
@@ -161,7 +171,7 @@ def test_with_zero_lora_epochs_one_round_equals_fedavg() -> None:
     epochs with tau = 0, which is FedAvg's local round on the same data."""
     data = image_data()
     kw = {"model": "resnet8", "local-epochs": 2, "lr": 0.05, "momentum": 0.9}
-    dec = make(cfg_of(**kw, **{"lora-epochs": 0}), data)
+    dec = make(cfg_of(**kw, **{"feddecomp.lora-epochs": 0}), data)
     avg = make(parse_run_config({"method": "fedavg", "batch-size": 16, **kw}), data)
     # the same tensors under other names (parametrize puts sigma after the bias)
     names = [sigma_name(n) for n in dec.roles.shared]
@@ -185,7 +195,7 @@ def test_with_zero_lora_epochs_one_round_equals_fedavg() -> None:
 def test_phases_train_what_they_should() -> None:
     data = image_data()
     # E = E_lora: only tau trains; sigma, biases and BN affine are untouched
-    client = make(cfg_of(model="resnet8", **{"local-epochs": 1, "lora-epochs": 1}), data)
+    client = make(cfg_of(model="resnet8", **{"local-epochs": 1, "feddecomp.lora-epochs": 1}), data)
     before = {k: v.clone() for k, v in client.model.state_dict().items()}
     client.fit(get_arrays(client.model, client.roles.shared), {"server-round": 1})
     after = client.model.state_dict()
@@ -198,13 +208,13 @@ def test_phases_train_what_they_should() -> None:
         else:
             assert not changed, name
     # E_lora = 0: tau stays zero, sigma trains
-    client = make(cfg_of(model="cnn4", **{"local-epochs": 1, "lora-epochs": 0}), data)
+    client = make(cfg_of(model="cnn4", **{"local-epochs": 1, "feddecomp.lora-epochs": 0}), data)
     before = {k: v.clone() for k, v in client.model.state_dict().items()}
     client.fit(get_arrays(client.model, client.roles.shared), {"server-round": 1})
     for name, value in client.model.state_dict().items():
         assert torch.equal(before[name], value) == (".lora_" in name), name
     # simultaneous: everything trains
-    client = make(cfg_of(model="cnn4", **{"decomp-schedule": "simultaneous"}), data)
+    client = make(cfg_of(model="cnn4", **{"feddecomp.schedule": "simultaneous"}), data)
     before = {k: v.clone() for k, v in client.model.state_dict().items()}
     client.fit(get_arrays(client.model, client.roles.shared), {"server-round": 1})
     for name, value in client.model.state_dict().items():
@@ -263,7 +273,7 @@ def test_end_to_end_on_the_default_data(tmp_path: object) -> None:
         "method": "feddecomp",
         "num-server-rounds": 3,
         "local-epochs": 2,
-        "lora-epochs": 1,
+        "feddecomp.lora-epochs": 1,
         "output-dir": str(tmp_path),
         "run-name": "feddecomp",
     }
@@ -277,7 +287,7 @@ def test_end_to_end_on_the_default_data(tmp_path: object) -> None:
     cfg = parse_run_config(overrides)
     method = get_method("feddecomp")
     net = method.build_model(cfg, data_info(cfg))
-    roles = Roles.of(net, method.split)
+    roles = method.roles(net)
     plain = build_backbone("mlp", (cfg.sim_dim,), 2, hidden=cfg.hidden_dim)
     avg = Roles.of(plain, nothing_personal)
     one = sum(len(ndarray_to_bytes(a)) for a in get_arrays(net, roles.shared))

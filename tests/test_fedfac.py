@@ -7,20 +7,20 @@ import pytest
 import torch
 from flwr.common import parameters_to_ndarrays
 
-from client_app.fedfac import FedFacClient
-from methods import get_method
-from models.fedfac import HELD_OUT, MASK_KEY, element_entries, unpack_mask
-from pfl_data import data_info, load_client_data
-from run_config.schema import parse_run_config
-from strategies.base import Reply
-from strategies.factor_analysis import (
+from methods import get_method, parse_run_config
+from methods.fedfac.client import FedFacClient
+from methods.fedfac.factor_analysis import (
     correlation,
     layer_matrix,
     num_factors,
     principal_factors,
     shared_elements,
 )
-from strategies.fedfac import FedFacStrategy
+from methods.fedfac.model import HELD_OUT, element_entries
+from methods.fedfac.strategy import FedFacStrategy
+from pfl_data import data_info, load_client_data
+from strategies.base import Reply
+from tests.helpers import raw_config
 
 # ---- factor analysis -----------------------------------------------------------------------
 
@@ -80,7 +80,7 @@ def test_layer_matrix_stacks_clients_per_element():
 
 
 def make(method: str = "fedfac-dynamic", num: int = 4, **over):
-    cfg = parse_run_config({"method": method, "train-per-client": 50, **over})
+    cfg = parse_run_config({"train-per-client": 50, **raw_config(method=method, **over)})
     m = get_method(method)
     info = data_info(cfg)
     model = m.build_model(cfg, info)
@@ -122,7 +122,7 @@ def test_element_entries_cover_weight_bias_and_bn():
     assert (
         e[0] == "features.0.weight" and "features.1.weight" in e and "features.1.running_var" in e
     )
-    with pytest.raises(ValueError, match="fa-layers"):
+    with pytest.raises(ValueError, match="fedfac.fa-layers"):
         element_entries(model, ["features.2"])
 
 
@@ -140,38 +140,37 @@ def test_personal_elements_never_aggregated_and_mask_matches_split():
         for k in range(4)
     ]
     strategy.rounds[1] = __import__("strategies.base", fromlist=["RoundLog"]).RoundLog()
-    strategy.full_upload = True
     strategy.aggregate(1, replies)
     shared = strategy.shared["features.1"]
     assert shared.sum() == 100  # quantile 0.5 of 200 neurons
-    i = strategy.position["features.1.weight"]
+    i = strategy.wire.position["features.1.weight"]
     g = strategy.global_arrays[i]
     np.testing.assert_array_equal(g[~shared], initial[i][~shared])  # untouched
     w = np.array([10, 20, 30, 40]) / 100
     expect = sum(wk * r.arrays[i][shared].astype(np.float64) for wk, r in zip(w, replies))
     np.testing.assert_allclose(g[shared], expect, rtol=1e-5)
     # the head (outside Lambda) is fully averaged
-    h = strategy.position["head.weight"]
+    h = strategy.wire.position["head.weight"]
     np.testing.assert_allclose(
         g_h := strategy.global_arrays[h],
         sum(wk * r.arrays[h] for wk, r in zip(w, replies)),
         rtol=1e-5,
     )
     assert not np.allclose(g_h, initial[h])
-    # the mask in the payload config is exactly the server's split
-    config = strategy.client_config("client-0", 2)
-    np.testing.assert_array_equal(unpack_mask(config[MASK_KEY + "features.1"], 200), ~shared)
+    # the split at the head of every payload is exactly the server's (bits: personal)
+    head = parameters_to_ndarrays(strategy.payload_for("client-0", 2))[0]
+    np.testing.assert_array_equal(np.unpackbits(head, count=200).astype(bool), ~shared)
+    assert "fa-personal:features.1" not in strategy.client_config("client-0", 2)
 
 
 def test_static_uploads_only_shared_elements_after_fa():
     cfg, m, model, roles, strategy = make("fedfac-static")
-    strategy.shared = {"features.1": np.arange(200) % 4 == 0}  # 50 shared
-    strategy.full_upload = False
+    strategy.set_split({"features.1": np.arange(200) % 4 == 0})  # 50 shared
     c = client(cfg, m, 0)
     config = {**strategy.client_config("client-0", 2), "server-round": 2}
     arrays, n, _ = c.fit(parameters_to_ndarrays(strategy.global_payload()), config)
     assert strategy.check_reply("client-0", arrays, n) is None
-    i = strategy.position["features.1.weight"]
+    i = strategy.wire.position["features.1.weight"]
     assert arrays[i].shape == (50, 100)
     # the personal rows never left: they are exactly the client's kept values
     kept = c.store.state["fedfac.local.features.1.weight"]
@@ -183,27 +182,20 @@ def test_personal_values_survive_a_change_of_split():
     c = client(cfg, m, 1)
     i = roles.shared.index("features.1.weight")
     glob = parameters_to_ndarrays(strategy.global_payload())
-    config = {"server-round": 1, "fa-full-upload": True}
-    own, _, _ = c.fit(glob, config)  # trains, keeps its own values
+    own, _, _ = c.fit(glob, {"server-round": 1})  # trains, keeps its own values
     a = np.zeros(200, dtype=bool)
     a[:100] = True  # split A: first half personal
     b = np.zeros(200, dtype=bool)
     b[50:150] = True  # split B: overlaps A on 50..99
-    fresh = [x + 1.0 for x in glob]  # a new global, different from everything local
-    from models.fedfac import pack_mask
-
-    c.restore_personal()
-    c.receive(fresh, {MASK_KEY + "features.1": pack_mask(a)})
-    w = c.model.state_dict()["features.1.weight"].numpy()
-    np.testing.assert_array_equal(w[a], own[i][a])
-    np.testing.assert_array_equal(w[~a], fresh[i][~a])
-    # the split changes: newly personal rows 100..149 come back as the client's own too
-    c.restore_personal()
-    c.receive(fresh, {MASK_KEY + "features.1": pack_mask(b)})
-    w = c.model.state_dict()["features.1.weight"].numpy()
-    np.testing.assert_array_equal(w[b], own[i][b])
-    np.testing.assert_array_equal(w[~b], fresh[i][~b])
-    assert c.personal["features.1"].tolist() == b.tolist()
+    fresh = [x + 1.0 for x in strategy.global_arrays]  # a new global, unlike anything local
+    for personal in (a, b):  # the split changes: newly personal rows are the client's own too
+        strategy.set_split({"features.1": ~personal})
+        c.restore_personal()
+        c.receive(strategy.wire.encode_down(fresh), {})
+        w = c.model.state_dict()["features.1.weight"].numpy()
+        np.testing.assert_array_equal(w[personal], own[i][personal])
+        np.testing.assert_array_equal(w[~personal], fresh[i][~personal])
+        assert c.wire.personal("features.1").tolist() == personal.tolist()
 
 
 def test_new_client_localtrain_keeps_its_personal_rows_between_rounds():
@@ -236,8 +228,8 @@ def test_new_client_localtrain_keeps_its_personal_rows_between_rounds():
 def test_ensemble_needs_consent_and_sends_models_not_data():
     from run_config.schema import ConfigError
 
-    with pytest.raises(ConfigError, match="'ensemble-share-models'"):
-        parse_run_config({"method": "fedfac-static", "new-client-mode": "ensemble"})
+    with pytest.raises(ConfigError, match="'fedfac.ensemble-share-models'"):
+        parse_run_config({"method": "fedfac-static", "fedfac.new-client-mode": "ensemble"})
     cfg, m, model, roles, strategy = make(
         new_clients=1, new_client_mode="ensemble", ensemble_share_models=True
     )
@@ -249,7 +241,7 @@ def test_ensemble_needs_consent_and_sends_models_not_data():
     new = client(cfg, m, 3)
     for k in range(3):
         c = client(cfg, m, k)
-        c.fit(glob, {**config, "fa-full-upload": True})
+        c.fit(glob, config)
         shared, _, metrics = c.fit(glob, {**config, "fa-phase": "share-model"})
         assert set(metrics) == {"client-key"}  # the personalised model, nothing else
         assert [a.shape for a in shared] == [tuple(v.shape) for v in c.model.state_dict().values()]
@@ -269,23 +261,25 @@ def test_ensemble_needs_consent_and_sends_models_not_data():
 
 def test_downloads_after_the_split_carry_only_shared_rows():
     cfg, m, model, roles, strategy = make("fedfac-dynamic")
+    a = client(cfg, m, 0)
+    a.fit(parameters_to_ndarrays(strategy.global_payload()), {"server-round": 1})
+    own = a.store.state["fedfac.local.features.1.weight"]
     shared = np.arange(200) % 4 == 0
     strategy.set_split({"features.1": shared})
     compact = parameters_to_ndarrays(strategy.payload_for("client-0", 2))
-    i = strategy.position["features.1.weight"]
-    assert compact[i].shape == (50, 100)
-    np.testing.assert_array_equal(compact[i], strategy.global_arrays[i][shared])
-    # the client ends up with exactly what a full download would have given it
-    config = {**strategy.client_config("client-0", 2), "server-round": 2}
-    a, b = client(cfg, m, 0), client(cfg, m, 0)
+    i = strategy.wire.position["features.1.weight"]
+    assert compact[1 + i].shape == (50, 100)  # after the split's one tensor
+    np.testing.assert_array_equal(compact[1 + i], strategy.global_arrays[i][shared])
+    # the client ends up with the global shared rows beside its own personal rows
+    b = client(cfg, m, 0)
     b.store = a.store
-    a.fit(parameters_to_ndarrays(strategy.global_payload()), {"server-round": 1})
-    a.restore_personal()
-    a.receive(strategy.global_arrays, config)
     b.restore_personal()
-    b.receive(compact, config)
-    for k, v in a.model.state_dict().items():
-        assert torch.equal(v, b.model.state_dict()[k]), k
+    b.receive(compact, {"server-round": 2})
+    w = b.model.state_dict()["features.1.weight"].numpy()
+    np.testing.assert_array_equal(w[shared], strategy.global_arrays[i][shared])
+    np.testing.assert_array_equal(w[~shared], own[~shared])
+    h = strategy.wire.position["head.weight"]
+    np.testing.assert_array_equal(b.model.state_dict()["head.weight"].numpy(), compact[1 + h])
     assert strategy.payload_for("client-0", 2) is strategy.payload_for("client-1", 2)  # once
 
 
@@ -293,13 +287,12 @@ def test_update_based_fa_uses_each_clients_own_start():
     """Round 2 of dynamic FedFac: personal rows started from each client's own
     values, not the global ones; FA must see the change from that start."""
     cfg, m, model, roles, strategy = make("fedfac-dynamic", fa_input="updates", num=3)
-    i = strategy.position["features.1.weight"]
+    i = strategy.wire.position["features.1.weight"]
     seen = []
     fa = strategy.factor_analysis
     strategy.factor_analysis = lambda per_client: seen.append(per_client) or fa(per_client)
     clients = [client(cfg, m, k, num=3) for k in range(3)]
     for rnd in (1, 2):
-        strategy.full_upload = strategy.needs_full_upload()
         strategy.rounds[rnd] = __import__("strategies.base", fromlist=["RoundLog"]).RoundLog()
         config = {**strategy.client_config(None, rnd), "server-round": rnd}
         glob = parameters_to_ndarrays(strategy.payload_for(None, rnd))
@@ -352,9 +345,9 @@ def test_end_to_end(tmp_path, method):
             "num-server-rounds": 3,
             "optimizer": "adam",
             "lr": 0.001,
-            "new-clients": 1,
-            "new-client-mode": mode,
-            "ensemble-share-models": mode == "ensemble",
+            "fedfac.new-clients": 1,
+            "fedfac.new-client-mode": mode,
+            "fedfac.ensemble-share-models": mode == "ensemble",
             "output-dir": str(tmp_path),
             "run-name": method,
         },
@@ -378,9 +371,9 @@ def test_end_to_end(tmp_path, method):
 def test_fixed_split_is_never_reestimated_and_updates_input_runs():
     cfg, m, model, roles, strategy = make("fedfac-dynamic", fa_split="random", num=4)
     strategy.set_split(strategy.fixed_split())
-    assert not strategy.needs_full_upload()  # personal rows never leave under a fixed split
+    assert not strategy.wire.full_upload()  # personal rows never leave under a fixed split
     cfg, m, model, roles, strategy = make("fedfac-dynamic", fa_input="updates")
-    assert strategy.needs_full_upload()
+    assert strategy.wire.full_upload()
     rng = np.random.default_rng(1)
     replies = [
         Reply(
@@ -419,9 +412,9 @@ def test_new_client_sites_hold_out_named_deployment_sites():
     assert [p.node_id for p, _ in sampled] == [1]
     *_, everyone = make(new_client_sites="site-a,site-b,site-c")
     everyone.num_clients = 0
-    with pytest.raises(ValueError, match="config key 'new-client-sites'"):
+    with pytest.raises(ValueError, match="config key 'fedfac.new-client-sites'"):
         everyone._start(manager)
-    with pytest.raises(ConfigError, match="'new-clients' and 'new-client-sites'"):
+    with pytest.raises(ConfigError, match="'fedfac.new-clients' and 'fedfac.new-client-sites'"):
         make(new_clients=1, new_client_sites="site-b")
 
 

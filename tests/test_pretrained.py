@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from benchmarks.presets import CIFAR10_DEV
-from methods import get_method
+from methods import get_method, parse_run_config
 from pfl_data import data_info, load_client_data
 from pfl_data.hf import IMAGENET_MEAN, IMAGENET_STD
-from run_config.schema import ConfigError, parse_run_config
+from run_config.schema import ConfigError
 
 DEV_PARQUET = str(CIFAR10_DEV)
 

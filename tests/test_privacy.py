@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from flwr.common import parameters_to_ndarrays
 
+from methods import parse_run_config
 from pfl_privacy import PrivacyAccountant, add_noise, clip_update, noise_share_std
-from run_config.schema import ConfigError, parse_run_config
+from run_config.schema import ConfigError
 from server_app.inprocess import run_inprocess
 from tests.helpers import FakeProxy, config, fit_res, make_client, make_strategy
 

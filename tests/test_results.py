@@ -10,7 +10,8 @@ import platform
 import numpy as np
 import pytest
 
-from run_config.schema import ConfigError, parse_run_config
+from methods import parse_run_config
+from run_config.schema import ConfigError
 from run_results import CSV_COLUMNS, RunRecorder
 from server_app.inprocess import run_inprocess
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from run_config.schema import ConfigError, parse_run_config
+from methods import parse_run_config
+from run_config.schema import ConfigError
 from strategies.robust import bound_updates, capped_counts, robust_mean, update_norm
 from tests.helpers import FakeProxy, config, fit_res, make_strategy
 

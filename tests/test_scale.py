@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from server_app import linkstate_index
+import pfl_patches
+from methods import method_names
 from server_app.inprocess import build_inprocess
 
 SMALL = {"sim-samples": 60, "hidden-dim": 16, "num-server-rounds": 3, "run-name": "spill"}
@@ -37,7 +38,7 @@ def test_spilled_personal_state_gives_the_same_run_and_leaves_memory_empty(tmp_p
 def test_the_linkstate_index_is_applied_on_this_flower() -> None:
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
 
-    assert linkstate_index.apply()
+    assert pfl_patches.linkstate_index()
     assert InMemoryLinkState._pflower_indexed
 
 
@@ -75,16 +76,19 @@ def test_factorized_fl_per_client_aggregates_spill_past_the_budget(tmp_path) -> 
         strategy = server.strategy
         runs[name] = __import__("json").loads(strategy.recorder.results_path.read_text())
         if name == "disk":
-            assert not strategy.payloads.memory and len(strategy.payloads.on_disk) == 4
+            assert (
+                not strategy.payloads.per_client.memory
+                and len(strategy.payloads.per_client.on_disk) == 4
+            )
             assert len(list((strategy.recorder.dir / "client-payloads").glob("*.npz"))) == 4
         else:
-            assert len(strategy.payloads.memory) == 4
+            assert len(strategy.payloads.per_client.memory) == 4
     for a, b in zip(runs["memory"]["rounds"], runs["disk"]["rounds"], strict=True):
         assert a["per_client_accuracy"] == b["per_client_accuracy"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", sorted(__import__("run_config.schema").schema.METHODS))
+@pytest.mark.parametrize("method", method_names())
 def test_every_method_trains_with_partial_participation(method: str, tmp_path) -> None:
     """fraction-fit 0.5 of 4 clients: 2 a round; the others keep their state and
     come back (FedFac's factor analysis and Factorized-FL's matching see 2)."""

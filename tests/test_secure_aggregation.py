@@ -8,17 +8,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from run_config.schema import ONLY_PER_CLIENT, ConfigError, parse_run_config
+from methods import get_method, method_names, parse_run_config
+from run_config.schema import ConfigError
 from strategies.base import PFLStrategy
 
 SMALL = {"sim-samples": 60, "hidden-dim": 16, "num-server-rounds": 2}
 
 
-@pytest.mark.parametrize("method", sorted(ONLY_PER_CLIENT))
+@pytest.mark.parametrize("method", [m for m in method_names() if get_method(m).per_client])
 def test_methods_that_need_each_upload_refuse_naming_the_key(method: str) -> None:
     with pytest.raises(ConfigError, match="'secure-aggregation'") as err:
         parse_run_config({"method": method, "secure-aggregation": True})
-    assert ONLY_PER_CLIENT[method] in str(err.value)
+    assert get_method(method).per_client in str(err.value)
 
 
 @pytest.mark.parametrize(

@@ -15,19 +15,20 @@ from flwr.common import parameters_to_ndarrays
 
 from benchmarks.presets import subset_parquet
 from client_app.train import augment_batch, evaluate
-from methods import get_method
+from methods import get_method, method_names, parse_run_config, registry
+from methods.fedfac import FA_LAYERS
+from methods.fedfac.model import check_fa_layers
 from models.backbones import build_backbone
-from models.fedfac import check_fa_layers
 from pfl_data import data_info
-from run_config.defaults import AUTO_KEYS, FA_LAYERS
-from run_config.schema import METHODS, ConfigError, describe_settings, parse_run_config
+from run_config.defaults import AUTO_KEYS
+from run_config.schema import ConfigError, describe_settings
 from server_app.inprocess import run_inprocess
 from tests.helpers import config, make_client, make_strategy
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = {"local-epochs": 1, "optimizer": "sgd", "weight-decay": 0.0}
 
-# ../shared/METHODS.md, written out: (local-epochs, batch-size, optimizer, lr, momentum, wd)
+# each paper's, written out: (local-epochs, batch-size, optimizer, lr, momentum, wd)
 PAPER = {
     "feddecomp": (5, 100, "sgd", 0.1, 0.9, 0.0),
     "fedcp": (1, 10, "sgd", 0.005, 0.0, 0.0),
@@ -37,7 +38,7 @@ PAPER = {
     "fedfac-dynamic": (1, 32, "adam", 1e-3, 0.0, 0.0),
     "dualfed": (1, 256, "sgd", 0.01, 0.5, 0.0),
 }
-# baselines: one epoch of SGD at the backbone's stable step (run_config/defaults.py)
+# baselines: one epoch of SGD at the backbone's stable step (methods/baselines)
 BASELINE = {
     "mlp": (1, 32, "sgd", 0.05, 0.0, 0.0),
     "cnn4": (1, 50, "sgd", 0.01, 0.9, 0.0),
@@ -49,21 +50,25 @@ def schedule(cfg) -> tuple:
     return (cfg.local_epochs, cfg.batch_size, cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay)
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", method_names())
 @pytest.mark.parametrize("model", ["mlp", "cnn4", "resnet8"])
 def test_auto_resolves_to_the_papers_settings(method: str, model: str) -> None:
     cfg = parse_run_config({"method": method, "model": model})
     assert schedule(cfg) == PAPER.get(method, BASELINE[model])
     if method == "feddecomp":
-        assert cfg.lora_epochs == 2  # E_lora = 2 of E = 5
+        assert cfg.params.lora_epochs == 2  # E_lora = 2 of E = 5
 
 
 def test_pyproject_defaults_every_auto_key_to_auto() -> None:
-    app = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    from flwr.common.config import flatten_dict
+
+    nested = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    app = flatten_dict(nested)
+    own = {f"{m.params.namespace}.{k}" for m in registry().values() for k in m.params.auto_keys}
     # domain-groups' "auto" is one of its own values (it needs the data set to resolve)
-    assert {k for k, v in app.items() if v == "auto"} - {"domain-groups"} == set(AUTO_KEYS)
+    assert {k for k, v in app.items() if v == "auto"} - {"domain-groups"} == {*AUTO_KEYS, *own}
     # the whole pyproject default config is valid for every method as it stands
-    for method in METHODS:
+    for method in method_names():
         parse_run_config({**app, "method": method})
 
 
@@ -74,36 +79,41 @@ def test_python_floor_is_311() -> None:
 
 
 @pytest.mark.parametrize(
-    ("method", "key", "value", "field"),
+    ("method", "key", "value"),
     [
-        ("feddecomp", "lr", 0.02, "lr"),  # a schedule key
-        ("fedcp", "batch-size", 64, "batch_size"),
-        ("fedfac-static", "optimizer", "sgd", "optimizer"),
-        ("feddecomp", "lora-epochs", 4, "lora_epochs"),  # a method key derived from another
-        ("dualfed", "augment", "none", "augment"),  # augmentation
-        ("fedfac-dynamic", "fa-layers", "features.0", "fa_layers"),  # a model-aware key
-        ("factorized-fl-beta", "ffl-epsilon", 3.0, "ffl_epsilon"),  # a partitioner-aware key
+        ("feddecomp", "lr", 0.02),  # a schedule key
+        ("fedcp", "batch-size", 64),
+        ("fedfac-static", "optimizer", "sgd"),
+        ("feddecomp", "feddecomp.lora-epochs", 4),  # a method key derived from another
+        ("dualfed", "augment", "none"),  # augmentation
+        ("fedfac-dynamic", "fedfac.fa-layers", "features.0"),  # a model-aware key
+        ("factorized-fl-beta", "factorized-fl.epsilon", 3.0),  # a partitioner-aware key
     ],
 )
-def test_a_user_value_wins_over_auto(method: str, key: str, value, field: str) -> None:
+def test_a_user_value_wins_over_auto(method: str, key: str, value) -> None:
     raw = {"method": method, "model": "cnn4", "dataset": "x.parquet", "partitioner": "domain"}
     raw[key] = value
     cfg = parse_run_config(raw)
-    assert getattr(cfg, field) == value
-    assert getattr(parse_run_config({**raw, key: "auto"}), field) != value
-    assert f"{key}={value} (set)" in describe_settings(cfg, [])
+    assert cfg.as_dict()[key] == value and key not in cfg.auto_resolved
+    auto = parse_run_config({**raw, key: "auto"})
+    assert auto.as_dict()[key] != value and key in auto.auto_resolved
+    assert f"{key}={value} (set)" in describe_settings(cfg)
 
 
 def test_derived_and_scenario_keys() -> None:
-    # lora-epochs follows local-epochs (2 of 5), FedDecomp needs 2 epochs to alternate
-    assert parse_run_config({"method": "feddecomp", "local-epochs": 10}).lora_epochs == 4
+    # feddecomp.lora-epochs follows local-epochs (2 of 5), FedDecomp needs 2 epochs to alternate
+    assert parse_run_config({"method": "feddecomp", "local-epochs": 10}).params.lora_epochs == 4
     with pytest.raises(ConfigError, match="'local-epochs'"):
         parse_run_config({"method": "feddecomp", "local-epochs": 1})
     # Factorized-FL's domain-scenario values follow partitioner=domain
     dom = parse_run_config({"method": "factorized-fl-beta", "partitioner": "domain"})
-    assert (dom.ffl_sim_threshold, dom.ffl_epsilon, dom.ffl_min_aggr) == (0.95, 20.0, 4)
+    assert (dom.params.sim_threshold, dom.params.epsilon, dom.params.min_aggr) == (0.95, 20.0, 4)
     single = parse_run_config({"method": "factorized-fl-beta", "partitioner": "dirichlet"})
-    assert (single.ffl_sim_threshold, single.ffl_epsilon, single.ffl_min_aggr) == (0.0, 1.0, 10)
+    assert (single.params.sim_threshold, single.params.epsilon, single.params.min_aggr) == (
+        0.0,
+        1.0,
+        10,
+    )
     # DualFed augments images with flips and rotations; nothing augments the generated study
     assert parse_run_config({"method": "dualfed", "dataset": "a.parquet"}).augment == "flip-rotate"
     assert parse_run_config({"method": "dualfed"}).augment == "none"
@@ -113,23 +123,33 @@ def test_derived_and_scenario_keys() -> None:
     raw = {"method": "dualfed", "dataset": "a.parquet", "model": "resnet18"}
     pretrained = {**raw, "pretrained-weights": "imagenet"}
     paper = parse_run_config(pretrained)
-    assert (paper.global_head_epochs, paper.global_head_lr) == (1, 0.01)
-    assert (paper.dual_global_prior, paper.batch_size) == ("none", 256)
+    assert (paper.params.global_head_epochs, paper.params.global_head_lr) == (1, 0.01)
+    assert (paper.params.global_prior, paper.batch_size) == ("none", 256)
     own = parse_run_config({**pretrained, "local-epochs": 3, "lr": 0.2})
-    assert (own.global_head_epochs, own.global_head_lr) == (3, 0.2)
+    assert (own.params.global_head_epochs, own.params.global_head_lr) == (3, 0.2)
     # from random init on images: a stage 2 that trains h_s, and the client's label prior
     scratch = parse_run_config(raw)
-    assert (scratch.global_head_epochs, scratch.global_head_lr, scratch.lr) == (20, 0.1, 0.01)
-    assert scratch.dual_global_prior == "client-if-skewed"
+    assert (scratch.params.global_head_epochs, scratch.params.global_head_lr, scratch.lr) == (
+        20,
+        0.1,
+        0.01,
+    )
+    assert scratch.params.global_prior == "client-if-skewed"
     # and the baselines' batch (the paper's 256 leaves the personal branch few steps)
     assert scratch.batch_size == 50
     assert parse_run_config({**raw, "batch-size": 128}).batch_size == 128
     # the generated study keeps the paper's stage 2 and batch
     study = parse_run_config({"method": "dualfed"})
-    assert (study.global_head_epochs, study.global_head_lr) == (1, 0.01)
-    assert (study.dual_global_prior, study.batch_size) == ("none", 256)
-    set_ = parse_run_config({**raw, "global-head-epochs": 2, "dual-global-prior": "none"})
-    assert (set_.global_head_epochs, set_.global_head_lr, set_.dual_global_prior) == (
+    assert (study.params.global_head_epochs, study.params.global_head_lr) == (1, 0.01)
+    assert (study.params.global_prior, study.batch_size) == ("none", 256)
+    set_ = parse_run_config(
+        {**raw, "dualfed.global-head-epochs": 2, "dualfed.global-prior": "none"}
+    )
+    assert (
+        set_.params.global_head_epochs,
+        set_.params.global_head_lr,
+        set_.params.global_prior,
+    ) == (
         2,
         0.1,
         "none",
@@ -144,8 +164,10 @@ def test_fa_layers_auto_names_splittable_layers_of_each_backbone(model: str) -> 
 
 
 def test_keys_a_model_cannot_use_are_config_errors() -> None:
-    cfg = parse_run_config({"method": "fedfac-static", "model": "mlp", "fa-layers": "features.7"})
-    with pytest.raises(ConfigError, match="'fa-layers'"):
+    cfg = parse_run_config(
+        {"method": "fedfac-static", "model": "mlp", "fedfac.fa-layers": "features.7"}
+    )
+    with pytest.raises(ConfigError, match="'fedfac.fa-layers'"):
         get_method(cfg.method).build_model(cfg, data_info(cfg))
     with pytest.raises(ConfigError, match="'pretrained-weights'"):
         parse_run_config({"model": "cnn4", "pretrained-weights": "w.pt"})
@@ -179,7 +201,7 @@ def test_crop_flip_is_a_shifted_window_of_the_padded_image() -> None:
 
 
 def test_fedavg_ft_fine_tunes_a_copy_that_never_leaves() -> None:
-    cfg = config(method="fedavg-ft", **{"finetune-epochs": 3})
+    cfg = config(method="fedavg-ft", **{"fedavg-ft.finetune-epochs": 3})
     client, _ = make_client(cfg)
     strategy = make_strategy(cfg)
     payload = parameters_to_ndarrays(strategy.global_payload())
@@ -192,7 +214,7 @@ def test_fedavg_ft_fine_tunes_a_copy_that_never_leaves() -> None:
     assert loss != pytest.approx(global_loss)  # the score is the fine-tuned copy's
     upload, _, _ = client.fit(payload, {"server-round": 1})
     assert len(upload) == len(strategy.spec)  # FedAvg's wire: the whole model
-    no_ft = make_client(config(method="fedavg-ft", **{"finetune-epochs": 0}))[0]
+    no_ft = make_client(config(method="fedavg-ft", **{"fedavg-ft.finetune-epochs": 0}))[0]
     loss0, _, m0 = no_ft.evaluate(payload, {"server-round": 1})
     assert m0["accuracy"] == m0["accuracy-global"]
     assert loss0 == pytest.approx(evaluate(no_ft.model, no_ft.x_test, no_ft.y_test)[0])
@@ -208,7 +230,7 @@ def images(tmp_path_factory) -> str:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["mlp", "cnn4", "resnet8"])
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", method_names())
 def test_every_method_runs_on_every_backbone(method: str, model: str, images, tmp_path) -> None:
     data = {"sim-samples": 60, "hidden-dim": 16} if model == "mlp" else {"dataset": images}
     cfg = {
@@ -230,8 +252,31 @@ def test_every_method_runs_on_every_backbone(method: str, model: str, images, tm
 
 
 def test_docs_settings_table_is_current() -> None:
-    """docs/SETTINGS.md is what `python -m run_config.defaults` prints now."""
-    from run_config.defaults import settings_markdown
+    """docs/SETTINGS.md is what `python -m methods.config_tables settings` prints now."""
+    from methods.config_tables import settings_markdown
 
     committed = (ROOT / "docs" / "SETTINGS.md").read_text()
-    assert committed.strip() == settings_markdown(METHODS).strip()
+    assert committed.strip() == settings_markdown().strip()
+
+
+def test_pyproject_has_every_method_key_with_its_default() -> None:
+    """pyproject.toml's method tables are what `python -m methods.config_tables` writes."""
+    from methods.config_tables import committed, tables
+
+    assert committed() == tables()
+
+
+def test_a_run_resolves_its_config_once_per_process(monkeypatch, tmp_path) -> None:
+    """The ServerApp, every ClientApp message and its mods read one parsed config:
+    ``auto`` is resolved once in a process that runs the whole federation."""
+    import methods
+    import run_config.schema as schema
+
+    calls = []
+    resolve = schema.resolve_auto
+    monkeypatch.setattr(schema, "resolve_auto", lambda *a: calls.append(1) or resolve(*a))
+    methods._parse_cached.cache_clear()
+    raw = {"method": "fedper", "num-server-rounds": 2, "sim-samples": 40, "hidden-dim": 8}
+    res = run_inprocess({**raw, "output-dir": str(tmp_path), "run-name": "once"}, num_clients=2)
+    assert [r["round"] for r in res["rounds"]] == [1, 2]
+    assert len(calls) == 1

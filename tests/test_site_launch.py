@@ -17,7 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
-from deploy.loopback import LoopbackFederation
+from harness.loopback import LoopbackFederation
 
 pytestmark = pytest.mark.slow
 

@@ -15,10 +15,10 @@ import pytest
 from flwr.common import Context, RecordDict
 
 from client_app.app import build_client, policy_refusal
-from methods import get_method
-from models.fedfac import PHASE
+from methods import get_method, method_names, parse_run_config
+from methods.fedfac.model import PHASE
 from pfl_privacy.policy import REFUSED, PolicyError, SitePolicy
-from run_config.schema import METHODS, ConfigError, parse_run_config
+from run_config.schema import ConfigError
 from server_app.inprocess import build_inprocess, run_inprocess
 from strategies.base import RunRefused
 
@@ -30,9 +30,9 @@ DISCLOSING = {
     "ensemble": (
         {
             "method": "fedfac-static",
-            "new-clients": 1,
-            "new-client-mode": "ensemble",
-            "ensemble-share-models": True,
+            "fedfac.new-clients": 1,
+            "fedfac.new-client-mode": "ensemble",
+            "fedfac.ensemble-share-models": True,
         },
         "whole-model",
     ),
@@ -60,7 +60,9 @@ def test_the_default_site_policy_refuses_a_disclosing_run_before_anything_leaves
     assert fits == []  # no reply with content reached the server
     message = str(err.value)
     assert REFUSED in message and "'accept-disclosures'" in message and f"'{kind}'" in message
-    assert f"method='{config['method']}'" in message or "new-client-mode='ensemble'" in message
+    assert (
+        f"method='{config['method']}'" in message or "fedfac.new-client-mode='ensemble'" in message
+    )
 
 
 @pytest.mark.slow
@@ -105,7 +107,7 @@ def test_allowed_methods_and_a_malformed_policy(tmp_path) -> None:
     bad = policy_refusal({"site": "h", "accept-disclosures": "everything"}, cfg, "train", False)
     assert bad is not None and "'accept-disclosures' names ['everything']" in bad
     with pytest.raises(PolicyError, match="require-secure-aggregation"):
-        SitePolicy.of_node({"require-secure-aggregation": "maybe"}, METHODS)
+        SitePolicy.of_node({"require-secure-aggregation": "maybe"}, method_names())
 
 
 def test_a_client_asked_for_secure_aggregation_refuses_an_unmasked_fit() -> None:

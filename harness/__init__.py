@@ -1,0 +1,1 @@
+"""Test and benchmark harnesses (not shipped in the wheel): a loopback deployment."""

@@ -1,0 +1,62 @@
+"""Ditto (Li, Hu, Beirami and Smith, ICML 2021; docs/ditto.md): every client trains
+the global model as FedAvg does, and beside it a personal model of its own, pulled
+towards the global one by lambda/2 ||v - w||^2.
+
+Split: the personal copy (``personal.*``) stays home; the global copy travels.
+Schedule: ``local-epochs`` of cross-entropy on the global copy from the received
+w, then ``ditto.personal-epochs`` on the personal copy with the proximal term to
+that same received w (the paper's Algorithm 1). Aggregation: FedAvg's sample-
+weighted mean of the global copy. Evaluation: the personal model.
+
+The paper tunes lambda per device from {0.1, 1, 2} on clean data and fixes it at 1
+for devices with too little validation data to tune: 1 here. Its local solver is
+SGD; the schedule is the baselines' per backbone.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from methods import Method
+from methods.baselines import baseline_schedule
+from run_config.params import MethodParams
+from run_config.schema import RunConfig
+
+
+class DittoParams(MethodParams):
+    namespace: ClassVar[str] = "ditto"
+    auto_keys: ClassVar[tuple[str, ...]] = ("personal-epochs",)
+
+    lam: float = Field(1.0, alias="lambda", ge=0)  # the pull of the personal model to w
+    personal_epochs: int = Field(1, alias="personal-epochs", ge=1)  # auto: local-epochs
+
+    @classmethod
+    def auto(cls, raw: dict[str, Any]) -> dict[str, Any]:
+        epochs = raw.get("local-epochs")
+        ok = isinstance(epochs, int) and not isinstance(epochs, bool) and epochs >= 1
+        return {"personal-epochs": epochs if ok else 1}
+
+    def check(self, cfg: RunConfig) -> None:
+        # The pull alone is a quadratic of curvature lambda; SGD with momentum beta on
+        # it converges only while lr * lambda < 2 (1 + beta) (heavy-ball's stability
+        # bound): past it the personal model diverges from the first epoch.
+        if cfg.optimizer == "sgd" and cfg.lr * self.lam >= 2 * (1 + cfg.momentum):
+            raise ValueError(
+                f"config key 'ditto.lambda' ({self.lam}) with lr {cfg.lr} and momentum "
+                f"{cfg.momentum}: SGD diverges on the proximal term when lr * lambda >= "
+                f"2 * (1 + momentum) = {2 * (1 + cfg.momentum):g}; lower 'ditto.lambda' or 'lr'"
+            )
+
+
+METHODS = (
+    Method(
+        "ditto",
+        "methods.ditto.model:personal_copy",
+        "methods.ditto.client:DittoClient",
+        transform="methods.ditto.model:with_personal_copy",
+        params=DittoParams,
+        schedule=baseline_schedule,
+    ),
+)

@@ -1,0 +1,100 @@
+"""Factorized-FL's aggregation: similarity-matched, one aggregate per client.
+
+For each reporting client k: s_ki = cosine(v_k, v_i) of the matching vectors
+(``factorized-fl.match=v-change``: of v_k - v_0 and v_i - v_0, v_0 the shared initial v)
+(s_kk = 1), keep the clients with s >= tau, at least ``factorized-fl.min-aggr`` of the most
+similar (k itself always first), weights softmax(epsilon * s) over the kept
+ones; k's next payload is that weighted mean of the kept clients' shared tensors.
+Every aggregate of a round is built from that round's decoded replies, which are
+never written to (the reference overwrites its store while iterating).
+Clients that did not report keep their last aggregate; a client never seen gets
+the global payload (the initial tensors, then the sample-weighted mean of the
+latest round).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from flwr.common import Parameters
+from torch import nn
+
+from methods.factorized_fl.model import FactorizedWire
+from run_config.schema import RunConfig
+from strategies.base import PFLStrategy, Reply, RoundLog, weighted_mean
+
+
+def cosine_matrix(vectors: np.ndarray) -> np.ndarray:
+    """Pairwise cosine similarity of the rows, diagonal set to 1."""
+    v = vectors.astype(np.float64)
+    norms = np.linalg.norm(v, axis=1, keepdims=True)
+    unit = v / np.maximum(norms, 1e-12)
+    sim = unit @ unit.T
+    np.fill_diagonal(sim, 1.0)
+    return np.clip(sim, -1.0, 1.0)
+
+
+def matching_weights(
+    sim_row: np.ndarray, self_index: int, tau: float, min_aggr: int, epsilon: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(indices of the kept clients, their softmax(epsilon * s) weights) for one row.
+
+    Kept: the clients with s >= tau, or the ``min_aggr`` most similar if fewer
+    pass; the client itself (s = 1) always, ranked first on ties.
+    """
+    n = sim_row.shape[0]
+    order = sorted(range(n), key=lambda i: (-sim_row[i], i != self_index))
+    passing = int(np.sum(sim_row >= tau))
+    keep = np.array(order[: min(n, max(passing, min_aggr, 1))])
+    logits = epsilon * sim_row[keep]
+    w = np.exp(logits - logits.max())  # scipy.special.softmax would do the same; numpy suffices
+    return keep, w / w.sum()
+
+
+class FactorizedFLStrategy(PFLStrategy):
+    """Per-client similarity-weighted aggregation over the Factorized-FL wire."""
+
+    wire: FactorizedWire
+
+    def __init__(self, cfg: RunConfig, model: nn.Module, **kwargs: Any) -> None:
+        super().__init__(cfg=cfg, model=model, **kwargs)
+        # factorized-fl.match=v-change: compare each v's move away from the initial v,
+        # which every client starts from (the model's own initialisation)
+        v0 = model.state_dict()[self.wire.match].detach().cpu().numpy().reshape(-1)
+        change = cfg.params.match == "v-change"
+        self.match_origin = v0.astype(np.float32) if change else None
+
+    def aggregate(self, server_round: int, replies: list[Reply]) -> None:
+        decoded = [self.wire.decode_up(r.arrays) for r in replies]
+        dense = [d for d, _ in decoded]
+        vectors = np.stack([m for _, m in decoded])
+        if self.match_origin is not None:
+            vectors = vectors - self.match_origin
+        sim = cosine_matrix(vectors)
+        p = self.cfg.params
+        new: dict[str, Parameters] = {}
+        kept_counts = []
+        mixture = np.zeros((len(replies), len(replies)))  # row k: whom client k learns from
+        for k, reply in enumerate(replies):
+            keep, w = matching_weights(sim[k], k, p.sim_threshold, p.min_aggr, p.epsilon)
+            kept_counts.append(len(keep))
+            mixture[k, keep] = w
+            mine = weighted_mean([dense[i] for i in keep], list(w))
+            new[reply.client_key] = self.payloads.encode(mine)
+        self.payloads.per_client.update(new)  # only after every aggregate is built
+        sizes = [float(r.num_examples) for r in replies]
+        self.set_global(weighted_mean(dense, sizes))
+        keys = [r.client_key for r in replies]
+        off_diag = sim[~np.eye(len(keys), dtype=bool)]
+        extra = {
+            "ffl_kept_mean": float(np.mean(kept_counts)),
+            "ffl_similarity_mean": float(off_diag.mean()) if off_diag.size else 1.0,
+            "ffl_similarity": {"clients": keys, "matrix": np.round(sim, 4).tolist()},
+            "ffl_mixture": {"clients": keys, "matrix": np.round(mixture, 4).tolist()},
+        }
+        if self.wire.sparse:  # beta: the share of mu entries kept (|mu| >= threshold)
+            mus = [a for d in dense for n, a in zip(self.wire.shared, d) if n in self.wire.sparse]
+            kept = sum(int(np.count_nonzero(a)) for a in mus)
+            extra["ffl_mu_density"] = kept / max(1, sum(a.size for a in mus))
+        self.rounds.setdefault(server_round, RoundLog()).extra.update(extra)

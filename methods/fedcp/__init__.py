@@ -1,0 +1,60 @@
+"""FedCP (docs/fedcp.md): a conditional policy network (CPN) routes each sample's
+features between a global head and a personal head.
+
+Split: the personal head. Schedule: CE + ``mmd-lambda`` x MMD to the received
+extractor's features, the global head frozen, then h_g <- 0.5 h_g + 0.5 h_p before
+upload (the paper's). Aggregation: the sample-weighted mean of the extractor, the
+global head and the CPN. The paper's schedule: SGD lr 0.005, no momentum, batch
+10, 1 epoch; lambda = 5.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from methods import Method
+from pfl_privacy.disclosure import Disclosure
+from run_config.params import MethodParams
+from run_config.schema import RunConfig
+
+
+class FedCPParams(MethodParams):
+    namespace: ClassVar[str] = "fedcp"
+
+    mmd_lambda: float = Field(5.0, alias="mmd-lambda", ge=0)
+    noisy_eval: bool = Field(False, alias="noisy-eval")  # the CPN's gumbel noise at evaluation
+
+
+def fedcp_disclosures(cfg: RunConfig) -> tuple[Disclosure, ...]:
+    """The paper's h_g <- 0.5 h_g + 0.5 h_p before upload: the server, which sent
+    h_g, solves for h_p; under SecAgg+ only for the sum of the round's h_p."""
+    if cfg.secure_aggregation:
+        return (Disclosure("head-sum", ("head.*",), "method='fedcp'", audited=False),)
+    return (Disclosure("head-blend", ("head.*",), "method='fedcp'"),)
+
+
+def paper_schedule(raw: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "local-epochs": 1,
+        "batch-size": 10,
+        "optimizer": "sgd",
+        "lr": 0.005,
+        "momentum": 0.0,
+        "weight-decay": 0.0,
+    }
+
+
+METHODS = (
+    Method(
+        "fedcp",
+        "methods.fedcp.model:fedcp_split",
+        "methods.fedcp.client:FedCPClient",
+        "methods.fedcp.strategy:FedCPStrategy",
+        transform="methods.fedcp.model:fedcp_transform",
+        params=FedCPParams,
+        schedule=paper_schedule,
+        disclosures=fedcp_disclosures,
+    ),
+)

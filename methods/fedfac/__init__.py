@@ -1,0 +1,133 @@
+"""FedSplit / FedFac (docs/fedfac.md): an element-level split of the layers in
+``fedfac.fa-layers`` (Lambda) by factor analysis on the server, static (FA once,
+after round 1) or dynamic (FA every round).
+
+Split: the rows (neurons / channels) of the Lambda layers that FA marks personal;
+no whole tensor is personal. The split is the server's, so it travels: the wire
+(``FedFacWire``) puts it at the head of every payload, then only the shared rows. Schedule: plain local training of the whole model.
+Aggregation: the sample-weighted mean of the shared elements. The paper trains with
+Adam, lr 1e-3, and states no epochs or batch size (1 and 32 here).
+"""
+
+from __future__ import annotations
+
+from glob import escape
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from methods import Method
+from pfl_privacy.disclosure import Disclosure
+from run_config.params import MethodParams
+from run_config.schema import RunConfig
+
+PERSONAL_ROWS = "[personal]"  # suffix naming the personal rows of a Lambda entry
+
+# Lambda per backbone: the hidden layers below the head whose elements do not sit on
+# a residual path (a ResNet block's first conv: its channels feed only the block's
+# second conv, so a personal channel never mixes into the skip).
+FA_LAYERS: dict[str, str] = {
+    "mlp": "features.1",  # the hidden Linear (the simulation study's m neurons)
+    "cnn4": "features.7",  # the 512-unit Linear before the head
+    "resnet8": "features.4.conv1,features.5.conv1,features.6.conv1",
+    "resnet10": "features.4.conv1,features.5.conv1,features.6.conv1,features.7.conv1",
+    "resnet18": "features.0.layer3.0.conv1,features.0.layer4.0.conv1",
+}
+
+
+def parse_layers(spec: str) -> list[str]:
+    """``fa-layers``: comma-separated module names (empty items ignored)."""
+    return [s.strip() for s in spec.split(",") if s.strip()]
+
+
+class FedFacParams(MethodParams):
+    namespace: ClassVar[str] = "fedfac"
+    auto_keys: ClassVar[tuple[str, ...]] = ("fa-layers",)
+
+    fa_layers: str = Field("features.1", alias="fa-layers")
+    fa_quantile: float = Field(0.5, alias="fa-quantile", ge=0, le=1)
+    fa_kappa: float = Field(0.85, alias="fa-kappa", gt=0, le=1)
+    fa_input: Literal["weights", "updates"] = Field("weights", alias="fa-input")
+    fa_smoothing: float = Field(0.0, alias="fa-smoothing", ge=0, lt=1)  # 0: the paper
+    fa_split: Literal["fa", "true", "oracle", "random"] = Field("fa", alias="fa-split")
+    # held-out clients that never train (paper Section 3.2): the last new-clients
+    # partitions in simulation, the sites named in new-client-sites in deployment
+    new_clients: int = Field(0, alias="new-clients", ge=0)
+    new_client_sites: str = Field("", alias="new-client-sites")
+    new_client_mode: Literal["localtrain", "ensemble"] = Field(
+        "localtrain", alias="new-client-mode"
+    )
+    # Ensemble discloses the trained sites' personalised models to the new clients
+    ensemble_share_models: bool = Field(False, alias="ensemble-share-models")
+
+    @classmethod
+    def auto(cls, raw: dict[str, Any]) -> dict[str, Any]:
+        return {"fa-layers": FA_LAYERS.get(str(raw.get("model", "mlp")), FA_LAYERS["mlp"])}
+
+    @model_validator(mode="after")
+    def _consent_and_one_way_to_name_new_clients(self) -> FedFacParams:
+        if self.new_client_mode == "ensemble" and not self.ensemble_share_models:
+            raise ValueError(
+                "config key 'fedfac.ensemble-share-models' must be true for "
+                "fedfac.new-client-mode='ensemble': the trained sites' personalised models "
+                "(shared and personal tensors) go to the new clients, so the sites must "
+                "agree to disclose them"
+            )
+        if self.new_clients and self.new_client_sites.strip():
+            raise ValueError(
+                "config keys 'fedfac.new-clients' and 'fedfac.new-client-sites' both name "
+                "the held-out clients: set one (new-clients in simulation, new-client-sites "
+                "in deployment)"
+            )
+        return self
+
+    def has_new_clients(self) -> bool:
+        return bool(self.new_clients or self.new_client_sites.strip())
+
+
+def fedfac_schedule(raw: dict[str, Any]) -> dict[str, Any]:
+    held_out = bool(raw.get("fedfac.new-clients")) or bool(
+        str(raw.get("fedfac.new-client-sites", "")).strip()
+    )
+    return {
+        "local-epochs": 1,
+        "batch-size": 32,
+        "optimizer": "adam",
+        "lr": 0.001,
+        "momentum": 0.0,
+        "weight-decay": 0.0,
+        # new clients are scored in evaluate messages (LocalTrain, Ensemble)
+        "eval-in-fit": not held_out,
+    }
+
+
+def fedfac_disclosures(cfg: RunConfig) -> tuple[Disclosure, ...]:
+    """Dynamic FedFac runs FA on every row each round, so every row goes up, the
+    personal ones included (the paper's protocol); static uploads every row only in
+    round 1, before any row is personal. Ensemble sends whole personalised models."""
+    p: FedFacParams = cfg.params  # type: ignore[assignment]
+    out = []
+    if cfg.method == "fedfac-dynamic" and p.fa_split == "fa":
+        rows = tuple(f"{layer}.*{escape(PERSONAL_ROWS)}" for layer in parse_layers(p.fa_layers))
+        updates = " fedfac.fa-input='updates'" * (p.fa_input == "updates")
+        out.append(Disclosure("personal-rows", rows, "method='fedfac-dynamic'" + updates))
+    if p.new_client_mode == "ensemble" and p.has_new_clients():
+        out.append(Disclosure("whole-model", ("*",), "fedfac.new-client-mode='ensemble'"))
+    return tuple(out)
+
+
+METHODS = tuple(
+    Method(
+        name,
+        "models.roles:nothing_personal",  # the split is per element, decided by FA
+        "methods.fedfac.client:FedFacClient",
+        "methods.fedfac.strategy:FedFacStrategy",
+        check="methods.fedfac.model:check_fa_layers",
+        wire="methods.fedfac.model:FedFacWire",
+        params=FedFacParams,
+        schedule=fedfac_schedule,
+        disclosures=fedfac_disclosures,
+        per_client="its aggregation runs factor analysis on the individual uploads",
+    )
+    for name in ("fedfac-static", "fedfac-dynamic")
+)

@@ -1,0 +1,371 @@
+"""FedFac's aggregation (paper Sections 3-4): per-element split of the layers in
+Lambda by factor analysis, sample-weighted mean of the shared elements only.
+
+Static: the first round uploads every element of the Lambda layers, the server
+runs FA once and fixes the split; later rounds upload only the shared elements.
+Dynamic: every round uploads every element of the Lambda layers, FA runs on that
+round's uploads and decides which elements are averaged. Personal elements of
+the global arrays are not written in a round. ``fedfac.fa-split`` = true | oracle
+| random imposes a fixed split instead (simulation study). The split lives in the
+wire (``FedFacWire``): it travels at the head of every payload, and once it exists
+the payload carries only the shared rows of each Lambda layer (the personal rows'
+global values are never used by a client).
+
+``fedfac.fa-input=updates``: FA runs on each Lambda weight's change over the round from
+what the client started from: the global rows where they were shared, the
+client's own rows where they were personal; clients upload the start values of
+those personal rows after the shared tensors (the server knows the rest).
+
+New clients (paper Section 3.2): the last ``fedfac.new-clients`` partitions
+(``client-<i>``) or, in a deployment, the sites named in ``fedfac.new-client-sites``
+never train. LocalTrain: shared params in, personal elements trained locally
+and kept. Ensemble (needs ``fedfac.ensemble-share-models=true``: the sites agree to
+disclose their personalised models to the new clients): in the final round the
+trained clients send their personalised models (a fit reply), the server passes
+them to each new client, which averages their predictions on its own test split.
+No input, label or prediction travels.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+from flwr.common import (
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    NDArrays,
+    Parameters,
+    Scalar,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from threadpoolctl import threadpool_limits
+from torch import nn
+
+from methods.fedfac.factor_analysis import (
+    FactorResult,
+    layer_matrix,
+    principal_factors,
+    shared_elements,
+)
+from methods.fedfac.model import HELD_OUT, PHASE, FedFacWire
+from models.roles import CLIENT_KEY, wire_spec
+from run_config.schema import RunConfig
+from strategies.base import PFLStrategy, Reply, RoundLog, payload_bytes
+
+log = logging.getLogger("flwr.pflower")
+
+
+class FedFacStrategy(PFLStrategy):
+    """Element-level shared/personal split of the Lambda layers, by FA."""
+
+    wire: FedFacWire
+
+    def __init__(self, cfg: RunConfig, model: nn.Module, **kwargs: Any) -> None:
+        super().__init__(cfg=cfg, model=model, **kwargs)
+        self.num_clients = 0
+        self.held_out: set[str] = set()
+        self.model_spec = wire_spec(model, list(model.state_dict()))  # Ensemble's shared models
+        self._communalities: dict[str, np.ndarray] = {}  # fa-smoothing's running average
+
+    @property
+    def shared(self) -> dict[str, np.ndarray] | None:
+        """The split: layer -> True where the element is shared; None before FA."""
+        return self.wire.shared
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return self.wire.sizes
+
+    # ---- the split --------------------------------------------------------------------------
+
+    def fixed_split(self) -> dict[str, np.ndarray]:
+        """``fa-split`` = true | oracle | random: a split imposed from round 1."""
+        cfg = self.cfg
+        if cfg.params.fa_split == "random":
+            rng = np.random.default_rng(cfg.seed + 7)
+            out = {}
+            for layer, size in self.sizes.items():
+                mask = np.zeros(size, dtype=bool)
+                mask[rng.permutation(size)[: int(round((1 - cfg.params.fa_quantile) * size))]] = (
+                    True
+                )
+                out[layer] = mask
+            return out
+        from pfl_data import simulation_study
+
+        if cfg.dataset != "synthetic" or list(self.sizes.values()) != [cfg.hidden_dim]:
+            raise ValueError(
+                f"fedfac.fa-split={cfg.params.fa_split} needs the simulation study: "
+                "dataset=synthetic, an MLP and fedfac.fa-layers naming its hidden layer only"
+            )
+        study = simulation_study(cfg, self.num_clients, teachers=True)
+        layer = next(iter(self.sizes))
+        if cfg.params.fa_split == "true":
+            return {layer: study.shared_neurons.copy()}
+        # oracle: FA on the teacher's true incoming weights of the training clients
+        trained = [
+            w for i, w in enumerate(study.teacher_weights) if f"client-{i}" not in self.held_out
+        ]
+        fit = self.factor_analysis(trained)
+        return {layer: shared_elements(fit.communalities, cfg.params.fa_quantile)}
+
+    def factor_analysis(self, per_client: list[np.ndarray]) -> FactorResult:
+        # one BLAS thread: the simulated clients share the machine's cores. Iterated
+        # until Psi moves < 1e-4 or for 100 steps (a 512-wide layer: ~10 s on one core)
+        with threadpool_limits(1):
+            z = layer_matrix(per_client)
+            return principal_factors(z, self.cfg.params.fa_kappa, tol=1e-4, max_iter=100)
+
+    def run_fa(self, server_round: int, replies: list[Reply]) -> None:
+        """FA per Lambda layer on this round's full uploads -> the new split."""
+        new, factors = {}, {}
+        for layer in self.sizes:
+            i = self.wire.position[f"{layer}.weight"]
+            per_client = [r.arrays[i].astype(np.float64) for r in replies]
+            if self.cfg.params.fa_input == "updates":
+                per_client = [
+                    w - start for w, start in zip(per_client, self.starts(layer, replies))
+                ]
+            fit = self.factor_analysis(per_client)
+            new[layer] = shared_elements(
+                self.smoothed(layer, fit.communalities), self.cfg.params.fa_quantile
+            )
+            factors[layer] = fit.num_factors
+        extra = self.rounds[server_round].extra
+        if self.shared is not None:
+            changed = sum(int((new[k] != self.shared[k]).sum()) for k in new)
+            extra["fa_changed_fraction"] = changed / sum(self.sizes.values())
+        extra["fa_num_factors"] = factors
+        self.set_split(new)
+
+    def smoothed(self, layer: str, communalities: np.ndarray) -> np.ndarray:
+        """``fa-smoothing`` = beta > 0: an exponential average of each element's
+        communality over the rounds (dynamic FedFac), so that one noisy round does
+        not flip an element between shared and personal (docs/fedfac.md measures
+        the churn without it). beta = 0: this round's FA alone (the paper)."""
+        beta = self.cfg.params.fa_smoothing
+        previous = self._communalities.get(layer)
+        if beta > 0 and previous is not None:
+            communalities = beta * previous + (1 - beta) * communalities
+        self._communalities[layer] = communalities
+        return communalities
+
+    def set_split(self, shared: dict[str, np.ndarray] | None) -> None:
+        self.wire.shared = shared
+        self.set_global(self.global_arrays)  # the payload is re-encoded with the new split
+
+    # ---- the checkpoint: the global tensors and the split -----------------------------------
+
+    def server_state(self) -> dict[str, np.ndarray]:
+        state = super().server_state()
+        for layer, mask in (self.shared or {}).items():
+            state[f"split/{layer}"] = mask
+        return state
+
+    def restore_server_state(self, arrays: dict[str, np.ndarray]) -> None:
+        super().restore_server_state(arrays)
+        split = {k.removeprefix("split/"): v for k, v in arrays.items() if k.startswith("split/")}
+        if not split:
+            return  # saved before the first FA
+        for layer, size in self.sizes.items():
+            mask = split.get(layer)
+            if mask is None or mask.dtype != bool or mask.shape != (size,):
+                raise ValueError(f"no {size}-element boolean split for layer '{layer}'")
+        self.set_split({layer: split[layer] for layer in self.sizes})
+
+    # ---- payloads: the wire carries the split; held-out clients are told so -----------------
+
+    def starts(self, layer: str, replies: list[Reply]) -> list[np.ndarray]:
+        """Each reply's start values of ``layer``'s weight: the global rows that were
+        shared this round, the client's own uploaded rows that were personal."""
+        i = self.wire.position[f"{layer}.weight"]
+        if not self.wire.upload_start():
+            return [self.global_arrays[i]] * len(replies)
+        extra = list(self.sizes).index(layer)
+        out = []
+        for r in replies:
+            start = self.global_arrays[i].astype(np.float64)
+            start[~self.wire.shared[layer]] = self.wire.decode_up(r.arrays)[1][extra]
+            out.append(start)
+        return out
+
+    def client_config(self, client_key: str | None, server_round: int) -> dict[str, Scalar]:
+        return {HELD_OUT: ",".join(sorted(self.held_out))} if self.held_out else {}
+
+    def _start(self, client_manager: ClientManager) -> None:
+        if self.num_clients:
+            return
+        self.num_clients = self.sampler.wait_for_federation(client_manager)
+        self.held_out = self.new_client_keys()
+        if len(self.held_out) >= self.num_clients:
+            sites = self.cfg.params.new_client_sites.strip()
+            key = "fedfac.new-client-sites" if sites else "fedfac.new-clients"
+            raise ValueError(
+                f"config key '{key}': {len(self.held_out)} held out of {self.num_clients} "
+                "clients leaves none to train"
+            )
+        if self.cfg.params.fa_split != "fa":
+            self.set_split(self.fixed_split())
+
+    def new_client_keys(self) -> set[str]:
+        """The held-out clients' keys: named sites, else the last partitions."""
+        sites = {k.strip() for k in self.cfg.params.new_client_sites.split(",") if k.strip()}
+        if sites:
+            return sites
+        n = self.cfg.params.new_clients
+        return {f"client-{i}" for i in range(self.num_clients - n, self.num_clients)}
+
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        self._start(client_manager)
+        pairs = super().configure_fit(server_round, parameters, client_manager)
+        kept = []
+        for proxy, ins in pairs:
+            if self.clients.key_of(proxy) in self.held_out:  # known new client: no training
+                self.rounds.of(server_round).bytes_down -= payload_bytes(ins.parameters)
+            else:
+                kept.append((proxy, ins))
+        return kept
+
+    def aggregate_fit(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, FitRes]],
+        failures: list[tuple[ClientProxy, FitRes] | BaseException],
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        trained = []
+        for proxy, res in results:
+            if res.metrics.get(HELD_OUT):  # a new client declined to train (first round)
+                problem = self.clients.bind(proxy.node_id, str(res.metrics.get(CLIENT_KEY)))
+                if problem is not None:
+                    log.warning("round %d: rejected reply: %s", server_round, problem)
+            else:
+                trained.append((proxy, res))
+        return super().aggregate_fit(server_round, trained, failures)
+
+    # ---- aggregation ------------------------------------------------------------------------
+
+    def aggregate(self, server_round: int, replies: list[Reply]) -> None:
+        # this round's uploads carry every Lambda row (dynamic: every round; static:
+        # until the split is fixed); FA below changes the wire's split, so read it first
+        full_upload = self.wire.full_upload()
+        if full_upload and self.cfg.params.fa_split == "fa":
+            self.run_fa(server_round, replies)
+        assert self.shared is not None
+        if self.aggregation == "mean":
+            weights = np.ones(len(replies))
+        else:
+            weights = np.array([float(r.num_examples) for r in replies])
+        weights = weights / weights.sum()
+        out = []
+        for i, current in enumerate(self.global_arrays):
+            layer = self.wire.layer_of.get(self.spec[i].name)
+            if layer is None:
+                parts = [r.arrays[i] for r in replies]
+            else:
+                mask = self.shared[layer]
+                parts = [r.arrays[i][mask] if full_upload else r.arrays[i] for r in replies]
+            mean = sum(w * p.astype(np.float64) for w, p in zip(weights, parts))
+            if layer is None:
+                out.append(mean.astype(current.dtype))
+            else:
+                new = current.copy()  # personal elements keep their global value
+                new[self.shared[layer]] = mean.astype(current.dtype)
+                out.append(new)
+        self.set_global(out)
+        extra = self.rounds[server_round].extra
+        total = sum(self.sizes.values())
+        extra["fa_shared_fraction"] = sum(int(m.sum()) for m in self.shared.values()) / total
+        extra["fa_shared_mask"] = {k: m.astype(int).tolist() for k, m in self.shared.items()}
+
+    # ---- evaluation: trained clients as usual, new clients apart ----------------------------
+
+    def aggregate_evaluate(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, EvaluateRes]],
+        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
+    ) -> tuple[float | None, dict[str, Scalar]]:
+        new = [(p, r) for p, r in results if r.metrics.get(HELD_OUT)]
+        trained = [(p, r) for p, r in results if not r.metrics.get(HELD_OUT)]
+        extra = self.rounds.setdefault(server_round, RoundLog()).extra
+        if new and self.cfg.params.new_client_mode == "localtrain":
+            accs = [float(r.metrics["accuracy"]) for _, r in new]
+            extra["accuracy_new_clients"] = float(np.mean(accs))
+        last = server_round == self.cfg.num_server_rounds
+        if new and trained and self.cfg.params.new_client_mode == "ensemble" and last:
+            accs = self.ensemble_round(server_round, [p for p, _ in new], [p for p, _ in trained])
+            if accs:
+                extra["accuracy_new_clients"] = float(np.mean(accs))
+        if new:
+            extra["new_client_mode"] = self.cfg.params.new_client_mode
+        return super().aggregate_evaluate(server_round, trained, failures)
+
+    def ensemble_round(
+        self, server_round: int, new: list[ClientProxy], trained: list[ClientProxy]
+    ) -> list[float]:
+        """Ensemble for new clients (the sites consented: ensemble-share-models):
+        each trained client sends its personalised model; each new client gets them
+        all and scores the mean of their predictions on its own test split."""
+        extra = self.rounds[server_round].extra
+
+        def share(proxy: ClientProxy) -> FitRes | None:
+            key = self.clients.key_of(proxy)
+            config = {**self.client_config(key, server_round), PHASE: "share-model"}
+            ins = FitIns(self.payload_for(key, server_round), config)
+            try:
+                return proxy.fit(ins, None, server_round)
+            except Exception as err:  # noqa: BLE001 - a vanished client: go on without it
+                log.warning(
+                    "round %d: ensemble: no model from node %d (%s)",
+                    server_round,
+                    proxy.node_id,
+                    err,
+                )
+                return None
+
+        with ThreadPoolExecutor() as pool:
+            replies = list(pool.map(share, trained))
+        models: NDArrays = []
+        shared_by = []
+        for proxy, res in zip(trained, replies):
+            if res is None:
+                continue
+            arrays = parameters_to_ndarrays(res.parameters)
+            problem = next(
+                (p for s, a in zip(self.model_spec, arrays) if (p := s.matches(a))), None
+            )
+            if len(arrays) != len(self.model_spec) or problem:
+                log.warning(
+                    "round %d: ensemble: rejected model from node %d: %s",
+                    server_round,
+                    proxy.node_id,
+                    problem or "wrong tensor count",
+                )
+                continue
+            models += arrays
+            shared_by.append(str(res.metrics.get(CLIENT_KEY)))
+        if not shared_by:
+            log.error("round %d: ensemble: no trained client shared its model", server_round)
+            return []
+        payload = ndarrays_to_parameters(models)
+        config = {**self.client_config(None, server_round), PHASE: "ensemble"}
+        accs = []
+        for proxy in new:
+            res = proxy.evaluate(EvaluateIns(payload, config), None, server_round)
+            extra["bytes_ensemble_down"] = extra.get("bytes_ensemble_down", 0) + payload_bytes(
+                payload
+            )
+            accs.append(float(res.metrics["accuracy"]))
+        extra["ensemble_models_from"] = sorted(shared_by)
+        log.info("round %d: ensemble accuracy of new clients %s", server_round, accs)
+        return accs

@@ -1,0 +1,71 @@
+"""The wire: how a method's shared tensors travel, both ways.
+
+Built identically on the server and on every client from the model, its roles and
+the run config (a method's card names its wire class), so both sides derive the
+same specs without talking. The base wire sends the shared tensors as they are;
+a method whose protocol sends them in another form says so in its own wire
+(Factorized-FL: sparse mu as (layout, values), alpha's matching vector appended
+to the upload; FedFac: only the shared rows of its split layers, the split itself
+at the head of every payload).
+
+Server: ``encode_down`` (dense shared -> payload), ``up_spec`` and ``check_up``
+(what a reply must be). Client: ``decode_down`` (payload -> dense shared, the rows
+it does not carry from the model as it stands) and ``encode_up`` (model -> upload).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from torch import nn
+
+from models.roles import TensorSpec, get_arrays, wire_spec
+
+if TYPE_CHECKING:
+    from models.roles import Roles
+
+NDArrays = list[np.ndarray]
+
+
+class Wire:
+    """The shared tensors, as they are, in the roles' order."""
+
+    def __init__(self, model: nn.Module, roles: Roles, cfg: Any) -> None:
+        self.names = tuple(roles.shared)
+        self.spec = wire_spec(model, self.names)  # the dense shared tensors (server state)
+
+    @classmethod
+    def of_spec(cls, spec: list[TensorSpec]) -> Wire:
+        """The base wire of the shared tensors ``spec`` names."""
+        wire = cls.__new__(cls)
+        wire.names, wire.spec = tuple(s.name for s in spec), list(spec)
+        return wire
+
+    def down_spec(self) -> list[TensorSpec]:
+        """What the server sends."""
+        return self.spec
+
+    def up_spec(self) -> list[TensorSpec]:
+        """What a client must send back."""
+        return self.spec
+
+    def encode_down(self, dense: NDArrays) -> NDArrays:
+        """Server: the dense shared tensors (global or one client's) -> the payload."""
+        return dense
+
+    def decode_down(self, arrays: NDArrays, model: nn.Module) -> NDArrays:
+        """Client: a payload -> the dense shared tensors to load into ``model``."""
+        return arrays
+
+    def encode_up(self, model: nn.Module) -> NDArrays:
+        """Client: what leaves it, from its trained model."""
+        return get_arrays(model, self.names)
+
+    def decode_up(self, arrays: NDArrays) -> tuple[NDArrays, Any]:
+        """Server: an accepted upload -> (dense shared tensors, what else it carries)."""
+        return arrays, None
+
+    def check_up(self, arrays: NDArrays) -> str | None:
+        """Checks an upload needs beyond its spec (None: acceptable)."""
+        return None

@@ -1,0 +1,279 @@
+"""Every Flower or torch internal the product patches, in one module.
+
+Each patch replaces a private function or default of one library version, for a
+speed measured in docs/PERFORMANCE.md; none changes what is computed or sent.
+
+| patch | what it replaces | why | checked against |
+|---|---|---|---|
+| ``linkstate-index`` | flwr ``InMemoryLinkState.store_message_ins`` / ``get_message_ins``, ``vce_api.add_messages_to_queue`` | the simulation engine scanned every stored message for every node ten times a second (N^2 per round) | flwr 1.39.0 |
+| ``supernode-backoff`` | flwr ``start_client_internal``'s ``time`` and ``_pull_and_store_message`` | a SuperNode slept 3 s between empty pulls | flwr 1.39.0 |
+| ``object-retries`` | the ``initial_backoff`` default of flwr's ``pull_objects`` / ``pull_and_inflate_object_from_tree`` | a message part not there yet was asked for again after 1 s | flwr 1.39.0 |
+| ``superexec-fork`` | flwr ``run_superexec.get_executor`` | a ClientApp started a fresh Python per message | flwr 1.39.0 |
+| ``optimizers-without-dynamo`` | the ``torch._dynamo`` wrappers of ``torch.optim.SGD`` / ``Adam`` | torch imported ``torch._dynamo`` on an optimizer's first use: 2-5 s per process | torch 2.13, 2.14 |
+
+``PFLOWER_FLOWER_PATCHES=0`` turns every patch off: Flower and torch run as they
+are (slower, nothing else changes). With patches on, ``check()`` refuses a Flower
+or torch version the table does not list, in one line that names the switch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+log = logging.getLogger("flwr.pflower")
+
+SWITCH = "PFLOWER_FLOWER_PATCHES"
+# library -> the version prefixes every patch of it was checked against
+TESTED: dict[str, tuple[str, ...]] = {"flwr": ("1.39.",), "torch": ("2.13.", "2.14.")}
+PATCHES: dict[str, str] = {  # patch -> the library it patches
+    "linkstate-index": "flwr",
+    "supernode-backoff": "flwr",
+    "object-retries": "flwr",
+    "superexec-fork": "flwr",
+    "optimizers-without-dynamo": "torch",
+}
+
+
+class UntestedVersion(RuntimeError):
+    """A library version the patches were not checked against (the message is one line)."""
+
+
+def enabled() -> bool:
+    """Whether the patches are on (``PFLOWER_FLOWER_PATCHES`` is not 0)."""
+    return os.environ.get(SWITCH, "1") != "0"
+
+
+def check(libraries: tuple[str, ...] = ("flwr", "torch")) -> None:
+    """Refuse, in one line, an installed version of ``libraries`` that the patches
+    were not checked against (nothing to check with the patches off)."""
+    if not enabled():
+        return
+    for library in libraries:
+        try:
+            installed = version(library)
+        except PackageNotFoundError:
+            continue
+        if not installed.startswith(TESTED[library]):
+            names = ", ".join(p for p, lib in PATCHES.items() if lib == library)
+            raise UntestedVersion(
+                f"{library} {installed} is not a version the project's patches of it ({names}) "
+                f"were checked against ({', '.join(TESTED[library])}x; pfl_patches): install "
+                f"one of those, or set {SWITCH}=0 to run without the patches"
+            )
+
+
+# ---- flwr: the simulation engine's message lookups ------------------------------------------
+
+
+def _index(state: Any) -> dict[int, list[str]]:
+    """The LinkState's undelivered message ids by destination node (built on first use)."""
+    index = state.__dict__.get("_pflower_by_node")
+    if index is None:
+        index = {}
+        for message_id, message in state.message_ins_store.items():
+            index.setdefault(message.metadata.dst_node_id, []).append(message_id)
+        state.__dict__["_pflower_by_node"] = index
+    return index
+
+
+def linkstate_index() -> bool:
+    """``linkstate-index``: Flower's in-memory LinkState keeps, per destination node,
+    the ids of the messages stored for it (added where Flower stores one, pruned when
+    read), so a node's lookup checks only its own messages, in the same order, with
+    the same checks and side effects as Flower's; and the engine's loop asks only
+    the nodes that have messages (Flower's asks all N, ten times a second). Applied
+    where the ServerApp is imported (the simulation runs the engine in that
+    process). Returns whether it is in place."""
+    from flwr.server.superlink.fleet.vce import vce_api
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+    from flwr.supercore.date import now
+
+    if getattr(InMemoryLinkState, "_pflower_indexed", False):
+        return True
+    if not enabled():
+        return False
+    check(("flwr",))
+    store = InMemoryLinkState.store_message_ins
+
+    def store_message_ins(self: Any, message: Any) -> str | None:
+        message_id = store(self, message)
+        if message_id is not None:
+            with self.lock:
+                ids = _index(self).setdefault(message.metadata.dst_node_id, [])
+                if message_id not in ids:
+                    ids.append(message_id)
+        return message_id
+
+    def get_message_ins(
+        self: Any, node_id: int, limit: int | None, *, run_id: int | None = None
+    ) -> list[Any]:
+        if limit is not None and limit < 1:
+            raise AssertionError("`limit` must be >= 1")
+        found: list[Any] = []
+        with self.lock:
+            ids = _index(self).get(node_id, [])
+            for message_id in list(ids):
+                self._check_stored_messages({message_id})  # Flower's expiry checks
+                message = self.message_ins_store.get(message_id)
+                if message is None:  # deleted (replied to, expired): forget it
+                    ids.remove(message_id)
+                    continue
+                if (
+                    message.metadata.dst_node_id == node_id
+                    and (run_id is None or message.metadata.run_id == run_id)
+                    and message.metadata.delivered_at == ""
+                ):
+                    found.append(message)
+                if limit and len(found) == limit:
+                    break
+        delivered_at = now().isoformat()
+        for message in found:
+            message.metadata.delivered_at = delivered_at
+        return found
+
+    def add_messages_to_queue(
+        state: Any, queue: Any, nodes_mapping: Any, f_stop: threading.Event
+    ) -> None:
+        """Flower's loop, asking only the nodes that have messages stored for them."""
+        while not f_stop.is_set():
+            if isinstance(state, InMemoryLinkState):
+                with state.lock:
+                    nodes = [n for n, ids in _index(state).items() if ids and n in nodes_mapping]
+            else:
+                nodes = list(nodes_mapping.keys())
+            for node_id in nodes:
+                for message in state.get_message_ins(node_id=node_id, limit=1):
+                    queue.put(message)
+            f_stop.wait(0.1)
+
+    InMemoryLinkState.store_message_ins = store_message_ins
+    InMemoryLinkState.get_message_ins = get_message_ins
+    InMemoryLinkState._pflower_indexed = True
+    vce_api.add_messages_to_queue = add_messages_to_queue  # read when the engine starts
+    return True
+
+
+# ---- flwr: a SuperNode's idle poll, a message part's first retry ----------------------------
+
+FIRST_WAIT, GROWTH = 0.1, 1.5
+FLOWER_IDLE_WAIT = 3.0  # start_client_internal's sleep when no message came
+LOCAL_WAIT = 0.1  # in place of its 0.5 s polls of the node's own state
+FIRST_OBJECT_RETRY = 0.05  # Flower's first retry of a missing object: 1 s
+
+
+class IdleBackoff:
+    """Stands in for the ``time`` module inside Flower's SuperNode loop: the idle
+    sleep starts at 0.1 s after each message and grows 1.5 times per empty pull up
+    to Flower's 3 s; the waits for a local ClientApp's reply become 0.1 s."""
+
+    def __init__(self) -> None:
+        self.wait = FIRST_WAIT
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    def message_arrived(self) -> None:
+        self.wait = FIRST_WAIT
+
+    def sleep(self, seconds: float) -> None:
+        if seconds >= FLOWER_IDLE_WAIT:  # idle: back off towards Flower's pace
+            time.sleep(self.wait)
+            self.wait = min(FLOWER_IDLE_WAIT, self.wait * GROWTH)
+        else:
+            time.sleep(min(seconds, LOCAL_WAIT))
+
+
+def supernode_backoff() -> IdleBackoff | None:
+    """``supernode-backoff``: Flower's SuperNode loop (``start_client_internal``) with
+    the idle poll of ``IdleBackoff``; None with the patches off."""
+    if not enabled():
+        return None
+    check(("flwr",))
+    import flwr.supernode.start_client_internal as loop
+
+    backoff = IdleBackoff()
+    pull = loop._pull_and_store_message
+
+    def pull_and_reset(*args: Any, **kwargs: Any) -> Any:
+        run_id = pull(*args, **kwargs)
+        if run_id is not None:
+            backoff.message_arrived()
+        return run_id
+
+    loop.time = backoff  # type: ignore[assignment]
+    loop._pull_and_store_message = pull_and_reset
+    return backoff
+
+
+def object_retries() -> bool:
+    """``object-retries``: a message part that is not there yet is asked for again
+    after 0.05 s, doubling, not after 1 s (Flower's doubling and 10 s cap stay). A
+    ClientApp that starts at once (a warm one) asks for parts still on their way."""
+    if not enabled():
+        return False
+    check(("flwr",))
+    from flwr.supercore.inflatable import inflatable_utils as objects
+
+    for fn in (objects.pull_objects, objects.pull_and_inflate_object_from_tree):
+        if "initial_backoff" not in (fn.__kwdefaults__ or {}):  # not flwr 1.39's signature
+            raise UntestedVersion(f"flwr's {fn.__name__} takes no initial_backoff")
+        fn.__kwdefaults__["initial_backoff"] = FIRST_OBJECT_RETRY
+    return True
+
+
+def superexec_fork(executor: Callable[..., Any]) -> None:
+    """``superexec-fork``: Flower's SuperExec looks its executor up by this name; the
+    warm SuperExec's forking one in its place (deploy/warm_superexec.py). Not a
+    speed-up that can be left out: the warm SuperExec is this patch."""
+    check(("flwr",))
+    import flwr.supercore.superexec.run_superexec as superexec
+
+    superexec.get_executor = executor
+
+
+# ---- torch: optimizers without torch._dynamo ------------------------------------------------
+
+
+def optimizers() -> tuple[type, type]:
+    """``optimizers-without-dynamo``: (SGD, Adam). torch.optim imports torch._dynamo on
+    an optimizer's first use: its methods are wrapped by
+    ``torch._compile._disable_dynamo`` (imports on first call) and ``step()`` by a
+    graph-break wrapper (imports on every call). That is 2-5 s in every new process,
+    and a deployed ClientApp is a new process per message. Nothing here is compiled,
+    so these two skip the wrappers and do exactly what they do outside compilation
+    (tests/test_client_start.py: bit-identical updates, no torch._dynamo import).
+    With the patches off, torch's own classes."""
+    import torch
+
+    if not enabled():
+        return torch.optim.SGD, torch.optim.Adam
+    check(("torch",))
+
+    def undecorated(fn: Callable[..., Any]) -> Callable[..., Any]:
+        while hasattr(fn, "__wrapped__"):
+            fn = fn.__wrapped__
+        return fn
+
+    def without_graph_break(base: type) -> type:
+        raw_step = undecorated(base.step)
+
+        def step(self: Any, closure: Callable[[], float] | None = None) -> Any:
+            with torch.set_grad_enabled(self.defaults["differentiable"]):
+                return raw_step(self, closure)
+
+        return type(base.__name__, (base,), {"step": step, "__module__": __name__})
+
+    # pre-fill the cache _disable_dynamo's wrapper fills on its first call
+    inner_code = torch._compile._disable_dynamo(lambda: None).__code__
+    for cls in (torch.optim.Optimizer, torch.optim.SGD, torch.optim.Adam):
+        for attr in vars(cls).values():
+            fn = getattr(attr, "__wrapped__", None)
+            if getattr(attr, "__code__", None) is inner_code and fn is not None:
+                setattr(fn, "__dynamo_disable", fn)
+    return without_graph_break(torch.optim.SGD), without_graph_break(torch.optim.Adam)

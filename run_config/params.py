@@ -1,0 +1,62 @@
+"""What a method's package gives the config: its own keys (a ``MethodParams``), the
+``auto`` values of its keys and of the common schedule keys, and why it cannot
+take a mean-only feature (secure aggregation, DP, robust rules).
+
+A method's keys are namespaced in the run config, ``<namespace>.<key>`` (the
+flattened form of a ``[tool.flwr.app.config.<namespace>]`` table, as Flower
+flattens nested tables), and validated by the method's ``MethodParams``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from run_config.schema import RunConfig
+
+AUTO = "auto"
+
+
+class MethodParams(BaseModel):
+    """A method's own run-config keys. Aliases are the keys without the namespace."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+    # the keys' prefix in the run config (``<namespace>.<key>``); '' for no keys
+    namespace: ClassVar[str] = ""
+    # the keys whose default is ``auto`` (resolved by ``auto``)
+    auto_keys: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def auto(cls, raw: dict[str, Any]) -> dict[str, Any]:
+        """Values of this method's pending ``auto`` keys (un-namespaced), from the raw
+        config (hyphenated common keys, the schedule keys already resolved)."""
+        return {}
+
+    def check(self, cfg: RunConfig) -> None:
+        """Checks across this method's keys and the common ones: ValueError naming the
+        keys (the namespaced ones as ``<namespace>.<key>``)."""
+
+    @classmethod
+    def keys(cls) -> dict[str, str]:
+        """Key (alias) -> field name."""
+        return {(f.alias or name): name for name, f in cls.model_fields.items()}
+
+
+class NoParams(MethodParams):
+    """A method with no keys of its own."""
+
+
+class MethodSpec(Protocol):
+    """The part of a method that the config needs (methods/ implements it)."""
+
+    name: str
+    params: type[MethodParams]
+    per_client: str  # why it has no mean of one global state to protect ("": it has)
+
+    def defaults(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """The method's values for the common ``auto`` keys (its paper's local
+        schedule, ...) given the raw config."""
+        ...
