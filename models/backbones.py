@@ -5,6 +5,7 @@ the ``features.`` / ``head.`` name prefixes to split tensors."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -100,6 +101,30 @@ def _load_imagenet(net: nn.Module) -> None:
             "weight file as 'pretrained-weights' to use pretrained weights offline.",
             type(err).__name__,
             err,
+        )
+
+
+def imagenet_weights_problem() -> str | None:
+    """Why torchvision's ImageNet weights for ResNet-18 cannot be had (not in torch's
+    hub cache, and their download host does not resolve), or None."""
+    import socket
+    from urllib.parse import urlparse
+
+    from torchvision.models import ResNet18_Weights
+
+    url = ResNet18_Weights.IMAGENET1K_V1.url
+    cached = Path(torch.hub.get_dir()) / "checkpoints" / Path(urlparse(url).path).name
+    if cached.is_file():
+        return None
+    host = urlparse(url).hostname or ""
+    try:
+        socket.getaddrinfo(host, 443)
+        return None
+    except OSError:
+        return (
+            f"'imagenet' needs torchvision's ResNet-18 weights, which are not cached "
+            f"({cached}) and {host} cannot be reached: the run would train from random "
+            "init. Give a local file (a ResNet-18 state_dict saved with torch.save)"
         )
 
 

@@ -50,20 +50,47 @@ def split_args(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
     return run_cfg, fed_cfg, rest
 
 
-def federation_config(overrides: list[str]) -> str:
+def federation_values(overrides: list[str]) -> dict[str, Any]:
     """The project's default federation (scripts/federation.toml) with the user's
-    ``--federation-config`` values on top, as one ``--federation-config`` value."""
+    ``--federation-config`` values on top, checked by Flower's own conversion;
+    ConfigError naming a bad one."""
     from flwr.common.config import parse_config_args
+    from flwr.supercore.utils import simulation_config_from_json
 
     values: dict[str, Any] = tomllib.loads(FEDERATION_DEFAULTS.read_text())
-    values.update(parse_config_args(overrides or None))
+    try:
+        values.update(parse_config_args(overrides or None))
+        simulation_config_from_json({k.replace("-", "_"): v for k, v in values.items()})
+    except Exception as err:  # noqa: BLE001 - click's, protobuf's and Flower's own messages
+        message = getattr(err, "message", None) or str(err)
+        raise ConfigError(f"--federation-config: {message}") from None
+    n = values.get("num-supernodes")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ConfigError(f"--federation-config: num-supernodes must be a positive integer ({n!r})")
+    return values
+
+
+def federation_config(values: dict[str, Any]) -> str:
+    """The federation as one ``--federation-config`` value."""
     return " ".join(f"{k}={json.dumps(v)}" for k, v in values.items())
 
 
+def deployment_named(rest: list[str]) -> bool:
+    """Whether ``flwr run``'s arguments name a federation (``flwr run . pflower``) that
+    is not a local simulation: a deployment, whose size the SuperLink knows and whose
+    data are at the sites."""
+    args = rest[1:] if rest[:1] == ["run"] else rest  # `check . pflower` or `check run . pflower`
+    named = len(args) > 1 and not args[1].startswith("-")
+    return named and not superlink_connection(args).startswith(":local")
+
+
 def check(argv: list[str]) -> int:
-    run_cfg, _, _ = split_args(argv)
+    """``check [run . FEDERATION] [--run-config ...] [--federation-config ...]``."""
+    run_cfg, fed_cfg, rest = split_args(argv)
     try:
-        cfg, raw, data = preflight(PROJECT, run_cfg)
+        federation = federation_values(fed_cfg)
+        clients = None if deployment_named(rest) else federation["num-supernodes"]
+        cfg, raw, data = preflight(PROJECT, run_cfg, clients)
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return EXIT_CONFIG
@@ -153,9 +180,10 @@ def foreign_superlink(flwr_home: Path, port: int) -> str | None:
 def run(argv: list[str]) -> int:
     run_cfg, fed_cfg, rest = split_args(argv)
     try:
-        cfg, raw, data = preflight(PROJECT, run_cfg)
-        federation = federation_config(fed_cfg)
-    except (ConfigError, ValueError) as err:
+        values = federation_values(fed_cfg)
+        cfg, raw, data = preflight(PROJECT, run_cfg, values["num-supernodes"])
+        federation = federation_config(values)
+    except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return EXIT_CONFIG
     print(f"pre-flight ok: {describe_settings(cfg)}; data: {data}", flush=True)

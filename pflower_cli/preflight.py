@@ -1,7 +1,9 @@
-"""Pre-flight: the run config Flower will build, validated, plus cheap data checks.
+"""Pre-flight: the run config Flower will build, validated, then what the run will
+do first, done once: load the data and the first client's share, build the model
+and its strategy, pass a batch through the model, load the checkpoint to resume.
 
-Nothing here imports torch or the data libraries: a bad key fails in about a
-second. The data checks read only a parquet file's schema and first row.
+A bad key fails before any of that, in about a second (nothing heavy is imported
+until the keys are valid); every failure is one line naming the key (ConfigError).
 """
 
 from __future__ import annotations
@@ -12,9 +14,6 @@ from typing import Any
 
 from methods import parse_run_config
 from run_config.schema import ConfigError, RunConfig, check_against_data
-
-# Models that need image inputs (C, H, W), and the smallest side each accepts.
-_MIN_SIDE = {"cnn4": 16, "resnet8": 8, "resnet10": 8, "resnet18": 8}
 
 
 def flwr_run_config(project_dir: Path, overrides: list[str]) -> dict[str, Any]:
@@ -34,122 +33,150 @@ def flwr_run_config(project_dir: Path, overrides: list[str]) -> dict[str, Any]:
         raise ConfigError(f"unknown config key '{key}'") from None
 
 
-def _parquet_peek(path: Path) -> tuple[tuple[int, ...], int] | None:
-    """(input shape, number of classes) of a Hugging Face-schema parquet file, read
-    from its schema, its label column and its first image; None if not that schema."""
-    import io
-    import json
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0][:240] if text else type(err).__name__
 
-    import pyarrow.parquet as pq
 
-    try:
-        pf = pq.ParquetFile(path)
-    except Exception as err:  # noqa: BLE001 - a corrupt or foreign file
+def _as_config_error(err: Exception, key: str) -> ConfigError:
+    """The failure as one line naming a key (its own key if its message names one)."""
+    message = _first_line(err)
+    if "config key '" in message:
+        return ConfigError(message.split("invalid run config: ")[-1])
+    return ConfigError(f"config key '{key}': {type(err).__name__}: {message}")
+
+
+def federation_checks(cfg: RunConfig, clients: int | None) -> None:
+    """Keys that must fit the federation's size (``num-supernodes``), when known."""
+    if clients is None:
+        return
+    if cfg.min_available_clients > clients:
         raise ConfigError(
-            f"config key 'dataset': {path} is not a readable parquet file ({err})"
-        ) from None
-    names = pf.schema_arrow.names
-    label = next((c for c in ("label", "labels", "fine_label") if c in names), None)
-    image = next((c for c in ("img", "image") if c in names), None)
-    if label is None or image is None:
-        return None
-    meta = pf.schema_arrow.metadata or {}
-    classes = None
-    if b"huggingface" in meta:
-        feature = json.loads(meta[b"huggingface"]).get("info", {}).get("features", {})
-        classes = len(feature.get(label, {}).get("names", []) or []) or None
-    if classes is None:
-        labels = pf.read(columns=[label]).column(0).to_numpy()
-        classes = int(labels.max()) + 1
-    first = pf.read_row_group(0, columns=[image]).column(0)[0].as_py()
-    raw = first.get("bytes") if isinstance(first, dict) else None
-    if raw is None:
-        return None
-    from PIL import Image
-
-    img = Image.open(io.BytesIO(raw))
-    channels = 1 if img.mode in ("L", "1", "I", "F") else 3
-    return (channels, img.size[1], img.size[0]), classes
+            f"config key 'min-available-clients': {cfg.min_available_clients} but the "
+            f"federation has {clients} clients (num-supernodes): every round would wait "
+            "10 minutes, then go on without them"
+        )
+    held_out = getattr(cfg.params, "new_clients", 0)
+    if held_out and held_out >= clients:
+        raise ConfigError(
+            f"config key 'fedfac.new-clients': {held_out} held out of {clients} clients "
+            "leaves none to train"
+        )
 
 
-def data_checks(
-    cfg: RunConfig, project_dir: Path
-) -> tuple[str, tuple[tuple[int, ...], int] | None]:
-    """The cheap checks: the data exist, the partitioner fits the classes, the
-    model takes the data's shape. Returns a short description of the data and,
-    where known without loading it, (input shape, number of classes)."""
+def resume_checks(cfg: RunConfig) -> None:
+    """``resume-from`` names a checkpoint of this method (the strategy later checks
+    that it fits the model)."""
+    if not cfg.resume_from:
+        return
+    from strategies.checkpoint import checkpoint_path, load_server_state
+
+    load_server_state(checkpoint_path(cfg.resume_from), cfg.method)
+
+
+def pretrained_checks(cfg: RunConfig) -> None:
+    """``pretrained-weights='imagenet'`` needs torchvision's weights: cached, or a
+    reachable download. Without them the run would train from random init."""
+    if cfg.pretrained_weights != "imagenet":
+        return
+    from models.backbones import imagenet_weights_problem
+
+    problem = imagenet_weights_problem()
+    if problem:
+        raise ConfigError(f"config key 'pretrained-weights': {problem}")
+
+
+def data_checks(cfg: RunConfig, clients: int | None) -> tuple[str, Any]:
+    """Load what the run will load: the data set's shape and classes, and the first
+    client's share as the first client will (its partition, its labels), so that a
+    missing or foreign file, an empty folder, a hub name offline, a partitioner the
+    data cannot serve or data that do not fit the declared ``input-shape`` /
+    ``num-classes`` are config errors naming the key. Returns a short description of
+    the data and that client's data."""
+    import datasets
+
+    from pfl_data import check_site_data, data_info, declared_info, load_client_data
+
+    datasets.disable_progress_bars()  # the pre-flight prints one line
+    declared = declared_info(cfg)
+    if clients is None and declared is not None:  # a deployment: the data are at the sites
+        shape = "x".join(map(str, declared.input_shape))
+        where = "checked by each site (python -m deploy.site --check)"
+        return f"declared ({declared.num_classes} classes, {shape}), {where}", (declared, None)
     paths = [p.strip() for p in cfg.client_data_paths.split(",") if p.strip()]
     key = "client-data-paths" if paths else "dataset"
-    if not paths:
-        if cfg.dataset == "synthetic":
-            return cfg.dataset, ((cfg.sim_dim,), 2)
-        if cfg.dataset == "sklearn-digits":
-            return cfg.dataset, ((1, 8, 8), 10)
-        paths = [cfg.dataset]
-    shape_classes = None
-    described = []
-    for name in paths:
-        path = Path(name).expanduser()
-        if not path.is_absolute():
-            path = project_dir / path
-        looks_local = name.startswith(("/", ".", "~")) or name.endswith(".parquet")
-        if not path.exists():
-            if looks_local or name.count("/") > 1:
-                raise ConfigError(f"config key '{key}': {name!r} does not exist")
-            described.append(f"{name} (hub)")
-            continue
-        if path.is_file() and path.suffix == ".parquet":
-            peek = _parquet_peek(path)
-            if peek is not None:
-                shape, classes = peek
-                check_against_data(cfg, classes)
-                side = _MIN_SIDE.get(cfg.model)
-                if side is not None and min(shape[1:]) < side:
-                    raise ConfigError(
-                        f"config key 'model': '{cfg.model}' needs images of at least "
-                        f"{side}x{side}, {name} has {shape[1]}x{shape[2]}"
-                    )
-                described.append(f"{name} ({classes} classes, {shape})")
-                shape_classes = shape_classes or peek
-                continue
-        if not path.is_dir() and not path.is_file():
-            raise ConfigError(f"config key '{key}': {name!r} is not a file or folder")
-        described.append(name)
-    return ", ".join(described), shape_classes
+    try:
+        for path in paths:  # each site's own data
+            Path(path).expanduser().resolve(strict=True)
+        info = data_info(cfg)
+        data = load_client_data(cfg, 0, max(clients or 1, len(paths), 1))
+        check_site_data(cfg, data, "the first client")
+    except ConfigError:
+        raise
+    except MemoryError as err:  # the generated study's teachers, or a decoded data set
+        which = "hidden-dim" if cfg.dataset == "synthetic" and not paths else key
+        raise ConfigError(
+            f"config key '{which}': the data do not fit in memory ({_first_line(err)})"
+        ) from None
+    except (FileNotFoundError, OSError, ValueError, RuntimeError, KeyError, IndexError) as err:
+        raise _as_config_error(err, key) from None
+    if declared_info(cfg) is not None:  # declared: must match the data where both exist
+        found = tuple(data.x_train.shape[1:])
+        if found != info.input_shape:
+            raise ConfigError(
+                f"config key 'input-shape': the run declares {info.input_shape}, the data "
+                f"are {found}"
+            )
+    source = ", ".join(paths) if paths else cfg.dataset
+    shape = "x".join(map(str, info.input_shape))
+    return f"{source} ({info.num_classes} classes, {shape})", (info, data)
 
 
-def model_checks(cfg: RunConfig, shape_classes: tuple[tuple[int, ...], int] | None) -> None:
-    """Build the method's model for the data's shape and pass one dummy batch through
-    it, as the run will: a model that cannot take the data (an image model on the
-    generated vectors, images too small for it) is a config error naming the key.
-    This imports torch (a few seconds), after every key has been checked."""
-    if shape_classes is None:
-        return
+def model_checks(cfg: RunConfig, info: Any, data: Any) -> None:
+    """Build the method's model and its strategy as the run will, pass a batch of the
+    first client's data through the model, and load ``resume-from`` into the
+    strategy: a model that cannot take the data (an image model on the generated
+    vectors, images too small for it, a layer too large to allocate) or a checkpoint
+    that does not fit is a config error naming the key. Imports torch (a few seconds),
+    after every key has been checked."""
     import torch
 
     from methods import get_method
-    from pfl_data import DataInfo
 
-    shape, classes = shape_classes
+    method = get_method(cfg.method)
     try:
-        model = get_method(cfg.method).build_model(cfg, DataInfo(shape, classes))
+        model = method.build_model(cfg, info)
         model.eval()
+        has_data = data is not None and len(data.x_train)
+        batch = data.x_train[:2] if has_data else torch.zeros((2, *info.input_shape))
         with torch.no_grad():
-            model(torch.zeros((2, *shape)))
+            model(batch)
     except ConfigError:
         raise  # a method's own check (FedFac's fedfac.fa-layers) names its key
     except Exception as err:  # noqa: BLE001 - any failure here is the run's first crash
+        message = _first_line(err)
+        if isinstance(err, MemoryError) or "allocat" in message.lower():
+            raise ConfigError(
+                f"config key 'hidden-dim': model '{cfg.model}' with hidden-dim "
+                f"{cfg.hidden_dim} does not fit in memory ({type(err).__name__})"
+            ) from None
+        shape = info.input_shape
         kind = "vectors of" if len(shape) == 1 else "inputs of shape"
         raise ConfigError(
             f"config key 'model': '{cfg.model}' cannot take the data's {kind} "
             f"{shape if len(shape) > 1 else shape[0]} (dataset={cfg.dataset!r}): "
-            f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
+            f"{type(err).__name__}: {message[:160]}"
         ) from None
+    if cfg.resume_from:
+        method.build_strategy(cfg, model).resume(cfg.resume_from)
 
 
-def preflight(project_dir: Path, overrides: list[str]) -> tuple[RunConfig, dict[str, Any], str]:
-    """(validated config, raw config, data description); ConfigError on a bad one, or
-    on a Flower or torch version the project's patches were not checked against."""
+def preflight(
+    project_dir: Path, overrides: list[str], clients: int | None = None
+) -> tuple[RunConfig, dict[str, Any], str]:
+    """(validated config, raw config, data description) for a federation of
+    ``clients`` (None: unknown, a deployment); ConfigError on a bad one, or on a
+    Flower or torch version the project's patches were not checked against."""
     import pfl_patches
 
     try:
@@ -163,6 +190,10 @@ def preflight(project_dir: Path, overrides: list[str]) -> tuple[RunConfig, dict[
             "config key 'tensorboard': true needs the tensorboard package "
             "(pip install -e '.[tensorboard]')"
         )
-    described, shape_classes = data_checks(cfg, project_dir)
-    model_checks(cfg, shape_classes)
+    federation_checks(cfg, clients)
+    resume_checks(cfg)
+    pretrained_checks(cfg)
+    described, (info, data) = data_checks(cfg, clients)
+    check_against_data(cfg, info.num_classes)
+    model_checks(cfg, info, data)
     return cfg, raw, described

@@ -14,6 +14,7 @@ import pytest
 
 from pflower_cli.__main__ import (
     federation_config,
+    federation_values,
     foreign_superlink,
     results_status,
     split_args,
@@ -58,11 +59,35 @@ def dev_sh(
         ("check", "model='cnn4' dataset='sklearn-digits'", "'model'"),  # 8x8: too small
         ("check", "method='fedcp' model='cnn4'", "'model'"),
         ("run", "alpha=-1", "'alpha'"),  # run stops before anything of Flower starts
+        # #36: each of these passed check, then crashed or misbehaved at run time
+        ("check", "dataset='mydata/cifar10'", "'dataset'"),  # a missing path, not a hub name
+        ("check", "dataset='{probe}/data.csv'", "'dataset'"),
+        ("check", "dataset='{probe}/empty'", "'dataset'"),
+        ("check", "model='cnn4' dataset='{probe}/tiny4'", "'dataset'"),  # 6 images, 10 clients
+        (
+            "check",
+            "dataset='sklearn-digits' partitioner='natural' partition-by='writer'",
+            "'partition-by'",
+        ),
+        ("check", "resume-from='/nope'", "'resume-from'"),
+        ("check", "min-available-clients=50", "'min-available-clients'"),
+        (
+            "check",
+            "model='resnet18' pretrained-weights='imagenet' dataset='sklearn-digits'",
+            "'pretrained-weights'",
+        ),
+        ("check", "hidden-dim=1000000000", "'hidden-dim'"),
+        ("check", "method='fedfac-static' model='resnet18'", "'model'"),
+        ("check", "input-shape='3,32,32' num-classes=2", "'input-shape'"),  # the data are vectors
+        ("check", "num-classes=3 class-names='a,b'", "'num-classes'"),
+        ("check", "method='fedfac-static' fedfac.new-clients=10", "'fedfac.new-clients'"),
     ],
 )
-def test_a_bad_config_fails_fast_with_one_line_and_exit_2(command, run_config, key) -> None:
+def test_a_bad_config_fails_fast_with_one_line_and_exit_2(
+    command, run_config, key, bad_data: Path
+) -> None:
     started = time.monotonic()
-    proc = dev_sh(command, "--run-config", run_config, timeout=60)
+    proc = dev_sh(command, "--run-config", run_config.replace("{probe}", str(bad_data)), timeout=60)
     elapsed = time.monotonic() - started
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
@@ -70,6 +95,42 @@ def test_a_bad_config_fails_fast_with_one_line_and_exit_2(command, run_config, k
     assert "Traceback" not in proc.stdout + proc.stderr
     assert "SuperLink" not in proc.stdout  # Flower was never started
     assert elapsed < 30  # seconds, not the half minute of a SuperLink start (loose: CI load)
+
+
+@pytest.fixture(scope="module")
+def bad_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CSV, an empty folder and an image folder of six 4x4 images."""
+    import numpy as np
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("bad-data")
+    (root / "data.csv").write_text("x,label\n1,0\n")
+    (root / "empty").mkdir()
+    for name in ("a", "b"):
+        (root / "tiny4" / name).mkdir(parents=True)
+        for i in range(3):
+            pixels = np.full((4, 4, 3), 40 * i, dtype=np.uint8)
+            Image.fromarray(pixels).save(root / "tiny4" / name / f"{i}.png")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("federation", "message"),
+    [("num-supernodes=0", "num-supernodes"), ("num-supernode=3", "num_supernode")],
+)
+def test_check_validates_the_federation_config(federation: str, message: str) -> None:
+    proc = dev_sh("check", "--federation-config", federation, timeout=60)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("config error: --federation-config")
+    # and the federation's size is what the run-config keys are checked against
+    proc = dev_sh(
+        "check",
+        "--run-config",
+        "min-available-clients=20",
+        "--federation-config",
+        "num-supernodes=20",
+    )
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_check_passes_a_model_that_takes_the_data() -> None:
@@ -94,7 +155,7 @@ def test_args_are_split_as_flwr_reads_them() -> None:
 
 
 def test_federation_config_is_the_projects_with_user_values_on_top() -> None:
-    value = federation_config(["num-supernodes=20"])
+    value = federation_config(federation_values(["num-supernodes=20"]))
     assert "num-supernodes=20" in value and "client-resources-num-cpus=1" in value
     assert "num-supernodes=10" not in value
 
@@ -116,10 +177,12 @@ def test_results_status_says_what_is_missing(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_run_that_fails_in_the_server_app_exits_non_zero(tmp_path: Path) -> None:
-    """Passes the pre-flight (the checkpoint is only opened by the ServerApp), then
-    fails: `flwr run --stream` itself exits 0 here, the run command must not."""
+    """Passes the pre-flight (which does not create the output folder), then fails
+    in the ServerApp, whose output folder would be under a file: `flwr run --stream`
+    itself exits 0 here, the run command must not."""
     home = tmp_path / "flwr-home"
-    cfg = f"num-server-rounds=1 resume-from='{tmp_path}/none' output-dir='{tmp_path}/out'"
+    (tmp_path / "a-file").write_text("")
+    cfg = f"num-server-rounds=1 output-dir='{tmp_path}/a-file/out'"
     try:
         proc = dev_sh("run", "--run-config", cfg, home=home)
     finally:
