@@ -32,6 +32,7 @@ from client_app.attacks import Attacker, flip_labels
 from client_app.state import ContextStore, DiskStore, PersonalStore
 from methods import get_method, method_names, parse_run_config
 from pfl_data import (
+    check_site_data,
     class_fingerprint,
     data_info,
     load_client_data,
@@ -85,6 +86,7 @@ def build_client(context: Context, overrides: dict[str, Any] | None = None) -> C
     timing.mark("model")
     # a deployed ClientApp is a fresh process per message: keep decoded data on site
     data = load_client_data(cfg, partition_id, num_partitions, data_path, state_dir)
+    check_site_data(cfg, data, f"site '{site}'" if "site" in node else site)
     timing.mark("data")
     store: PersonalStore = (
         DiskStore(state_dir, experiment_id(cfg, model), site)
@@ -95,6 +97,7 @@ def build_client(context: Context, overrides: dict[str, Any] | None = None) -> C
     if attacker and cfg.attack == "label-flip":
         data = flip_labels(data, data_info(cfg, data_path, state_dir).num_classes)
     client = method.client(model, method.roles(model), data, cfg, store, device, site)
+    client.report_data_digest = "site" not in node  # simulated, never a deployed site
     if not state_dir:  # simulation: in memory, or on disk past the budget
         client.store = simulation_store(cfg, context, client, num_partitions, model)
     if not run_class_names(cfg):  # each site's own labels: the server compares the lists

@@ -39,6 +39,9 @@ class Attacker(NumPyClient):
     def get_parameters(self, config: dict[str, Scalar]) -> NDArrays:
         return self.honest.get_parameters(config)
 
+    def get_properties(self, config: dict[str, Scalar]) -> dict[str, Scalar]:
+        return self.honest.get_properties(config)
+
     def fit(
         self, parameters: NDArrays, config: dict[str, Scalar]
     ) -> tuple[NDArrays, int, dict[str, Scalar]]:

@@ -26,6 +26,8 @@ from methods import get_method
 from models.roles import (
     CLASSES_KEY,
     CLIENT_KEY,
+    DATA_KEY,
+    DEVICE_KEY,
     DP_PARTICIPANTS,
     EVAL_PREFIX,
     EVALUATE_FIRST,
@@ -50,6 +52,9 @@ class PFLClient(NumPyClient):
     # a digest of this client's own class list (its data's, when the run gives no
     # class-names): the server stops a run whose sites disagree
     class_fingerprint = ""
+    # a digest of the client's data goes into results.json in simulation only: from a
+    # deployed site it would let the server confirm which data the site holds
+    report_data_digest = False
 
     def __init__(
         self,
@@ -75,8 +80,18 @@ class PFLClient(NumPyClient):
         self.y_train = data.y_train.to(device, non_blocking=non_blocking)
         self.x_test = data.x_test.to(device, non_blocking=non_blocking)
         self.y_test = data.y_test.to(device, non_blocking=non_blocking)
+        self.data = data  # as loaded (its digest goes into results.json)
 
     # ---- the protocol, written once ------------------------------------------------------
+
+    def get_properties(self, config: dict[str, Scalar]) -> dict[str, Scalar]:
+        """What the server may ask before the first round: this client's key and the
+        digest of its class list (names only), so sites that disagree on labels are
+        stopped before any of them trains."""
+        props: dict[str, Scalar] = {CLIENT_KEY: self.client_key}
+        if self.class_fingerprint:
+            props[CLASSES_KEY] = self.class_fingerprint
+        return props
 
     def get_parameters(self, config: dict[str, Scalar]) -> NDArrays:
         return self.upload(config)
@@ -111,11 +126,15 @@ class PFLClient(NumPyClient):
             std = noise_share_std(self.cfg.dp_noise_multiplier, self.cfg.dp_clipping_norm, asked)
             add_noise(upload, std, np.random.default_rng())  # OS entropy
         timing.mark("store + upload")
-        classes = {CLASSES_KEY: self.class_fingerprint} if self.class_fingerprint else {}
+        facts = {DEVICE_KEY: self.device.type}
+        if self.report_data_digest:
+            facts[DATA_KEY] = self.data.digest
+        if self.class_fingerprint:
+            facts[CLASSES_KEY] = self.class_fingerprint
         return (
             upload,
             int(self.y_train.shape[0]) if self.weight_by_samples else 1,
-            {CLIENT_KEY: self.client_key, **metrics, **evaluation, **classes},
+            {CLIENT_KEY: self.client_key, **metrics, **evaluation, **facts},
         )
 
     def evaluate(

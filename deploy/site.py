@@ -4,6 +4,9 @@
         --data-path /data/site --device cuda:0 --state-dir /var/lib/pflower \\
         --root-certificates ca.crt --auth-key keys/hospital-a
 
+    python -m deploy.site --check --site hospital-a --data-path /data/site \\
+        --state-dir /var/lib/pflower --insecure --run-config "method='fedper' ..."
+
 Builds the ``flower-supernode`` command line (the site's identity, data, device
 and state directory go into the node config, which the ClientApp reads), prints
 it, and replaces this process with it (``--dry-run`` only prints). A thin
@@ -43,7 +46,7 @@ def node_config(values: dict[str, str | int]) -> str:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m deploy.site", description=__doc__.split("\n")[0])
-    p.add_argument("--superlink", required=True, help="SuperLink Fleet API, HOST:PORT (9092)")
+    p.add_argument("--superlink", help="SuperLink Fleet API, HOST:PORT (9092)")
     p.add_argument("--site", required=True, help="stable site identity (keys personal state)")
     p.add_argument("--data-path", default="", help="this site's own data (file or directory)")
     p.add_argument("--device", default="", help="torch device, e.g. cuda:0 (default: auto)")
@@ -101,9 +104,25 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--max-tasks", type=int, default=1, help="warm SuperExec: ClientApp tasks at once"
     )
     p.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="do not join: check this site's paths, policy and data against the run config "
+        "given with --run-config (deploy/site_check.py), exit 0 or 2",
+    )
+    p.add_argument(
+        "--run-config",
+        dest="check_run_config",
+        default="",
+        help="with --check: the run's config, as for flwr run --run-config",
+    )
     p.add_argument("extra", nargs="*", help="after --: passed to flower-supernode unchanged")
     args = p.parse_args(argv)
-    if args.insecure == bool(args.root_certificates):
+    if not args.superlink and not args.check:
+        p.error("the following arguments are required: --superlink")
+    if args.check_run_config and not args.check:
+        p.error("--run-config goes with --check (a joining site gets the run from the server)")
+    if args.insecure == bool(args.root_certificates) and not args.check:
         p.error("give exactly one of --root-certificates (TLS) or --insecure")
     if args.auth_key and args.insecure:
         p.error("--auth-key needs TLS (--root-certificates), Flower refuses it over --insecure")
@@ -118,8 +137,8 @@ def supernode_executable() -> str:
     return beside if os.path.exists(beside) else shutil.which("flower-supernode") or beside
 
 
-def supernode_command(args: argparse.Namespace) -> list[str]:
-    """The ``flower-supernode`` argv for these launcher arguments."""
+def node_values(args: argparse.Namespace) -> dict[str, str | int]:
+    """The node config the SuperNode gets: the site, its data, device and policy."""
     values: dict[str, str | int] = {"site": args.site, "state-dir": args.state_dir}
     if args.data_path:
         values["data-path"] = args.data_path
@@ -131,6 +150,12 @@ def supernode_command(args: argparse.Namespace) -> list[str]:
     if args.partition_id is not None:
         values["partition-id"] = args.partition_id
         values["num-partitions"] = args.num_partitions
+    return values
+
+
+def supernode_command(args: argparse.Namespace) -> list[str]:
+    """The ``flower-supernode`` argv for these launcher arguments."""
+    values = node_values(args)
     if args.warm:  # Flower's SuperNode, its idle poll backing off; ClientApps from our SuperExec
         cmd = [sys.executable, "-m", "deploy.fast_supernode", "--superlink", args.superlink]
         cmd += ["--isolation", "process", "--superexec-auth-secret-file", secret_file(args)]
@@ -196,6 +221,20 @@ def lock_state_dir(state_dir: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    from deploy.site_check import SiteCheckFailed, check_site, path_problems
+
+    if args.check:
+        try:
+            check_site(args)
+        except SiteCheckFailed as err:
+            print(f"site check FAILED: {err}", file=sys.stderr, flush=True)
+            sys.exit(2)
+        print(f"site {args.site!r}: ready for this run", flush=True)
+        return
+    problems = path_problems(args)  # before joining: a wrong path fails here, not mid-run
+    if problems and not args.dry_run:
+        print(f"deploy.site: {problems[0]}", file=sys.stderr, flush=True)
+        sys.exit(2)
     # a site talks only to its SuperLink: no usage events to Flower's telemetry server
     # (read when flwr is imported, so set before the SuperNode and SuperExec start)
     os.environ["FLWR_TELEMETRY_ENABLED"] = "0"

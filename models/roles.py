@@ -18,6 +18,8 @@ from torch import nn
 CLIENT_KEY = "client-key"  # fit/evaluate metrics: the stable client identity
 EVALUATE_FIRST = "evaluate-first"  # fit instruction: score before training (eval-in-fit)
 CLASSES_KEY = "class-names-sha"  # fit metrics: a digest of the client's own class list
+DATA_KEY = "data-sha"  # fit metrics: a digest of the client's data (results.json)
+DEVICE_KEY = "device"  # fit metrics: the device type the client trained on (cpu, cuda)
 DP_PARTICIPANTS = "dp-participants"  # fit instruction: clients asked (distributed DP)
 EVAL_PREFIX = "eval-"  # fit metrics carrying that score (eval-accuracy, eval-loss, ...)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +39,15 @@ class ClientData:
     def num_train(self) -> int:
         return int(self.y_train.shape[0])
 
+    @cached_property
+    def digest(self) -> str:
+        """A short digest of these exact tensors (results.json's data fingerprint)."""
+        h = hashlib.sha256()
+        for t in (self.x_train, self.y_train, self.x_test, self.y_test):
+            h.update(str(tuple(t.shape)).encode())
+            h.update(t.detach().cpu().contiguous().numpy().tobytes())
+        return h.hexdigest()[:16]
+
 
 def simulation_study(  # noqa: ANN201 (SimulationStudy)
     cfg: RunConfig, num_partitions: int, teachers: bool = False
@@ -58,10 +67,29 @@ def simulation_study(  # noqa: ANN201 (SimulationStudy)
     )
 
 
+def declared_info(cfg: RunConfig) -> DataInfo | None:
+    """The data's shape and classes as the run declares them (``input-shape`` with
+    ``class-names`` or ``num-classes``), or None if it does not declare both."""
+    names = run_class_names(cfg)
+    classes = len(names) or cfg.num_classes
+    if not cfg.input_shape or not classes:
+        return None
+    return DataInfo(tuple(int(d) for d in cfg.input_shape.split(",")), classes, names)
+
+
 def data_info(cfg: RunConfig, data_path: str = "", cache_dir: str = "") -> DataInfo:
-    """Input shape and number of classes of the configured data set. With a
+    """Input shape and number of classes of the run: as declared (no data read: a
+    deployment's server needs none), else of the configured data set. With a
     ``cache_dir`` (a site's state directory) they are kept there: finding them
     decodes the data set, which a deployed ClientApp would do every message."""
+    declared = declared_info(cfg)
+    if declared is not None:
+        return declared
+    return found_info(cfg, data_path, cache_dir)
+
+
+def found_info(cfg: RunConfig, data_path: str = "", cache_dir: str = "") -> DataInfo:
+    """``data_info`` of the data themselves, whatever the run declares."""
     first_client_path = cfg.client_data_paths.split(",")[0].strip()
     if cfg.dataset == "synthetic" and not data_path and not first_client_path:
         return DataInfo((cfg.sim_dim,), 2)
@@ -85,12 +113,34 @@ def data_info(cfg: RunConfig, data_path: str = "", cache_dir: str = "") -> DataI
     return info
 
 
+def check_site_data(cfg: RunConfig, data: ClientData, where: str) -> None:
+    """ConfigError naming the key if this client's data do not fit what the run
+    declares (``input-shape``, ``num-classes``): the model would not take them, or a
+    label id would mean no class of the run."""
+    from run_config.schema import ConfigError
+
+    declared = declared_info(cfg)
+    shape = tuple(data.x_train.shape[1:])
+    if cfg.input_shape and declared is not None and shape != declared.input_shape:
+        raise ConfigError(
+            f"config key 'input-shape': the run declares {declared.input_shape}, the data "
+            f"of {where} are {shape}"
+        )
+    classes = len(run_class_names(cfg)) or cfg.num_classes
+    labels = torch.cat([data.y_train, data.y_test])
+    if classes and labels.numel() and int(labels.max()) >= classes:
+        raise ConfigError(
+            f"config key 'num-classes': the run has {classes} classes, the data of {where} "
+            f"have label id {int(labels.max())}"
+        )
+
+
 def site_class_names(
     cfg: RunConfig, partition_id: int, num_partitions: int, data_path: str = "", cache_dir: str = ""
 ) -> tuple[str, ...]:
     """This client's own class list, in its label order (empty if its data name none)."""
-    if data_path or not cfg.client_data_paths:
-        return data_info(cfg, data_path, cache_dir).class_names
+    if data_path or not cfg.client_data_paths:  # its data's own, not what the run declares
+        return found_info(cfg, data_path, cache_dir).class_names
     from pfl_data.hf import _client_path, hf_data_info
 
     return hf_data_info(_client_path(cfg, partition_id, num_partitions)).class_names

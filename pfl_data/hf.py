@@ -683,6 +683,11 @@ def _partition(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(train rows, test rows, train labels, test labels) of one client."""
     p = cfg.partitioner
+    if p != "natural" and len(src.labels) < 2 * num_partitions:
+        raise ConfigError(
+            f"config key 'dataset': {len(src.labels)} samples cannot give {num_partitions} "
+            "clients (num-supernodes) a training and a test sample each"
+        )
     if p == "dirichlet-client":
         key = (cfg.alpha, cfg.train_per_client, cfg.test_per_client, cfg.seed)
         tr, te = _cached_hand_partitions(src.name, p, num_partitions, key)[partition_id]

@@ -65,6 +65,11 @@ class RunConfig(BaseModel):
     # the run's classes by name, in label order (comma-separated): every site maps its
     # labels through them, so a site missing a class keeps the others' ids
     class_names: str = _field("", alias="class-names")
+    # the data's shape and class count as the run declares them: with input-shape and
+    # class-names (or num-classes) the server builds the model without any data, and
+    # every site checks its own data against them
+    input_shape: str = _field("", alias="input-shape")  # "C,H,W" (images) or "D" (vectors)
+    num_classes: int = _field(0, alias="num-classes", ge=0)  # 0: len(class-names), or the data
     model: Literal["mlp", "cnn4", "resnet8", "resnet10", "resnet18"] = "mlp"
     hidden_dim: int = _field(200, alias="hidden-dim", ge=1)
     pretrained_weights: str = _field("", alias="pretrained-weights")
@@ -139,6 +144,23 @@ class RunConfig(BaseModel):
     sim_shared_neurons: float = _field(0.5, alias="sim-shared-neurons", ge=0, le=1)
     sim_shared_covariates: float = _field(0.4, alias="sim-shared-covariates", ge=0, le=1)
     sim_noise: float = _field(0.1, alias="sim-noise", ge=0)
+
+    @model_validator(mode="after")
+    def _declared_data(self) -> RunConfig:
+        if self.input_shape:
+            dims = self.input_shape.split(",")
+            if len(dims) not in (1, 3) or not all(d.strip().isdigit() and int(d) > 0 for d in dims):
+                raise ValueError(
+                    f"config key 'input-shape': {self.input_shape!r} is not 'C,H,W' (images) "
+                    "or 'D' (vectors) of positive integers"
+                )
+        names = [n for n in self.class_names.split(",") if n.strip()]
+        if names and self.num_classes and self.num_classes != len(names):
+            raise ValueError(
+                f"config key 'num-classes': {self.num_classes} but 'class-names' lists "
+                f"{len(names)} classes"
+            )
+        return self
 
     @model_validator(mode="after")
     def _backbone_keys(self) -> RunConfig:

@@ -195,7 +195,30 @@ class ClassLists:
     def __init__(self) -> None:
         self.digests: dict[str, str] = {}  # client key -> digest of its class list
 
-    def check(self, server_round: int, replies: list[Reply]) -> None:
+    def ask(self, proxies: list[ClientProxy], timeout: float | None, server_round: int) -> None:
+        """Before a run's first fit: ask each site for its class-list digest (a
+        properties query, answered from its data alone) and stop the run, naming the
+        sites, before any of them trains. A site that cannot answer is logged and
+        checked on its first fit reply instead."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from flwr.common import GetPropertiesIns
+
+        def one(proxy: ClientProxy) -> Reply | None:
+            try:
+                res = proxy.get_properties(GetPropertiesIns({}), timeout, server_round)
+            except Exception as err:  # noqa: BLE001 - a refusal, a crash: its fit will say
+                log.info("node %d: no class list before round %d (%s)", proxy.node_id,
+                         server_round, str(err)[:120])  # fmt: skip
+                return None
+            key = res.properties.get(CLIENT_KEY)
+            return Reply(str(key or proxy.node_id), [], 0, dict(res.properties))
+
+        with ThreadPoolExecutor(max_workers=max(1, min(32, len(proxies)))) as pool:
+            replies = [r for r in pool.map(one, proxies) if r is not None]
+        self.check(server_round, replies, before=True)
+
+    def check(self, server_round: int, replies: list[Reply], before: bool = False) -> None:
         for r in replies:
             fingerprint = r.metrics.get(CLASSES_KEY)
             if isinstance(fingerprint, str) and fingerprint:
@@ -205,10 +228,11 @@ class ClassLists:
             groups.setdefault(fingerprint, []).append(key)
         if len(groups) > 1:
             sides = "; ".join(", ".join(keys) for keys in groups.values())
+            when = f"before round {server_round}" if before else f"round {server_round}"
+            done = "nothing was trained" if before else "nothing was aggregated"
             raise ClassListMismatch(
-                f"round {server_round}: the sites' class lists differ ({sides} each have one "
-                "of their own), so the same label id means different classes: nothing was "
-                "aggregated. Give the run config key 'class-names' (every class, in order) "
+                f"{when}: the sites' class lists differ ({sides} each have one "
+                f"of their own), so the same label id means different classes: {done}. Give the run config key 'class-names' (every class, in order) "
                 "and each site maps its labels by name"
             )
 

@@ -1,7 +1,7 @@
 """Sites whose class folders differ (#36): label ids come from each site's own sorted
 class folders, so a site that lacks a class shifts every later id. With the run's
 ``class-names`` every site maps its labels by name; without it, the server compares
-the sites' class lists and stops before aggregating anything."""
+the sites' class lists before round 1 and stops before any site trains."""
 
 from __future__ import annotations
 
@@ -66,7 +66,8 @@ def test_a_class_the_run_does_not_list_is_a_config_error(sites) -> None:
 def _config(a: Path, tmp_path: Path, **keys: str) -> dict:
     return {
         "method": "fedavg",
-        "dataset": str(a),  # the server's reference for input shape (#36: to go)
+        "input-shape": "3,8,8",  # declared: the server reads no data
+        "num-classes": 4,
         "model": "mlp",
         "num-server-rounds": 2,
         "output-dir": str(tmp_path / "out"),
@@ -78,10 +79,14 @@ def _config(a: Path, tmp_path: Path, **keys: str) -> dict:
 def test_sites_with_different_class_folders_are_stopped_before_aggregation(sites, tmp_path) -> None:
     a, _, c = sites
     nodes = [{"data-path": str(a)}, {"data-path": str(c)}]
-    server, rounds = build_inprocess(_config(a, tmp_path), 2, None, nodes)
+    fits: list = []
+    server, rounds = build_inprocess(
+        _config(a, tmp_path), 2, lambda kind, *_: fits.append(kind), nodes
+    )
     before = [x.copy() for x in server.strategy.global_arrays]
-    with pytest.raises(ClassListMismatch, match=r"round 1: .*client-0; client-1.*'class-names'"):
+    with pytest.raises(ClassListMismatch, match=r"before round 1: .*client-0; client-1.*'class-"):
         server.fit(rounds, timeout=None)
+    assert fits == []  # asked before round 1: no site trained, nothing was sent
     assert all(np.array_equal(x, y) for x, y in zip(before, server.strategy.global_arrays))
 
 

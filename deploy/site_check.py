@@ -1,0 +1,154 @@
+"""``python -m deploy.site --check --run-config "..."``: what a site would do with a
+run, done here once, without joining any federation.
+
+It checks the site's paths (data, state directory, certificates, key, device),
+then the run config as the ClientApp will read it, the site's own policy against
+that run, and finally the site's data: it loads them as the ClientApp will (its
+class list mapped through the run's ``class-names``, its shape against
+``input-shape``), builds the method's model and passes a batch through it. Each
+check prints one line; the first failure ends the check with one line naming
+the path, key or policy, and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+class SiteCheckFailed(RuntimeError):
+    """One line: what does not fit."""
+
+
+def path_problems(args: argparse.Namespace) -> list[str]:
+    """What is wrong with the site's paths and device (empty: nothing)."""
+    problems = []
+    if args.data_path and not Path(args.data_path).expanduser().exists():
+        problems.append(f"--data-path {args.data_path}: does not exist")
+    state = Path(args.state_dir).expanduser()
+    parent = state if state.exists() else next((p for p in state.parents if p.exists()), None)
+    if parent is None or not os.access(parent, os.W_OK):
+        problems.append(f"--state-dir {args.state_dir}: cannot be created or written")
+    if args.root_certificates:
+        cert = Path(args.root_certificates).expanduser()
+        text = cert.read_text(errors="replace") if cert.is_file() else ""
+        if "-----BEGIN CERTIFICATE-----" not in text:
+            problems.append(
+                f"--root-certificates {args.root_certificates}: not a readable PEM certificate"
+            )
+    if args.auth_key:
+        problems += _key_problems(Path(args.auth_key).expanduser())
+    if args.device:
+        problems += _device_problems(args.device)
+    return problems
+
+
+def _key_problems(path: Path) -> list[str]:
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import load_ssh_private_key
+
+    try:
+        key = load_ssh_private_key(path.read_bytes(), password=None)
+    except (OSError, ValueError, TypeError) as err:
+        return [f"--auth-key {path}: not a readable OpenSSH private key ({err})"]
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        return [f"--auth-key {path}: Flower's node authentication needs an ECDSA key"]
+    return []
+
+
+def _device_problems(device: str) -> list[str]:
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError as err:
+        return [f"--device {device}: {err}"]
+    if dev.type == "cuda":
+        count = torch.cuda.device_count()
+        if (dev.index or 0) >= count:
+            return [f"--device {device}: this machine has {count} CUDA device(s)"]
+    return []
+
+
+def run_config(text: str) -> dict[str, Any]:
+    """The run config the ClientApp would read: the app's defaults (pyproject.toml,
+    where this is a checkout) with ``text`` (``--run-config`` syntax) on top."""
+    from flwr.common.config import parse_config_args
+
+    from pflower_cli.preflight import flwr_run_config
+
+    if (PROJECT / "pyproject.toml").is_file():
+        return flwr_run_config(PROJECT, [text] if text else [])
+    return parse_config_args([text] if text else None)
+
+
+def node_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The node config ``deploy.site`` gives the SuperNode, as the ClientApp reads it."""
+    from flwr.common.config import parse_config_args
+
+    from deploy.site import node_config as as_text
+    from deploy.site import node_values
+
+    return parse_config_args([as_text(node_values(args))])
+
+
+def check_site(args: argparse.Namespace, say: Any = print) -> None:
+    """Every check, one line each; SiteCheckFailed with one line on the first failure."""
+    from run_config.schema import ConfigError
+
+    problems = path_problems(args)
+    if problems:
+        raise SiteCheckFailed(problems[0])
+    say(f"ok: paths (data {args.data_path or '-'}, state {args.state_dir})")
+    from client_app.app import policy_refusal
+    from methods import parse_run_config
+
+    try:
+        cfg = parse_run_config(run_config(args.check_run_config))
+    except ConfigError as err:
+        raise SiteCheckFailed(f"run config: {err}") from None
+    node = node_config(args)
+    refusal = policy_refusal(node, cfg, "train", masked=cfg.secure_aggregation)
+    if refusal:
+        raise SiteCheckFailed(refusal)
+    say(f"ok: run config (method {cfg.method}) and this site's policy allows it")
+    say(f"ok: {check_data(cfg, args.site, args.data_path)}")
+
+
+def check_data(cfg: Any, site: str, data_path: str) -> str:
+    """Load the site's data as its ClientApp will, build the model, pass a batch."""
+    import torch
+
+    from methods import get_method
+    from pfl_data import check_site_data, data_info, load_client_data
+    from run_config.schema import ConfigError
+
+    where = f"site '{site}'"
+    import datasets
+
+    datasets.disable_progress_bars()  # each check is one line
+    try:
+        info = data_info(cfg, data_path)  # no cache_dir: nothing written to the state dir
+        data = load_client_data(cfg, 0, 1, data_path)
+        check_site_data(cfg, data, where)
+        model = get_method(cfg.method).build_model(cfg, info)
+        model.eval()
+        with torch.no_grad():
+            model(data.x_train[:2])
+    except ConfigError as err:
+        raise SiteCheckFailed(str(err).split("invalid run config: ")[-1]) from None
+    except Exception as err:  # noqa: BLE001 - the first crash the ClientApp would have
+        line = (str(err).strip().splitlines() or [type(err).__name__])[0][:240]
+        if "config key '" not in line:
+            line = f"data {data_path or cfg.dataset!r}: {line}"
+        raise SiteCheckFailed(line) from None
+    shape = "x".join(map(str, data.x_train.shape[1:]))
+    classes = sorted(set(torch.cat([data.y_train, data.y_test]).tolist()))
+    return (
+        f"data: {data.num_train} training and {len(data.y_test)} test samples of {shape}, "
+        f"label ids {classes} of the run's {info.num_classes}; model '{cfg.model}' takes them"
+    )
