@@ -62,8 +62,11 @@ class RunRecorder:
         per_client = record.get("per_client_accuracy", {})
         if len(per_client) > PER_CLIENT_INLINE:  # many clients: out of memory, into a file
             record = dict(record)
+            line: dict[str, Any] = {"round": record["round"]}
+            for key in [k for k in record if k.startswith("per_client_")]:
+                line[key.removeprefix("per_client_")] = record.pop(key)
             with open(self.dir / PER_CLIENT_FILE, "a") as out:
-                out.write(json.dumps({"round": record["round"], "accuracy": per_client}) + "\n")
+                out.write(json.dumps(line) + "\n")
             record["per_client_accuracy"] = {}
             record["per_client_file"] = PER_CLIENT_FILE
         self.rounds.append(record)

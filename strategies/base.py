@@ -161,6 +161,7 @@ class PFLStrategy(Strategy):
         rl = self.rounds.of(server_round)
         if fit:
             self.dp.sample = (len(sample), client_manager.num_available())
+            self.rounds.facts.federation_size = client_manager.num_available()
         out = []
         for proxy in sample:
             key = self.clients.key_of(proxy)
@@ -185,6 +186,9 @@ class PFLStrategy(Strategy):
             self.rounds[server_round - 1].ended = time.perf_counter()
         self.rounds[server_round] = rl = RoundLog()
         sent = self._instructions(server_round, client_manager, self.cfg.fraction_fit, fit=True)
+        if server_round == 1 and not self.cfg.class_names.strip():  # ids from each site's data
+            timeout = self.cfg.round_timeout or None
+            self.class_lists.ask([proxy for proxy, _, _ in sent], timeout, server_round)
         rl.marks["configure"] = time.perf_counter()
         return [(proxy, FitIns(payload, config)) for proxy, payload, config in sent]
 
@@ -204,7 +208,8 @@ class PFLStrategy(Strategy):
             self.check_reply,
             self.clients,
         )
-        rl.add_train_losses(accepted)
+        rl.add_fit_replies(accepted)
+        self.rounds.facts.add(accepted)
         rl.replies = len(accepted)
         self.class_lists.check(server_round, accepted)
         check_failures(server_round, accepted, failures)

@@ -3,6 +3,7 @@ results.json built from its clients' evaluations."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import time
@@ -13,7 +14,7 @@ from typing import Any
 import numpy as np
 from flwr.common import Scalar
 
-from models.roles import EVAL_PREFIX
+from models.roles import DATA_KEY, DEVICE_KEY, EVAL_PREFIX
 from run_results import RunRecorder
 from strategies.replies import Evaluation, Reply
 
@@ -44,11 +45,51 @@ class RoundLog:
         points = [("started", self.started), *self.marks.items()]
         return {b: round(tb - ta, 4) for (_, ta), (b, tb) in zip(points, points[1:])}
 
-    def add_train_losses(self, replies: list[Reply]) -> None:
+    train_loss_by_client: dict[str, float] = field(default_factory=dict)
+    train_samples_by_client: dict[str, int] = field(default_factory=dict)
+
+    def add_fit_replies(self, replies: list[Reply]) -> None:
+        """Each reply's training loss and sample count (its fit weight)."""
         for r in replies:
             loss = r.metrics.get("train-loss")
             if isinstance(loss, (int, float)) and math.isfinite(loss):
                 self.train_losses.append(float(loss))
+                self.train_loss_by_client[r.client_key] = float(loss)
+            self.train_samples_by_client[r.client_key] = int(r.num_examples)
+
+
+class ClientFacts:
+    """What the run learns of its federation: its size, and what each client says of
+    itself in its fit replies (a digest of its data, the device it trains on). The
+    data fingerprint in results.json is one digest of every client's digest, so two
+    runs on the same data, partitioned alike, have the same fingerprint."""
+
+    def __init__(self) -> None:
+        self.federation_size = 0
+        self.digests: dict[str, str] = {}
+        self.devices: dict[str, str] = {}
+
+    def add(self, replies: list[Reply]) -> None:
+        for r in replies:
+            digest, device = r.metrics.get(DATA_KEY), r.metrics.get(DEVICE_KEY)
+            if isinstance(digest, str):
+                self.digests[r.client_key] = digest[:64]
+            if isinstance(device, str):
+                self.devices[r.client_key] = device[:16]
+
+    def summary(self) -> dict[str, Any]:
+        text = "\n".join(f"{k} {d}" for k, d in sorted(self.digests.items()))
+        devices: dict[str, int] = {}
+        for d in self.devices.values():
+            devices[d] = devices.get(d, 0) + 1
+        return {
+            "federation_size": self.federation_size,
+            "data_fingerprint": hashlib.sha256(text.encode()).hexdigest()[:16]
+            if self.digests
+            else None,
+            "clients_with_data_digest": len(self.digests),
+            "devices": devices,
+        }
 
 
 def evaluations_in_fit(replies: list[Reply]) -> list[Evaluation]:
@@ -75,6 +116,7 @@ class Rounds(dict[int, RoundLog]):
         super().__init__()
         self.recorder = recorder
         self.offset = 0  # rounds done before this run (resume-from)
+        self.facts = ClientFacts()
 
     def of(self, server_round: int) -> RoundLog:
         return self.setdefault(server_round, RoundLog())
@@ -93,6 +135,7 @@ class Rounds(dict[int, RoundLog]):
             return None, {}
         per_client = {str(e.client_key): float(e.metrics["accuracy"]) for e in evals}
         counts = {str(e.client_key): int(e.num_examples) for e in evals}
+        client_losses = {str(e.client_key): float(e.loss) for e in evals}
         losses = [float(e.loss) for e in evals if math.isfinite(float(e.loss))]
         means: dict[str, list[float]] = {}
         for e in evals:
@@ -109,6 +152,11 @@ class Rounds(dict[int, RoundLog]):
             "loss_mean": float(np.mean(losses)) if losses else None,
             "train_loss_mean": float(np.mean(rl.train_losses)) if rl.train_losses else None,
             "per_client_accuracy": {k: per_client[k] for k in keys},
+            "per_client_loss": {k: client_losses[k] for k in keys},
+            "per_client_train_loss": dict(sorted(rl.train_loss_by_client.items())),
+            "per_client_samples": {
+                k: {"train": rl.train_samples_by_client.get(k), "test": counts[k]} for k in keys
+            },
             "bytes_down": rl.bytes_down,
             "bytes_up": rl.bytes_up,
             "bytes_down_eval": rl.bytes_down_eval,
@@ -123,5 +171,6 @@ class Rounds(dict[int, RoundLog]):
         record.update(extras(server_round, evals))
         record.update(rl.extra)
         if self.recorder is not None:
+            self.recorder.extra.update(self.facts.summary())
             self.recorder.add_round(record)
         return None, {"accuracy": mean, "accuracy-pooled": float(pooled)}

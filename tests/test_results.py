@@ -110,3 +110,50 @@ def test_a_simulation_looks_up_its_commit_before_ray_forks(tmp_path, monkeypatch
     res = simulate({**cfg, "output-dir": str(tmp_path), "run-name": "r"}, 2)
     assert in_main_thread and all(in_main_thread)  # looked up, and never from a thread
     assert res["provenance"]["git_commit"] == run_results.git_commit_once(Path.cwd())
+
+
+def test_results_name_the_federation_its_data_and_each_clients_figures(tmp_path) -> None:
+    """results.json: the federation's size, one fingerprint of every client's data
+    (the same data give the same fingerprint, other data another), the devices, and
+    each client's sample counts, training loss and test loss per round."""
+    from pfl_data import load_client_data
+
+    base = {"method": "fedper", "num-server-rounds": 2, "hidden-dim": 16}
+    runs = {}
+    for name, samples in (("a", 60), ("b", 60), ("c", 80)):
+        cfg = {**base, "sim-samples": samples, "output-dir": str(tmp_path), "run-name": name}
+        runs[name] = run_inprocess(cfg, 3)
+    res = runs["a"]
+    assert res["federation_size"] == 3 and res["devices"] == {"cpu": 3}
+    assert res["clients_with_data_digest"] == 3
+    assert res["data_fingerprint"] == runs["b"]["data_fingerprint"]
+    assert res["data_fingerprint"] != runs["c"]["data_fingerprint"]
+    last = res["rounds"][-1]
+    keys = [f"client-{i}" for i in range(3)]
+    assert sorted(last["per_client_loss"]) == keys and sorted(last["per_client_train_loss"]) == keys
+    cfg = parse_run_config({**base, "sim-samples": 60})
+    for i, key in enumerate(keys):
+        data = load_client_data(cfg, i, 3)
+        assert last["per_client_samples"][key] == {"train": data.num_train, "test": 12}
+        assert last["per_client_loss"][key] > 0
+    assert np.mean(list(last["per_client_loss"].values())) == pytest.approx(last["loss_mean"])
+
+
+def test_a_deployed_site_sends_no_digest_of_its_data(tmp_path) -> None:
+    """The data fingerprint is a simulation fact: a node with a ``site`` (a deployed
+    site) keeps a digest of its data to itself, which would let the server confirm
+    which data it holds."""
+    from models.roles import DATA_KEY
+
+    fits: list = []
+    cfg = {"method": "fedper", "num-server-rounds": 1, "sim-samples": 60, "hidden-dim": 16}
+    sites = [{"site": f"site-{i}", "partition-id": i, "num-partitions": 2} for i in range(2)]
+    res = run_inprocess(
+        {**cfg, "output-dir": str(tmp_path), "run-name": "d"},
+        2,
+        lambda kind, cid, ins, reply: fits.append(reply) if kind == "fit" else None,
+        sites,
+    )
+    assert len(fits) == 2 and all(DATA_KEY not in r.metrics for r in fits)
+    assert all("device" in r.metrics for r in fits)
+    assert res["data_fingerprint"] is None and res["clients_with_data_digest"] == 0

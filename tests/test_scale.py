@@ -58,6 +58,9 @@ def test_many_clients_per_client_figures_go_to_a_file(tmp_path, monkeypatch) -> 
     lines = [json.loads(x) for x in (run_dir / "per_client.jsonl").read_text().splitlines()]
     assert [x["round"] for x in lines] == [1, 2, 3]
     assert sorted(lines[-1]["accuracy"]) == [f"client-{i}" for i in range(4)]
+    for figure in ("loss", "train_loss", "samples"):  # every per-client figure goes there
+        assert sorted(lines[-1][figure]) == [f"client-{i}" for i in range(4)]
+        assert all(f"per_client_{figure}" not in r for r in res["rounds"])
     assert res["final_accuracy_mean"] == pytest.approx(sum(lines[-1]["accuracy"].values()) / 4)
 
 
