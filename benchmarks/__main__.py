@@ -1,5 +1,6 @@
 """``python -m benchmarks list | run PRESET [...]``: run a preset's missing cells,
-then write its report (docs/results/<preset>.md and plots by default)."""
+then write its report (docs/results/<preset>.md, .csv and plots by default; with
+``--out DIR`` the runs go to DIR/runs and the report to DIR). docs/PRESETS.md."""
 
 from __future__ import annotations
 
@@ -31,7 +32,19 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--rerun", action="store_true", help="rerun complete cells too")
     run.add_argument("--report-only", action="store_true", help="only rewrite the report")
     run.add_argument("--cell-timeout", type=float, help="seconds per cell")
-    run.add_argument("--runs", type=Path, default=presets.RUNS, help="where the cells run")
+    run.add_argument("--runs", type=Path, help="where the cells run (default: OUT/runs)")
+    run.add_argument(
+        "--out",
+        type=Path,
+        help="where the runs (OUT/runs) and the report go (default: outputs/benchmarks and "
+        "the preset's [report] out, docs/results)",
+    )
+    run.add_argument(
+        "--equal-budget",
+        metavar="METHOD",
+        help="every row trains with METHOD's local schedule (default: the preset's "
+        "equal-budget, else each method's own auto schedule)",
+    )
     args = parser.parse_args(argv)
     if args.command == "list":
         for name in presets.names():
@@ -42,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks import report, runner
 
     preset = presets.load(args.preset)
+    if args.equal_budget is not None:
+        presets.check_budget_method(args.equal_budget, "--equal-budget")
+    out = args.out.expanduser().resolve() if args.out else None
+    args.runs = args.runs or (out / "runs" if out else presets.RUNS)
     manifest_path = args.runs / preset.name / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     if manifest.get("rounds") != args.rounds:  # another round count: another experiment
@@ -54,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     manifest.update(seeds=seeds, rounds=args.rounds)
     manifest_path.parent.mkdir(parents=True, exist_ok=True)
     manifest_path.write_text(json.dumps(manifest, indent=1))
-    todo = preset.cells(args.seeds, args.rounds, args.runs)
+    todo = preset.cells(args.seeds, args.rounds, args.runs, args.equal_budget)
     if args.rows:
         todo = [c for c in todo if c.label in args.rows]
     if args.settings:
@@ -67,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     if not args.report_only:
         failed = runner.run_preset(preset, todo, args.cell_timeout, args.rerun)
-    cells = preset.cells(seeds, args.rounds, args.runs)
-    path = report.write(preset, cells, manifest.get("commands", []))
+    cells = preset.cells(seeds, args.rounds, args.runs, args.equal_budget)
+    path = report.write(preset, cells, manifest.get("commands", []), out, args.equal_budget)
     print(f"report: {path}" + (f"; {len(failed)} failed: {failed}" if failed else ""))
     return 1 if failed else 0
 

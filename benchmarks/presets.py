@@ -8,10 +8,13 @@ numbers. Reserved keys in ``[config]``, a setting or a variant: ``engine``
 String values may name data: ``{dev}`` (the CIFAR-10 dev set),
 ``{dev:N}`` (a seeded N-row subset of it), ``{fashion}`` (Fashion-MNIST),
 ``{dev-domains:K}`` (K per-domain image folders, comma-separated: for ``client-data-paths``).
+``equal-budget = "fedavg"`` gives every row that method's local schedule
+(docs/PRESETS.md has the whole format, with an example).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -26,7 +29,9 @@ REPO = Path(__file__).resolve().parents[1]
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 RUNS = REPO / "outputs" / "benchmarks"
 DATA_CACHE = REPO / "outputs" / "data"
-SHARED_DATA = REPO.parent / "shared" / "data"  # ../shared/data beside the checkout
+# the CIFAR-10 dev set: $PFLOWER_DATA_DIR, else ../shared/data beside the checkout; make
+# it with `python -m pfl_data.recipes build cifar10-dev-check --out <that folder>`
+SHARED_DATA = Path(os.environ.get("PFLOWER_DATA_DIR") or REPO.parent / "shared" / "data")
 CIFAR10_DEV = SHARED_DATA / "cifar10-dev-12k.parquet"
 FASHION_IDX = Path("/usr/share/datasets/fashion-mnist")
 RESERVED = ("engine", "clients", "rounds", "num-cpus", "num-gpus", "paper")
@@ -67,6 +72,7 @@ class Preset:
     report: dict[str, Any] = field(default_factory=dict)  # extras, plots, ratio-to
     probe: str = ""
     gpu: bool = False
+    equal_budget: str = ""  # a method whose resolved local schedule every row gets
 
     def rows(self) -> list[tuple[str, str, dict[str, Any]]]:
         """(label, method, keys) in table order: each method with each variant; a
@@ -80,9 +86,17 @@ class Preset:
         return rows + own
 
     def cells(
-        self, seeds: list[int] | None = None, rounds: int | None = None, runs: Path = RUNS
+        self,
+        seeds: list[int] | None = None,
+        rounds: int | None = None,
+        runs: Path = RUNS,
+        equal_budget: str | None = None,
     ) -> list[Cell]:
-        """The grid, setting-major (every row of a setting before the next setting)."""
+        """The grid, setting-major (every row of a setting before the next setting).
+        ``equal_budget`` (default: the preset's) names a method whose local schedule
+        every row takes where the preset does not set that key itself."""
+        budget = self.equal_budget if equal_budget is None else equal_budget
+        budget_dir = f"-equal-{budget}" if budget and budget != self.equal_budget else ""
         out = []
         for sname, setting in self.settings.items():
             for seed in seeds if seeds is not None else self.seeds:
@@ -94,13 +108,16 @@ class Preset:
                         **variant,
                     }
                     run_cfg = {k: resolve(v) for k, v in keys.items() if k not in RESERVED}
+                    if budget:
+                        run_cfg = {**run_cfg, **budget_schedule(run_cfg, budget)}
                     slug = re.sub(r"[^\w.=-]+", "_", label)
                     run_cfg.update(
                         {
                             "method": method,
                             "seed": seed,
                             "num-server-rounds": rounds or keys.get("rounds", 10),
-                            "output-dir": str(runs / self.name / sname),
+                            # an equal-budget run is another experiment: its own folder
+                            "output-dir": str(runs / (self.name + budget_dir) / sname),
                             "run-name": f"{slug}-seed{seed}",
                         }
                     )
@@ -166,7 +183,35 @@ def load(name: str) -> Preset:
         report=raw.get("report", {}),
         probe=raw.get("probe", ""),
         gpu=bool(raw.get("gpu", False)),
+        equal_budget=check_budget_method(raw.get("equal-budget", ""), path.name),
     )
+
+
+def check_budget_method(name: str, where: str) -> str:
+    """``name`` if it is a method (or empty), else exit naming ``equal-budget``."""
+    from methods import method_names
+
+    if name and name not in method_names():
+        raise SystemExit(f"{where}: equal-budget {name!r} is not a method: {method_names()}")
+    return name
+
+
+def budget_schedule(run_cfg: dict[str, Any], method: str) -> dict[str, Any]:
+    """The local schedule (run_config.defaults.SCHEDULE_KEYS) that ``method`` resolves
+    to on this cell's data and model, for each key the cell leaves ``auto``: so every
+    row trains as many epochs, with the same batch size, optimizer and step size.
+    Method keys (FedDecomp's tau epochs, DualFed's global-head epochs) keep their own
+    rules, which follow ``local-epochs`` where the paper ties them to it."""
+    from methods import registry
+    from run_config.defaults import SCHEDULE_KEYS, resolve_auto
+    from run_config.params import AUTO
+
+    resolved, _ = resolve_auto({**run_cfg, "method": method}, registry()[method])
+    return {
+        k: resolved[k]
+        for k in SCHEDULE_KEYS
+        if run_cfg.get(k, AUTO) == AUTO and resolved.get(k, AUTO) != AUTO
+    }
 
 
 def _flat(keys: dict[str, Any]) -> dict[str, Any]:
@@ -208,7 +253,11 @@ def subset_parquet(rows: int, seed: int, out_dir: Path = DATA_CACHE) -> str:
     """A seeded ``rows``-row subset of the dev set (0 = all of it): a smaller file
     decodes faster in every client process."""
     if not CIFAR10_DEV.exists():
-        raise SystemExit(f"the CIFAR-10 dev set is missing: {CIFAR10_DEV}")
+        raise SystemExit(
+            f"the CIFAR-10 dev set is missing: {CIFAR10_DEV}; make it with `python -m "
+            f"pfl_data.recipes build cifar10-dev-check --out {SHARED_DATA}` (docs/DATA.md), "
+            "or set PFLOWER_DATA_DIR to the folder that holds it"
+        )
     if rows <= 0:
         return str(CIFAR10_DEV)
     import pyarrow.parquet as pq

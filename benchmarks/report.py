@@ -1,9 +1,10 @@
 """One reporter: a preset's cells -> ``<out>/<preset>.md`` (a table per setting, the
-command that made it) and ``<out>/<preset>-<setting>.png`` (curves, accuracy
-against bytes, per-client accuracy, any per-round extras). Numbers only: what they
-mean is written in docs/, after reading them.
+command that made it), ``<out>/<preset>.csv`` (one line per run: every seed's
+figures) and ``<out>/<preset>-<setting>.png`` (curves, accuracy against bytes,
+per-client accuracy, any per-round extras). Numbers only: what they mean is written
+in docs/, after reading them.
 
-``[report]`` keys of a preset: ``out`` (default docs/results), ``extras`` (record
+``[report]`` keys of a preset: ``out`` (default docs/results; ``--out`` wins), ``extras`` (record
 keys as ``name`` or ``name:final|mean|sum|max``, looked up in the run's probe, its
 top level, then its rounds), ``curves`` (per-round keys drawn), ``per-client``
 (draw each client's final accuracy), ``heatmap`` (a per-round client x client
@@ -14,6 +15,7 @@ column of seconds per client per round: each round's seconds over its replies).
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 from pathlib import Path
@@ -61,6 +63,7 @@ def summarise(cells: list[Cell]) -> dict[str, Any]:
     secs = [[x["seconds"] for x in r["rounds"]] for r in results]
     return {
         "n": len(results),
+        "seeds": [c.seed for c, _ in runs],
         "final": [r["final_accuracy_mean"] for r in results],
         "best": [r["best_accuracy_mean"] for r in results],
         "best_pooled": [r.get("best_accuracy_pooled", r["final_accuracy_pooled"]) for r in results],
@@ -92,6 +95,27 @@ def _pct(values: list[float]) -> str:
     return f"{arr.mean():.1f} ± {arr.std(ddof=1):.1f}" if len(arr) > 1 else f"{arr.mean():.1f}"
 
 
+def ci95(values: list[float]) -> tuple[float, float] | None:
+    """The 95% confidence interval of the mean over seeds (Student's t, from scipy:
+    its quantiles for small n), or None for one seed."""
+    from scipy import stats
+
+    arr = np.asarray(values, dtype=float)
+    if len(arr) < 2:
+        return None
+    half = stats.t.ppf(0.975, len(arr) - 1) * arr.std(ddof=1) / np.sqrt(len(arr))
+    return float(arr.mean() - half), float(arr.mean() + half)
+
+
+def _ci(values: list[float]) -> str:
+    interval = ci95(values)
+    return "" if interval is None else f"[{100 * interval[0]:.1f}, {100 * interval[1]:.1f}]"
+
+
+def _seeds(row: dict[str, Any]) -> str:
+    return ", ".join(f"{100 * v:.1f}" for v in row["final"])
+
+
 def _num(value: float | None) -> str:
     if value is None or not np.isfinite(value):
         return ""
@@ -103,7 +127,8 @@ def table(preset: Preset, setting: str, rows: dict[str, dict[str, Any]]) -> list
     ratio_to = preset.report.get("ratio-to", "")
     base = rows.get(ratio_to, {}).get("s_round") if ratio_to else None
     paper = preset.paper(setting)
-    head = ["row", "seeds", "final acc (%)", "best acc (%)", "best pooled (%)", "MB/client/round"]
+    head = ["row", "seeds", "final acc (%)", "95% CI", "each seed", "best acc (%)"]
+    head += ["best pooled (%)", "MB/client/round"]
     per_client = bool(preset.report.get("per-client-round"))
     head += ["s/round", *([f"x {ratio_to}"] if ratio_to else [])]
     head += [*(["s/client-round"] if per_client else []), "peak RSS (MB)", *extras]
@@ -118,7 +143,8 @@ def table(preset: Preset, setting: str, rows: dict[str, dict[str, Any]]) -> list
             cells += [""] * (len(head) - 3)
             lines.append("| " + " | ".join(cells) + " |")
             continue
-        cells += [_pct(row["final"]), _pct(row["best"]), _pct(row["best_pooled"])]
+        cells += [_pct(row["final"]), _ci(row["final"]), _seeds(row)]
+        cells += [_pct(row["best"]), _pct(row["best_pooled"])]
         cells += [f"{row['mb']:.3g}", f"{row['s_round']:.2f}"]
         if ratio_to:
             cells.append(f"{row['s_round'] / base:.1f}" if base else "")
@@ -214,29 +240,96 @@ def plot(preset: Preset, setting: str, rows: dict[str, dict[str, Any]], path: Pa
 
 
 def _shown(value: Any) -> Any:
-    if isinstance(value, str) and os.path.isabs(value):  # the report is committed
-        return os.path.relpath(value, REPO)
+    """A path inside the repository relative to it (the report is committed); one
+    outside it (a user's own data or runs) as given."""
+    if isinstance(value, str) and os.path.isabs(value):
+        if Path(value).resolve().is_relative_to(REPO):
+            return os.path.relpath(value, REPO)
     return value
 
 
-def write(preset: Preset, cells: list[Cell], commands: list[str]) -> Path:
-    """The preset's markdown report and plots; returns the report's path."""
-    out = REPO / preset.report.get("out", "docs/results")
+CSV_FIELDS = (
+    "setting",
+    "row",
+    "method",
+    "seed",
+    "rounds",
+    "clients",
+    "final_accuracy_mean",
+    "best_accuracy_mean",
+    "best_accuracy_pooled",
+    "mb_per_client_round",
+    "seconds_per_round",
+    "run_dir",
+)
+
+
+def csv_lines(setting: str, label: str, cells: list[Cell]) -> list[dict[str, Any]]:
+    """One CSV line per complete run of a row (each seed on its own)."""
+    out = []
+    for cell in cells:
+        res = load_results(cell) if is_complete(cell) else None
+        if res is None:
+            continue
+        rounds = res["rounds"]
+        traffic = [x.get("bytes_up", 0) + x.get("bytes_down", 0) for x in rounds]
+        secs = [x["seconds"] for x in rounds]
+        out.append(
+            {
+                "setting": setting,
+                "row": label,
+                "method": cell.config["method"],
+                "seed": cell.seed,
+                "rounds": cell.rounds,
+                "clients": cell.clients,
+                "final_accuracy_mean": res["final_accuracy_mean"],
+                "best_accuracy_mean": res["best_accuracy_mean"],
+                "best_accuracy_pooled": res.get("best_accuracy_pooled"),
+                "mb_per_client_round": sum(traffic) / 1e6 / len(traffic) / cell.clients,
+                "seconds_per_round": float(np.median(secs[1:] if len(secs) > 1 else secs)),
+                "run_dir": _shown(str(cell.dir)),
+            }
+        )
+    return out
+
+
+def write(
+    preset: Preset,
+    cells: list[Cell],
+    commands: list[str],
+    out: Path | None = None,
+    equal_budget: str | None = None,
+) -> Path:
+    """The preset's markdown report, CSV and plots (into ``out``, default the preset's
+    ``[report] out`` or docs/results); returns the report's path."""
+    out = out or REPO / preset.report.get("out", "docs/results")
+    budget = preset.equal_budget if equal_budget is None else equal_budget
     lines = [f"# {preset.name}", "", preset.description, "", "Made with:", "", "```"]
     lines += [*commands, "```", ""]
     lines += [
         "Accuracy: mean over clients of each client's accuracy on its own test split, "
-        "after the round (mean ± sample std over seeds); *pooled*: over all test samples. "
-        "MB/client/round: serialized payloads, down and up. s/round: the median round after "
-        "the first. Peak RSS: the run's process tree. Generated by benchmarks/report.py: "
-        "do not edit by hand.",
+        "after the round (mean ± sample std over seeds, the 95% confidence interval of "
+        "that mean (Student's t), and each seed's value in seed order); *pooled*: over all "
+        "test samples. MB/client/round: serialized payloads, down and up. s/round: the "
+        "median round after the first. Peak RSS: the run's process tree. Every run's "
+        f"figures: [{preset.name}.csv]({preset.name}.csv). Generated by "
+        "benchmarks/report.py: do not edit by hand.",
         "",
     ]
+    if budget:
+        lines += [
+            f"Equal budget: every row trains with `{budget}`'s local schedule (epochs, batch "
+            "size, optimizer, learning rate, momentum, weight decay) where the preset does "
+            "not set a key itself.",
+            "",
+        ]
+    table_rows: list[dict[str, Any]] = []
     for setting in preset.settings:
         mine = [c for c in cells if c.setting == setting]
         rows = {}
         for label, _, _ in preset.rows():
             rows[label] = summarise([c for c in mine if c.label == label])
+            table_rows += csv_lines(setting, label, [c for c in mine if c.label == label])
         first = mine[0]
         keys = {**preset.config, **preset.settings[setting]}
         shown = ", ".join(f"{k}={_shown(v)}" for k, v in keys.items() if k not in RESERVED)
@@ -249,6 +342,10 @@ def write(preset: Preset, cells: list[Cell], commands: list[str]) -> Path:
         plot(preset, setting, rows, image)
         lines += ["", f"![{setting}]({image.name})", ""]
     out.mkdir(parents=True, exist_ok=True)
+    with open(out / f"{preset.name}.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        writer.writerows(table_rows)
     path = out / f"{preset.name}.md"
     path.write_text("\n".join(lines).rstrip() + "\n")
     return path

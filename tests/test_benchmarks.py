@@ -358,5 +358,66 @@ sim-samples = 40
     assert res["run_status"] == "finished:completed" and len(res["rounds"]) == 1
     assert res["wire_bytes_up"] > res["rounds"][0]["bytes_up"] > 0  # gRPC frames around it
     phases = res["client_phases"]
-    assert phases["messages"] == 4  # a fit and the closing evaluate per client
+    # per client: the class-list query before round 1, a fit and the closing evaluate
+    assert phases["messages"] == 6
     assert {"queued", "python+flwr", "app imports", "train"} <= set(phases)
+
+
+def _image_folder(root: Path, classes: int = 2, per_class: int = 30) -> Path:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c in range(classes):
+        folder = root / f"class-{c}"
+        folder.mkdir(parents=True)
+        for i in range(per_class):  # each class its own mean colour: learnable
+            pixels = np.clip(rng.normal(60 + 120 * c, 40, (8, 8, 3)), 0, 255)
+            Image.fromarray(pixels.astype(np.uint8)).save(folder / f"{i}.png")
+    return root
+
+
+@pytest.mark.slow
+def test_a_user_preset_on_an_image_folder_reports_seeds_intervals_and_csv(tmp_path, capsys):
+    """docs/examples/my-comparison.toml, pointed at a local image folder, smaller:
+    its runs and report go to --out outside the repository, at an equal budget; the
+    report has each seed's value, a 95% interval, and a CSV line per run."""
+    import csv
+    import tomllib
+
+    example = Path(presets.REPO / "docs/examples/my-comparison.toml").read_text()
+    raw = tomllib.loads(example)
+    assert raw["equal-budget"] == "fedavg" and raw["config"]["dataset"].startswith("/path")
+    images = _image_folder(tmp_path / "my-images")
+    text = example.replace(raw["config"]["dataset"], str(images))
+    text = text.replace('"fedper", "feddecomp"', '"feddecomp"').replace("seeds = [0, 1, 2]", "")
+    text = text.replace("clients = 10", "clients = 2").replace("rounds = 20", "rounds = 2")
+    text = text.replace('model = "cnn4"', 'model = "mlp"\nhidden-dim = 8')
+    path = tmp_path / "mine.toml"
+    path.write_text(text)
+    out = tmp_path / "elsewhere"
+    assert main(["run", str(path), "--out", str(out), "--seeds", "0", "1"]) == 0
+    runs = list((out / "runs" / "mine").glob("*/*/results.json"))
+    assert len(runs) == 2 * 3 * 2  # settings x rows x seeds
+    cfg = json.loads(runs[0].read_text())["config"]
+    assert cfg["dataset"] == str(images)
+    for res in (json.loads(p.read_text()) for p in runs):  # one schedule for every row
+        assert res["config"]["local-epochs"] == 2 and res["config"]["optimizer"] == "sgd"
+        assert res["config"]["lr"] == json.loads(runs[0].read_text())["config"]["lr"]
+    md = (out / "mine.md").read_text()
+    assert "95% CI" in md and "each seed" in md and "Equal budget: every row trains with" in md
+    line = next(x for x in md.splitlines() if x.startswith("| `feddecomp` | 2 |"))
+    lines = list(csv.DictReader((out / "mine.csv").open()))
+    assert len(lines) == 12 and {x["seed"] for x in lines} == {"0", "1"}
+    mine = [x for x in lines if x["row"] == "feddecomp" and x["setting"] == "skewed"]
+    seeds = ", ".join(f"{100 * float(x['final_accuracy_mean']):.1f}" for x in mine)
+    assert seeds in line  # the table's per-seed values are the CSV's
+    low, high = report.ci95([float(x["final_accuracy_mean"]) for x in mine])
+    assert f"[{100 * low:.1f}, {100 * high:.1f}]" in line
+    assert not (presets.REPO / "docs/results/mine.md").exists()
+
+
+def test_the_95_percent_interval_is_students_t():
+    assert report.ci95([0.5]) is None
+    low, high = report.ci95([0.7, 0.9])  # mean 0.8, s = 0.1414, t(0.975, 1) = 12.706
+    assert (low + high) / 2 == pytest.approx(0.8)
+    assert (high - low) / 2 == pytest.approx(12.706 * 0.1414214 / np.sqrt(2), rel=1e-4)
