@@ -10,7 +10,7 @@ state_dict names are
     <layer>.parametrizations.weight.0.lora_A   A
     <layer>.parametrizations.weight.0.lora_B   B
 
-Shapes (paper eq. 3-4; METHODS.md section 1):
+Shapes (paper eq. 3-4; docs/feddecomp.md):
   Linear I -> O:        A (r, I),        B (O, r)
   Conv2d O x I x kh x kw: A (r*kh, I*kw), B (O*kh, r*kh), tau* = B @ A reshaped
                         to (O, I, kh, kw) (a plain view, as the reference).

@@ -1,4 +1,4 @@
-"""Iterated principal-factor analysis (METHODS.md section 4, paper Section 4.1).
+"""Iterated principal-factor analysis (docs/fedfac.md, paper Section 4.1).
 
 Hand-written with numpy on purpose: ``factor_analyzer``'s ``method="principal"``
 is one non-iterated principal-components fit (SVD of the standardised data), not
