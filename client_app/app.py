@@ -14,6 +14,7 @@ import copy
 import hashlib
 import logging
 import random
+import threading
 import time
 from functools import lru_cache
 from pathlib import Path
@@ -45,9 +46,19 @@ from run_config.schema import RunConfig
 log = logging.getLogger("flwr.pflower")
 
 
-@lru_cache(maxsize=4)
+_TEMPLATE_LOCK = threading.Lock()
+
+
 def _template(cfg: RunConfig, data_path: str, state_dir: str) -> nn.Module:
-    """The initial model, built once per process and copied per client."""
+    """The initial model, built once per process and copied per client. Locked: the
+    build seeds torch's global generator, and clients built in threads at once (the
+    server's class-list query) would otherwise interleave their draws."""
+    with _TEMPLATE_LOCK:
+        return _built_template(cfg, data_path, state_dir)
+
+
+@lru_cache(maxsize=4)
+def _built_template(cfg: RunConfig, data_path: str, state_dir: str) -> nn.Module:
     return get_method(cfg.method).build_model(cfg, data_info(cfg, data_path, state_dir))
 
 

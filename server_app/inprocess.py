@@ -142,6 +142,7 @@ def build_inprocess(
         manager.register(LocalProxy(i + 1, context, config, record))
     server = Server(client_manager=manager, strategy=components.strategy)
     server.set_max_workers(1)  # one client at a time: reproducible, like one actor
+    components.strategy.class_lists.workers = 1  # and its class-list query too
     return server, components.config.num_rounds
 
 

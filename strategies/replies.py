@@ -195,6 +195,8 @@ class ClassLists:
     def __init__(self) -> None:
         self.digests: dict[str, str] = {}  # client key -> digest of its class list
 
+    workers = 32  # queries at once (the in-process engine asks one client at a time)
+
     def ask(self, proxies: list[ClientProxy], timeout: float | None, server_round: int) -> None:
         """Before a run's first fit: ask each site for its class-list digest (a
         properties query, answered from its data alone) and stop the run, naming the
@@ -214,7 +216,7 @@ class ClassLists:
             key = res.properties.get(CLIENT_KEY)
             return Reply(str(key or proxy.node_id), [], 0, dict(res.properties))
 
-        with ThreadPoolExecutor(max_workers=max(1, min(32, len(proxies)))) as pool:
+        with ThreadPoolExecutor(max_workers=max(1, min(self.workers, len(proxies)))) as pool:
             replies = [r for r in pool.map(one, proxies) if r is not None]
         self.check(server_round, replies, before=True)
 
