@@ -282,6 +282,11 @@ def summary_table(summary: dict[str, Any]) -> str:
         ),
         ("wall time", f"{summary['total_seconds']:.1f}s"),
     ]
+    from run_results.reference import reference_rows
+
+    size = summary.get("federation_size") or 0
+    method = summary["method"]
+    rows += reference_rows(summary["config"], size, len(summary["rounds"]), method)
     if "dp_epsilon" in summary:
         eps = summary["dp_epsilon"]
         spent = "no guarantee (no noise)" if eps is None else f"epsilon {eps:.3g}"

@@ -226,7 +226,9 @@ class PFLStrategy(Strategy):
         self.dp.aggregate(accepted, self, lambda: self.aggregate(server_round, accepted), rl.extra)
         checkpoint.save_if_due(self, server_round)
         rl.marks["aggregate"] = time.perf_counter()
-        return self.global_payload(), {"replies": len(accepted)}
+        # no metrics for Flower's History: results.json has every round's (a History
+        # dump at the end would repeat one line a round on the first screen)
+        return self.global_payload(), {}
 
     def aggregate(self, server_round: int, replies: list[Reply]) -> None:
         """Turn the accepted replies into the next global shared tensors."""

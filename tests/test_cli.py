@@ -70,7 +70,7 @@ def dev_sh(
             "'partition-by'",
         ),
         ("check", "resume-from='/nope'", "'resume-from'"),
-        ("check", "min-available-clients=50", "'min-available-clients'"),
+        ("check", "min-available-clients=150", "'min-available-clients'"),
         (
             "check",
             "model='resnet18' pretrained-weights='imagenet' dataset='sklearn-digits'",
@@ -80,7 +80,7 @@ def dev_sh(
         ("check", "method='fedfac-static' model='resnet18'", "'model'"),
         ("check", "input-shape='3,32,32' num-classes=2", "'input-shape'"),  # the data are vectors
         ("check", "num-classes=3 class-names='a,b'", "'num-classes'"),
-        ("check", "method='fedfac-static' fedfac.new-clients=10", "'fedfac.new-clients'"),
+        ("check", "method='fedfac-static' fedfac.new-clients=100", "'fedfac.new-clients'"),
     ],
 )
 def test_a_bad_config_fails_fast_with_one_line_and_exit_2(

@@ -55,7 +55,7 @@ def _image_folder(root: Path) -> Path:
     rng = np.random.default_rng(0)
     for c in ("a", "b"):
         (root / c).mkdir(parents=True, exist_ok=True)
-        for i in range(12):
+        for i in range(120):  # enough for the default federation's 100 clients
             pixels = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
             Image.fromarray(pixels).save(root / c / f"{i}.png")
     return root
@@ -99,8 +99,9 @@ def test_every_documented_command_passes_the_preflight(command, after, tmp_path,
     argv = shlex.split(command)
     for i, arg in enumerate(argv):  # the user's own data: made here
         for key, value in re.findall(r"(dataset|client-data-paths)=['\"]([^'\"]+)['\"]", arg):
-            paths = [_user_data(p, tmp_path) if USER_PATH.fullmatch(p) else p
-                     for p in value.split(",")]  # fmt: skip
+            paths = [
+                _user_data(p, tmp_path) if USER_PATH.fullmatch(p) else p for p in value.split(",")
+            ]
             arg = arg.replace(f"{key}='{value}'", f"{key}='{','.join(paths)}'")
         argv[i] = arg
     code = check(check_args(argv))

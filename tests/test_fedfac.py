@@ -20,7 +20,7 @@ from methods.fedfac.model import HELD_OUT, element_entries
 from methods.fedfac.strategy import FedFacStrategy
 from pfl_data import data_info, load_client_data
 from strategies.base import Reply
-from tests.helpers import raw_config
+from tests.helpers import PAPER_STUDY, raw_config
 
 # ---- factor analysis -----------------------------------------------------------------------
 
@@ -80,7 +80,9 @@ def test_layer_matrix_stacks_clients_per_element():
 
 
 def make(method: str = "fedfac-dynamic", num: int = 4, **over):
-    cfg = parse_run_config({"train-per-client": 50, **raw_config(method=method, **over)})
+    cfg = parse_run_config(
+        {"train-per-client": 50, **PAPER_STUDY, **raw_config(method=method, **over)}
+    )
     m = get_method(method)
     info = data_info(cfg)
     model = m.build_model(cfg, info)

@@ -68,8 +68,9 @@ def test_the_readme_main_job_runs_offline(tmp_path: Path) -> None:
     assert "options.` fields" not in log  # the project's Flower config is current
     data = json.loads(results.read_text())
     assert [r["round"] for r in data["rounds"]] == [1, 2]
-    # the project's federation (scripts/federation.toml): 10 clients
-    assert len(data["rounds"][-1]["per_client_accuracy"]) == 10
+    # the project's federation (scripts/federation.toml): 100 clients
+    assert len(data["rounds"][-1]["per_client_accuracy"]) == 100
+    assert "History (metrics" not in log  # no metric repeated a round at the end
     assert "round 2/2 model (scored at the end)" in log and f"results: {results}" in log
     assert "round 1/2 model (scored in round 2)" in log  # Flower's [ROUND 2]
     assert "configure_evaluate: no clients selected" not in log  # eval-in-fit, by design

@@ -157,3 +157,43 @@ def test_a_deployed_site_sends_no_digest_of_its_data(tmp_path) -> None:
     assert len(fits) == 2 and all(DATA_KEY not in r.metrics for r in fits)
     assert all("device" in r.metrics for r in fits)
     assert res["data_fingerprint"] is None and res["clients_with_data_digest"] == 0
+
+
+def test_a_main_job_summary_shows_fedavg_and_local_from_the_committed_table() -> None:
+    """On the main job's data, federation and budget the summary adds FedAvg's and
+    Local's committed figures (run_results/reference.json, docs/main_job.md); on other
+    data, another federation size or another round count it adds nothing."""
+    from methods import parse_run_config
+    from run_results import summary_table
+    from run_results.reference import _settings, reference_rows
+
+    (setting,) = _settings()
+    main_job = parse_run_config({"method": "fedfac-static"}).as_dict()  # the defaults
+    assert all(main_job[k] == v for k, v in setting["match"].items())  # it is the main job's
+    clients, rounds = setting["clients"], setting["rounds"]
+    rows = dict(reference_rows(main_job, clients, rounds, "fedfac-static"))
+    fedavg = setting["rows"]["fedavg"]
+    assert rows["FedAvg, same data (committed, 3 seeds)"].startswith(f"{fedavg['mean']:.4f} ± ")
+    assert "Local, same data (committed, 3 seeds)" in rows
+    assert reference_rows({**main_job, "sim-samples": 60}, clients, rounds, "fedavg") == []
+    assert reference_rows(main_job, clients - 1, rounds, "fedavg") == []
+    assert reference_rows(main_job, clients, rounds + 1, "fedavg") == []
+    # FedAvg's own run shows Local's row only
+    assert [k for k, _ in reference_rows(main_job, clients, rounds, "fedavg")] == [
+        "Local, same data (committed, 3 seeds)"
+    ]
+    summary = {
+        "method": "fedfac-static",
+        "config": main_job,
+        "federation_size": clients,
+        "rounds": [{}] * rounds,
+        "best_accuracy_mean": 0.7,
+        "best_round": rounds,
+        "final_accuracy_mean": 0.7,
+        "final_accuracy_pooled": 0.7,
+        "best_accuracy_pooled": 0.7,
+        "total_bytes_up": 1,
+        "total_bytes_down": 1,
+        "total_seconds": 1.0,
+    }
+    assert "FedAvg, same data (committed, 3 seeds)" in summary_table(summary)

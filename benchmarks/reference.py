@@ -1,0 +1,53 @@
+"""``python -m benchmarks.reference PRESET SETTING``: write run_results/reference.json,
+FedAvg's and Local's final mean accuracy (mean, sample std and each seed) in one
+setting of a preset, from its complete runs: what the summary of a run on the same
+data shows beside the run's own figure (run_results/reference.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+from benchmarks import presets
+from benchmarks.runner import is_complete, load_results
+from run_results.reference import REFERENCE_FILE
+
+MATCH = ("dataset", "model", "hidden-dim", "sim-samples", "sim-dim", "sim-shared-neurons")
+MATCH += ("sim-shared-covariates", "sim-noise")
+ROWS = ("fedavg", "local")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    preset = presets.load(argv[0])
+    setting = argv[1]
+    cells = [c for c in preset.cells() if c.setting == setting and c.label in ROWS]
+    rows, match, clients, rounds = {}, {}, 0, 0
+    for label in ROWS:
+        done = [c for c in cells if c.label == label and is_complete(c)]
+        if len(done) < 2:
+            print(f"{label}: {len(done)} complete seeds in {setting}; run the preset first")
+            return 1
+        finals = [load_results(c)["final_accuracy_mean"] for c in done]
+        rows[label] = {
+            "mean": float(np.mean(finals)),
+            "std": float(np.std(finals, ddof=1)),
+            "seeds": {str(c.seed): f for c, f in zip(done, finals)},
+        }
+        stored = load_results(done[0])["config"]
+        match = {k: stored[k] for k in MATCH if k in stored}
+        clients, rounds = done[0].clients, done[0].rounds
+    entry = {"preset": preset.name, "setting": setting, "clients": clients, "rounds": rounds}
+    entry.update(match=match, rows=rows)
+    REFERENCE_FILE.write_text(json.dumps({"settings": [entry]}, indent=1) + "\n")
+    print(f"wrote {REFERENCE_FILE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
