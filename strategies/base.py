@@ -116,8 +116,7 @@ class PFLStrategy(Strategy):
         return self.payloads.global_payload()
 
     def payload_for(self, client_key: str | None, server_round: int) -> Parameters:
-        """What one client receives: its own payload if the method keeps one, else the
-        global payload."""
+        """What one client receives: its own payload if the method keeps one, else global."""
         return self.payloads.payload_for(client_key)
 
     def client_config(self, client_key: str | None, server_round: int) -> dict[str, Scalar]:
@@ -187,8 +186,7 @@ class PFLStrategy(Strategy):
         self.rounds[server_round] = rl = RoundLog()
         sent = self._instructions(server_round, client_manager, self.cfg.fraction_fit, fit=True)
         if server_round == 1 and not self.cfg.class_names.strip():  # ids from each site's data
-            timeout = self.cfg.round_timeout or None
-            self.class_lists.ask([proxy for proxy, _, _ in sent], timeout, server_round)
+            self.class_lists.ask([p for p, _, _ in sent], self.cfg.round_timeout or None, 1)
         rl.marks["configure"] = time.perf_counter()
         return [(proxy, FitIns(payload, config)) for proxy, payload, config in sent]
 
@@ -208,9 +206,7 @@ class PFLStrategy(Strategy):
             self.check_reply,
             self.clients,
         )
-        rl.add_fit_replies(accepted)
-        self.rounds.facts.add(accepted)
-        rl.replies = len(accepted)
+        self.rounds.add_fit_replies(server_round, accepted)
         self.class_lists.check(server_round, accepted)
         check_failures(server_round, accepted, failures)
         if cfg.eval_in_fit and server_round >= 2:  # the previous round's record, from these
@@ -226,9 +222,7 @@ class PFLStrategy(Strategy):
         self.dp.aggregate(accepted, self, lambda: self.aggregate(server_round, accepted), rl.extra)
         checkpoint.save_if_due(self, server_round)
         rl.marks["aggregate"] = time.perf_counter()
-        # no metrics for Flower's History: results.json has every round's (a History
-        # dump at the end would repeat one line a round on the first screen)
-        return self.global_payload(), {}
+        return self.global_payload(), {}  # no History metrics: results.json has them
 
     def aggregate(self, server_round: int, replies: list[Reply]) -> None:
         """Turn the accepted replies into the next global shared tensors."""

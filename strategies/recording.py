@@ -121,6 +121,13 @@ class Rounds(dict[int, RoundLog]):
     def of(self, server_round: int) -> RoundLog:
         return self.setdefault(server_round, RoundLog())
 
+    def add_fit_replies(self, server_round: int, replies: list[Reply]) -> None:
+        """A round's accepted fit replies: their losses, counts and facts."""
+        rl = self.of(server_round)
+        rl.add_fit_replies(replies)
+        rl.replies = len(replies)
+        self.facts.add(replies)
+
     def record(
         self,
         server_round: int,

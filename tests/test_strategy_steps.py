@@ -170,3 +170,17 @@ def test_the_first_round_waits_for_registrations_to_settle() -> None:
     assert sampler.wait_for_federation(manager) == 5
     assert len(sampler.sample(manager, 0.5)) == 3  # ceil(0.5 x 5)
     assert len(sampler.sample(manager, 0.01)) == 1  # at least one
+
+
+def test_every_strategy_class_stays_a_composition_of_steps() -> None:
+    """No class in strategies/ grows back into the 405-line base of #34."""
+    import ast
+    from pathlib import Path
+
+    sizes = {}
+    for path in (Path(__file__).resolve().parents[1] / "strategies").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                sizes[f"{path.name}:{node.name}"] = node.end_lineno - node.lineno + 1
+    assert "base.py:PFLStrategy" in sizes
+    assert {k: v for k, v in sizes.items() if v >= 200} == {}
