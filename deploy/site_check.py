@@ -123,8 +123,8 @@ def check_data(cfg: Any, site: str, data_path: str) -> str:
     """Load the site's data as its ClientApp will, build the model, pass a batch."""
     import torch
 
-    from methods import get_method
     from pfl_data import check_site_data, data_info, load_client_data
+    from pflower_cli.preflight import model_checks
     from run_config.schema import ConfigError
 
     where = f"site '{site}'"
@@ -135,10 +135,7 @@ def check_data(cfg: Any, site: str, data_path: str) -> str:
         info = data_info(cfg, data_path)  # no cache_dir: nothing written to the state dir
         data = load_client_data(cfg, 0, 1, data_path)
         check_site_data(cfg, data, where)
-        model = get_method(cfg.method).build_model(cfg, info)
-        model.eval()
-        with torch.no_grad():
-            model(data.x_train[:2])
+        model_checks(cfg, info, data)  # the pre-flight's: build the model, pass a batch
     except ConfigError as err:
         raise SiteCheckFailed(str(err).split("invalid run config: ")[-1]) from None
     except Exception as err:  # noqa: BLE001 - the first crash the ClientApp would have

@@ -120,13 +120,6 @@ def data_checks(cfg: RunConfig, clients: int | None) -> tuple[str, Any]:
         ) from None
     except (FileNotFoundError, OSError, ValueError, RuntimeError, KeyError, IndexError) as err:
         raise _as_config_error(err, key) from None
-    if declared_info(cfg) is not None:  # declared: must match the data where both exist
-        found = tuple(data.x_train.shape[1:])
-        if found != info.input_shape:
-            raise ConfigError(
-                f"config key 'input-shape': the run declares {info.input_shape}, the data "
-                f"are {found}"
-            )
     source = ", ".join(paths) if paths else cfg.dataset
     shape = "x".join(map(str, info.input_shape))
     return f"{source} ({info.num_classes} classes, {shape})", (info, data)

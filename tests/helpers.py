@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,6 +27,23 @@ from run_config.schema import RunConfig
 from strategies.base import PFLStrategy
 
 SMALL = {"sim-samples": 120, "hidden-dim": 32, "sim-dim": 20}
+
+
+def image_folder(
+    root: Path, classes: Sequence[str] = ("a", "b"), per_class: int = 4, side: int = 16
+) -> Path:
+    """An image folder (one sub-folder a class, RGB PNGs of ``side`` pixels); each
+    class its own mean brightness plus noise, so a model can learn them."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for k, name in enumerate(classes):
+        (root / name).mkdir(parents=True, exist_ok=True)
+        level = 40 + 160 * k / max(1, len(classes) - 1)
+        for i in range(per_class):
+            pixels = np.clip(rng.normal(level, 30, (side, side, 3)), 0, 255)
+            Image.fromarray(pixels.astype(np.uint8)).save(root / name / f"{i}.png")
+    return root
 
 
 # the generator's paper-study setting (its defaults before the main job's): the tests

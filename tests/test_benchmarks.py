@@ -12,6 +12,7 @@ import pytest
 from benchmarks import presets, report, runner
 from benchmarks.__main__ import main
 from benchmarks.probes import fedfac_recovery, linear_probe
+from tests.helpers import image_folder
 
 
 def _preset(tmp_path: Path, text: str, name: str = "trial") -> presets.Preset:
@@ -363,19 +364,6 @@ sim-samples = 40
     assert {"queued", "python+flwr", "app imports", "train"} <= set(phases)
 
 
-def _image_folder(root: Path, classes: int = 2, per_class: int = 30) -> Path:
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    for c in range(classes):
-        folder = root / f"class-{c}"
-        folder.mkdir(parents=True)
-        for i in range(per_class):  # each class its own mean colour: learnable
-            pixels = np.clip(rng.normal(60 + 120 * c, 40, (8, 8, 3)), 0, 255)
-            Image.fromarray(pixels.astype(np.uint8)).save(folder / f"{i}.png")
-    return root
-
-
 @pytest.mark.slow
 def test_a_user_preset_on_an_image_folder_reports_seeds_intervals_and_csv(tmp_path, capsys):
     """docs/examples/my-comparison.toml, pointed at a local image folder, smaller:
@@ -387,7 +375,7 @@ def test_a_user_preset_on_an_image_folder_reports_seeds_intervals_and_csv(tmp_pa
     example = Path(presets.REPO / "docs/examples/my-comparison.toml").read_text()
     raw = tomllib.loads(example)
     assert raw["equal-budget"] == "fedavg" and raw["config"]["dataset"].startswith("/path")
-    images = _image_folder(tmp_path / "my-images")
+    images = image_folder(tmp_path / "my-images", per_class=30, side=8)
     text = example.replace(raw["config"]["dataset"], str(images))
     text = text.replace('"fedper", "feddecomp"', '"feddecomp"').replace("seeds = [0, 1, 2]", "")
     text = text.replace("clients = 10", "clients = 2").replace("rounds = 20", "rounds = 2")

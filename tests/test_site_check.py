@@ -6,23 +6,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
 
 from deploy.site import main
+from tests.helpers import image_folder
 
 RUN = "method='fedper' model='cnn4' class-names='bright,dark' input-shape='3,16,16'"
 
 
 def folder(root: Path, classes: tuple[str, ...], side: int = 16) -> Path:
-    for name in classes:
-        (root / name).mkdir(parents=True)
-        for i in range(4):
-            Image.fromarray(np.full((side, side, 3), 30 * i, np.uint8)).save(
-                root / name / f"{i}.png"
-            )
-    return root
+    return image_folder(root, classes, per_class=4, side=side)
 
 
 def check(tmp_path: Path, data: Path, run: str = RUN, *extra: str) -> int:
