@@ -110,6 +110,9 @@ class Preset:
                     run_cfg = {k: resolve(v) for k, v in keys.items() if k not in RESERVED}
                     if budget:
                         run_cfg = {**run_cfg, **budget_schedule(run_cfg, budget)}
+                    # the clients' personal state on disk, in the cell's directory: an
+                    # interrupted cell resumes with it (runner.resume_point)
+                    run_cfg.setdefault("personal-state", "disk")
                     slug = re.sub(r"[^\w.=-]+", "_", label)
                     run_cfg.update(
                         {

@@ -12,6 +12,7 @@ A cell is complete when its results.json holds every round for the same config.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.presets import REPO, Cell, Preset
+from pfl_store import PERSONAL_STATE_DIR
 
 # ----------------------------------------------------------------------------- resume
 
@@ -34,16 +36,20 @@ def load_results(cell: Cell) -> dict[str, Any] | None:
         return None
 
 
-def is_complete(cell: Cell) -> bool:
-    """results.json reached the last round, for exactly this cell's config. (A round
-    none of whose clients could evaluate has no record: DP noise can do that.)"""
-    res = load_results(cell)
-    rounds = (res or {}).get("rounds", [])
-    if not rounds or max(len(rounds), rounds[-1].get("round", 0)) < cell.rounds:
-        return False
-    stored = res.get("config", {})
-    # where the runs live is not part of the experiment
-    if any(stored.get(k) != v for k, v in cell.config.items() if k != "output-dir"):
+# where and how a run keeps its files, not what it computes; and the rounds, which a
+# resumed run asks only the rest of (the rounds recorded are compared instead)
+NOT_COMPARED = (
+    "output-dir",
+    "personal-state",
+    "personal-state-budget-mb",
+    "resume-from",
+    "num-server-rounds",
+)
+
+
+def same_experiment(cell: Cell, stored: dict[str, Any]) -> bool:
+    """Whether a run's stored config is this cell's experiment."""
+    if any(stored.get(k) != v for k, v in cell.config.items() if k not in NOT_COMPARED):
         return False
     # and an ``auto`` key must still resolve to what the run used, so a run made before
     # a default changed is redone (a key the run predates is not compared)
@@ -52,6 +58,35 @@ def is_complete(cell: Cell) -> bool:
     wanted = parse_run_config(cell.config)
     now = wanted.as_dict()
     return all(stored[k] == now[k] for k in wanted.auto_resolved if k in stored)
+
+
+def is_complete(cell: Cell) -> bool:
+    """results.json reached the last round, for exactly this cell's config. (A round
+    none of whose clients could evaluate has no record: DP noise can do that.)"""
+    res = load_results(cell)
+    rounds = (res or {}).get("rounds", [])
+    if not rounds or max(len(rounds), rounds[-1].get("round", 0)) < cell.rounds:
+        return False
+    return same_experiment(cell, res.get("config", {}))
+
+
+def resume_point(cell: Cell) -> int:
+    """The round an interrupted cell goes on from: that of its own server checkpoint,
+    when its results so far are of the same experiment and its clients' personal
+    state is on disk beside it (``personal-state=disk``, the cells' default); else 0
+    (the cell starts again at round 1)."""
+    from strategies.checkpoint import SERVER_STATE, load_server_state
+
+    res = load_results(cell)
+    if res is None or not (cell.dir / PERSONAL_STATE_DIR).is_dir():
+        return 0
+    if not same_experiment(cell, res.get("config", {})):
+        return 0
+    try:
+        done, _ = load_server_state(cell.dir / SERVER_STATE, cell.config["method"])
+    except ValueError:  # missing, corrupt, another method's (ConfigError)
+        return 0
+    return done if 0 < done < cell.rounds else 0
 
 
 # ----------------------------------------------------------------------------- one cell
@@ -198,15 +233,21 @@ def _tree_rss(pid: int) -> int:
     return total
 
 
-def run_cell(cell: Cell, timeout: float | None) -> tuple[bool, float, str]:
-    """One cell in a subprocess, its peak memory sampled; (ok, seconds, reason)."""
+def run_cell(cell: Cell, timeout: float | None, resume_at: int = 0) -> tuple[bool, float, str]:
+    """One cell in a subprocess, its peak memory sampled; (ok, seconds, reason).
+    ``resume_at``: go on from the cell's own checkpoint of that round."""
     cell.dir.mkdir(parents=True, exist_ok=True)
-    (cell.dir / "results.json").unlink(missing_ok=True)  # a partial run from before
+    spec = cell
+    if resume_at:  # the rounds left, from the checkpoint, with the records so far
+        left = {"resume-from": str(cell.dir), "num-server-rounds": cell.rounds - resume_at}
+        spec = dataclasses.replace(cell, config={**cell.config, **left})
+    else:
+        (cell.dir / "results.json").unlink(missing_ok=True)  # a partial run from before
     log_path = cell.dir / "cell.log"
     peak, t0, reason = [0], time.perf_counter(), ""
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks", "cell", cell_spec(cell)],
+            [sys.executable, "-m", "benchmarks", "cell", cell_spec(spec)],
             cwd=REPO,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -252,8 +293,10 @@ def run_preset(
         if not rerun and is_complete(cell):
             print(f"{head}: complete, reused", flush=True)
             continue
-        print(f"{head}: running ({cell.engine}, {cell.clients} clients) ...", flush=True)
-        ok, seconds, reason = run_cell(cell, timeout)
+        resume_at = 0 if rerun else resume_point(cell)
+        start = f", from its checkpoint of round {resume_at}" if resume_at else ""
+        print(f"{head}: running ({cell.engine}, {cell.clients} clients{start}) ...", flush=True)
+        ok, seconds, reason = run_cell(cell, timeout, resume_at)
         ran += 1
         left = (time.perf_counter() - started) / ran * (len(cells) - i)
         if ok:

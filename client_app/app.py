@@ -30,7 +30,7 @@ from torch import nn
 
 from client_app import timing
 from client_app.attacks import Attacker, flip_labels
-from client_app.state import ContextStore, DiskStore, PersonalStore
+from client_app.state import ContextStore, DiskStore, PersonalStore, RoundStore
 from methods import get_method, method_names, parse_run_config
 from pfl_data import (
     check_site_data,
@@ -41,6 +41,7 @@ from pfl_data import (
     site_class_names,
 )
 from pfl_privacy.policy import REFUSED, PolicyError, SitePolicy
+from pfl_store import PERSONAL_STATE_DIR
 from run_config.schema import RunConfig
 
 log = logging.getLogger("flwr.pflower")
@@ -128,17 +129,39 @@ def simulation_store(
     """Where a simulated client keeps its personal state: in its node's context (the
     engine holds every node's context in memory), or, when all clients' state would
     exceed ``personal-state-budget-mb`` (``personal-state=budget``) or always
-    (``disk``), in the deployment's checksummed store under
-    ``<output-dir>/personal-state/run-<run id>/``, so memory stays bounded whatever
-    the number of clients."""
-    if cfg.personal_state == "memory":
-        return ContextStore(context)
-    if cfg.personal_state == "budget":
-        total = num_partitions * sum(a.nbytes for a in client.personal_state().values())
-        if total <= cfg.personal_state_budget_mb * 2**20:
+    (``disk``), on disk, one checked file per round, in the run's directory
+    (``<output-dir>/<run-name>/personal-state/``) so memory stays bounded whatever
+    the number of clients, and the run can resume from its checkpoint with it. A run
+    resumed from a checkpoint whose personal state is on disk reads it from there."""
+    resumed = resumed_personal_state(cfg)
+    if resumed is None and cfg.personal_state != "disk":
+        state = client.personal_state()
+        total = num_partitions * sum(a.nbytes for a in state.values())
+        if cfg.personal_state == "memory" or total <= cfg.personal_state_budget_mb * 2**20:
+            if cfg.resume_from and state:
+                _warn_once(
+                    f"resume-from {cfg.resume_from}: that run kept its clients' personal "
+                    "state in memory, so the personal parts start afresh "
+                    "(personal-state='disk' keeps them resumable)"
+                )
             return ContextStore(context)
-    root = Path(cfg.output_dir).expanduser().resolve() / "personal-state" / f"run-{context.run_id}"
-    return DiskStore(root, experiment_id(cfg, model), client.client_key)
+    output = Path(cfg.output_dir).expanduser().resolve()
+    run_dir = output / cfg.run_name if cfg.run_name else output / f"run-{context.run_id}"
+    return RoundStore(run_dir / PERSONAL_STATE_DIR, client.client_key, resumed)
+
+
+def resumed_personal_state(cfg: RunConfig) -> Path | None:
+    """The personal-state folder of the run ``resume-from`` names, if it kept one."""
+    if not cfg.resume_from:
+        return None
+    folder = Path(cfg.resume_from).expanduser().resolve()
+    folder = (folder if folder.is_dir() else folder.parent) / PERSONAL_STATE_DIR
+    return folder if folder.is_dir() else None
+
+
+@lru_cache(maxsize=8)
+def _warn_once(message: str) -> None:
+    log.warning("%s", message)
 
 
 class PolicyRefusal(RuntimeError):

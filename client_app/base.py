@@ -24,6 +24,7 @@ from client_app.state import PersonalStore
 from client_app.train import cross_entropy, evaluate, train_epochs
 from methods import get_method
 from models.roles import (
+    CHECKPOINT_ROUND,
     CLASSES_KEY,
     CLIENT_KEY,
     DATA_KEY,
@@ -41,6 +42,11 @@ from pfl_privacy import add_noise, clip_update, noise_share_std
 from run_config.schema import RunConfig
 
 log = logging.getLogger("flwr.pflower")
+
+
+def message_round(config: dict[str, Scalar]) -> int | None:
+    """The round a fit or evaluate message belongs to (counted across resumes)."""
+    return int(config["server-round"]) if "server-round" in config else None
 
 
 class PFLClient(NumPyClient):
@@ -99,7 +105,8 @@ class PFLClient(NumPyClient):
     def fit(
         self, parameters: NDArrays, config: dict[str, Scalar]
     ) -> tuple[NDArrays, int, dict[str, Scalar]]:
-        self.restore_personal()
+        server_round = message_round(config)
+        self.restore_personal(None if server_round is None else server_round - 1)
         self.receive(parameters, config)
         timing.mark("personal state")
         evaluation: dict[str, Scalar] = {}
@@ -115,7 +122,7 @@ class PFLClient(NumPyClient):
             )
         metrics = self.local_train(config, self.round_generator(config))
         timing.mark("train")
-        self.store_personal()
+        self.store_personal(config)
         upload = self.upload(config)
         if self.cfg.dp_mode in ("client", "distributed"):  # the shared update, clipped
             clip_update(upload, parameters, self.cfg.dp_clipping_norm)
@@ -140,7 +147,7 @@ class PFLClient(NumPyClient):
     def evaluate(
         self, parameters: NDArrays, config: dict[str, Scalar]
     ) -> tuple[float, int, dict[str, Scalar]]:
-        self.restore_personal()
+        self.restore_personal(message_round(config))
         self.receive(parameters, config)
         timing.mark("personal state")
         loss, metrics = self.score()
@@ -174,8 +181,10 @@ class PFLClient(NumPyClient):
         """Inverse of ``personal_state``."""
         set_arrays(self.model, self.roles.personal, [state[n] for n in self.roles.personal])
 
-    def restore_personal(self) -> None:
-        state = self.store.load()
+    def restore_personal(self, upto: int | None = None) -> None:
+        """The personal state saved at round ``upto`` or before (None: the newest):
+        a fit of round r starts from r - 1's, an evaluation scores round r's."""
+        state = self.store.load(upto)
         if state is None:
             return  # first round, or unreadable state: keep the initial personal part
         model = self.model.state_dict()
@@ -190,10 +199,10 @@ class PFLClient(NumPyClient):
             return
         self.load_personal_state(state)
 
-    def store_personal(self) -> None:
-        """Keep the personal state, unless training diverged: non-finite values are
-        not stored, so the next round starts from the last good state (and the
-        server rejects the non-finite upload)."""
+    def store_personal(self, config: dict[str, Scalar] | None = None) -> None:
+        """Keep the personal state as of this message's round, unless training
+        diverged: non-finite values are not stored, so the next round starts from the
+        last good state (and the server rejects the non-finite upload)."""
         state = self.personal_state()
         bad = [k for k, a in state.items() if a.dtype.kind == "f" and not np.isfinite(a).all()]
         if bad:
@@ -204,7 +213,12 @@ class PFLClient(NumPyClient):
                 ", ".join(bad[:3]),
             )
             return
-        self.store.save(state)
+        checkpointed = (config or {}).get(CHECKPOINT_ROUND)
+        self.store.save(
+            state,
+            message_round(config or {}),
+            None if checkpointed is None else int(checkpointed),
+        )
 
     # ---- hooks a method overrides --------------------------------------------------------
 

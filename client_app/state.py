@@ -1,8 +1,14 @@
 """Where a client keeps its personal state between rounds.
 
-Simulation: Flower's ``context.state`` (kept by the engine per node, in memory).
+Simulation: Flower's ``context.state`` (kept by the engine per node, in memory), or,
+on disk, one file per round in the run's directory, so that a run resumed from the
+server's checkpoint gets every client's state as it was at that round.
 Deployment: an atomic on-disk store under the site's state directory, so the
 personal part survives a SuperNode restart.
+
+``load(upto)`` reads the newest state saved at round ``upto`` or before (None: the
+newest); ``save(arrays, server_round, checkpointed)`` names the round that wrote it
+and the round of the server's last checkpoint. Only the per-round store uses them.
 """
 
 from __future__ import annotations
@@ -23,9 +29,14 @@ _RECORD = "pflower.personal"
 
 
 class PersonalStore(Protocol):
-    def load(self) -> dict[str, np.ndarray] | None: ...
+    def load(self, upto: int | None = None) -> dict[str, np.ndarray] | None: ...
 
-    def save(self, arrays: dict[str, np.ndarray]) -> None: ...
+    def save(
+        self,
+        arrays: dict[str, np.ndarray],
+        server_round: int | None = None,
+        checkpointed: int | None = None,
+    ) -> None: ...
 
     def set_aside(self, why: str) -> None:
         """Keep what ``load`` returned out of the way (never delete it), and log why."""
@@ -37,7 +48,7 @@ class ContextStore:
     def __init__(self, context: Context) -> None:
         self.context = context
 
-    def load(self) -> dict[str, np.ndarray] | None:
+    def load(self, upto: int | None = None) -> dict[str, np.ndarray] | None:
         if _RECORD not in self.context.state:
             return None
         record = self.context.state[_RECORD]
@@ -47,7 +58,12 @@ class ContextStore:
         log.warning("personal state in this node's context dropped: %s", why)
         del self.context.state[_RECORD]
 
-    def save(self, arrays: dict[str, np.ndarray]) -> None:
+    def save(
+        self,
+        arrays: dict[str, np.ndarray],
+        server_round: int | None = None,
+        checkpointed: int | None = None,
+    ) -> None:
         self.context.state[_RECORD] = ArrayRecord(
             # np.require keeps 0-d entries (BN num_batches_tracked) 0-d; ascontiguousarray would not
             array_dict={k: Array(np.require(v, requirements="C")) for k, v in arrays.items()}
@@ -59,10 +75,9 @@ class DiskStore:
     atomically, with a checksum checked on load."""
 
     def __init__(self, state_dir: str | Path, experiment: str, site: str) -> None:
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in site)
-        self.path = Path(state_dir) / experiment / f"{safe}.npz"
+        self.path = Path(state_dir) / experiment / f"{file_name(site)}.npz"
 
-    def load(self) -> dict[str, np.ndarray] | None:
+    def load(self, upto: int | None = None) -> dict[str, np.ndarray] | None:
         if not self.path.exists():
             return None
         try:
@@ -84,5 +99,63 @@ class DiskStore:
         self.path.replace(aside)
         log.warning("personal state %s %s: kept as %s, starting afresh", self.path, why, aside.name)
 
-    def save(self, arrays: dict[str, np.ndarray]) -> None:
+    def save(
+        self,
+        arrays: dict[str, np.ndarray],
+        server_round: int | None = None,
+        checkpointed: int | None = None,
+    ) -> None:
         write_checked_npz(self.path, arrays)
+
+
+def file_name(site: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in site)
+
+
+class RoundStore(DiskStore):
+    """A simulated client's personal state, one file per round that saved it:
+    ``<root>/<site>/r<round>.npz``. A save keeps, beside the new file, the newest one
+    at or before the server's last checkpoint, so a run resumed from that checkpoint
+    finds the client as it was then, even if the client had trained again before
+    the run stopped. A site with no file of its own reads ``fallback`` (the
+    personal state of the run it resumes from)."""
+
+    def __init__(self, root: Path, site: str, fallback: Path | None = None) -> None:
+        self.dir = root / file_name(site)
+        self.fallback = fallback / file_name(site) if fallback is not None else None
+        self.path = self.dir / "r0.npz"
+
+    @staticmethod
+    def versions(folder: Path) -> dict[int, Path]:
+        """The saved rounds in ``folder`` (files set aside or half-written are not)."""
+        out = {}
+        for path in folder.glob("r*.npz"):
+            if path.stem[1:].isdigit():
+                out[int(path.stem[1:])] = path
+        return out
+
+    def load(self, upto: int | None = None) -> dict[str, np.ndarray] | None:
+        own = self.versions(self.dir)
+        found = own or (self.versions(self.fallback) if self.fallback is not None else {})
+        usable = [r for r in found if upto is None or r <= upto]
+        if not usable:
+            return None
+        self.path = found[max(usable)]
+        return super().load()
+
+    def save(
+        self,
+        arrays: dict[str, np.ndarray],
+        server_round: int | None = None,
+        checkpointed: int | None = None,
+    ) -> None:
+        before = self.versions(self.dir)
+        now = server_round if server_round is not None else max(before, default=0)
+        self.path = self.dir / f"r{now}.npz"
+        write_checked_npz(self.path, arrays)
+        # rounds after the checkpoint will never be resumed from: only the newest
+        # state at or before it is kept beside this round's
+        kept = [r for r in before if r != now and checkpointed is not None and r <= checkpointed]
+        for r, path in before.items():
+            if r != now and r != max(kept, default=None):
+                path.unlink(missing_ok=True)

@@ -17,6 +17,7 @@ from torch import nn
 # Keys on the wire, read by both sides (clients and strategies import them from here).
 CLIENT_KEY = "client-key"  # fit/evaluate metrics: the stable client identity
 EVALUATE_FIRST = "evaluate-first"  # fit instruction: score before training (eval-in-fit)
+CHECKPOINT_ROUND = "checkpoint-round"  # instruction: the round of the server's last checkpoint
 CLASSES_KEY = "class-names-sha"  # fit metrics: a digest of the client's own class list
 DATA_KEY = "data-sha"  # fit metrics: a digest of the client's data (results.json)
 DEVICE_KEY = "device"  # fit metrics: the device type the client trained on (cpu, cuda)

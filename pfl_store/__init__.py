@@ -13,6 +13,9 @@ from pathlib import Path
 import numpy as np
 
 _CHECKSUM = "__sha256__"
+# a simulated run's clients keep their personal state here, inside the run's directory
+# (beside the server's checkpoint), so that the run can resume with it
+PERSONAL_STATE_DIR = "personal-state"
 
 
 def _digest(arrays: dict[str, np.ndarray]) -> str:

@@ -16,6 +16,7 @@ from pfl_data import data_info
 from run_config.schema import check_against_data, describe_settings
 from run_results import RunRecorder
 from server_app.grid import PollingGrid
+from strategies import checkpoint
 
 log = logging.getLogger("flwr.pflower")
 pfl_patches.linkstate_index()  # simulation: the engine runs in this process (pfl_patches)
@@ -43,6 +44,7 @@ def build_server(context: Context, overrides: dict[str, Any] | None = None) -> S
     model = method.build_model(cfg, info)
     roles = method.roles(model)
     recorder = RunRecorder(cfg, extra={"auto_resolved": list(cfg.auto_resolved)})
+    checkpoint.clear_stale_personal_state(recorder.dir, cfg.resume_from)
     log.info(
         "%s on %s (%s): %d shared / %d personal tensors; results -> %s",
         cfg.method,

@@ -30,7 +30,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 from torch import nn
 
-from models.roles import DP_PARTICIPANTS, EVALUATE_FIRST, TensorSpec
+from models.roles import DP_PARTICIPANTS, TensorSpec
 from models.wire import Wire
 from run_config.schema import RunConfig
 from run_results import RunRecorder
@@ -143,9 +143,7 @@ class PFLStrategy(Strategy):
     def resume(self, resume_from: str) -> None:
         """Start from a checkpoint; ConfigError naming ``resume-from`` if it does not fit."""
         done, path = checkpoint.resume(resume_from, self.cfg.method, self.restore_server_state)
-        self.rounds.offset = done
-        if self.recorder is not None:
-            self.recorder.resume(done, checkpoint.rounds_before(path, done), path)
+        self.rounds.resume(done, checkpoint.rounds_before(path, done), path)
 
     # ---- Flower's Strategy API ---------------------------------------------------------------
 
@@ -165,12 +163,10 @@ class PFLStrategy(Strategy):
         for proxy in sample:
             key = self.clients.key_of(proxy)
             payload = self.payload_for(key, server_round)
-            config: dict[str, Scalar] = {"server-round": self.round_offset + server_round}
+            config = self.rounds.instructions(server_round, fit, self.cfg.eval_in_fit)
             if fit and self.cfg.dp_mode == "distributed":  # each noise share depends on it
                 config[DP_PARTICIPANTS] = len(sample)
             config.update(self.client_config(key, server_round))
-            if fit and self.cfg.eval_in_fit and server_round >= 2:  # score the last round
-                config[EVALUATE_FIRST] = True
             if fit:
                 rl.bytes_down += payload_bytes(payload)
             else:
@@ -209,7 +205,7 @@ class PFLStrategy(Strategy):
         self.rounds.add_fit_replies(server_round, accepted)
         self.class_lists.check(server_round, accepted)
         check_failures(server_round, accepted, failures)
-        if cfg.eval_in_fit and server_round >= 2:  # the previous round's record, from these
+        if cfg.eval_in_fit and self.rounds.scores_previous(server_round):  # from these fits
             self.record_round(server_round - 1, evaluations_in_fit(accepted))
         if not enough_replies(server_round, len(accepted), cfg.min_replies):
             return self.global_payload(), {}

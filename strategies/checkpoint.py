@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from pfl_store import read_checked_npz, write_checked_npz
+from pfl_store import PERSONAL_STATE_DIR, read_checked_npz, write_checked_npz
 from run_config.schema import ConfigError
 
 log = logging.getLogger("flwr.pflower")
@@ -70,6 +71,17 @@ def rounds_before(path: Path, server_round: int) -> list[dict[str, Any]]:
     return [r for r in rounds if int(r.get("round", 0)) <= server_round]
 
 
+def clear_stale_personal_state(run_dir: Path, resume_from: str) -> None:
+    """A run starts without the simulated clients' personal state an earlier run of
+    the same name left in its directory, unless it resumes from that very run."""
+    if resume_from and checkpoint_path(resume_from).parent == run_dir:
+        return
+    stale = run_dir / PERSONAL_STATE_DIR
+    if stale.is_dir():
+        shutil.rmtree(stale)
+        log.info("removed %s: an earlier run of this name left it", stale)
+
+
 def checkpoint_due(server_round: int, every: int, last_round: int) -> bool:
     """``checkpoint-every`` rounds (0: never), and always after the last round."""
     return every > 0 and (server_round % every == 0 or server_round == last_round)
@@ -97,9 +109,10 @@ def save_if_due(strategy: Any, server_round: int) -> None:
     """Write the strategy's ``server_state()`` after ``server_round`` when
     ``checkpoint-every`` asks for it (and after the last round); nothing without a
     run directory (the strategy's recorder)."""
-    cfg, recorder = strategy.cfg, strategy.recorder
+    cfg, recorder, rounds = strategy.cfg, strategy.recorder, strategy.rounds
+    done = rounds.offset + server_round  # rounds are counted across resumes
     if recorder is not None and checkpoint_due(
-        server_round, cfg.checkpoint_every, cfg.num_server_rounds
+        done, cfg.checkpoint_every, rounds.offset + cfg.num_server_rounds
     ):
-        done = strategy.round_offset + server_round
         save_server_state(recorder.dir, cfg.method, done, strategy.server_state())
+        rounds.checkpointed = done

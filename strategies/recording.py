@@ -9,12 +9,13 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from flwr.common import Scalar
 
-from models.roles import DATA_KEY, DEVICE_KEY, EVAL_PREFIX
+from models.roles import CHECKPOINT_ROUND, DATA_KEY, DEVICE_KEY, EVAL_PREFIX, EVALUATE_FIRST
 from run_results import RunRecorder
 from strategies.replies import Evaluation, Reply
 
@@ -116,7 +117,36 @@ class Rounds(dict[int, RoundLog]):
         super().__init__()
         self.recorder = recorder
         self.offset = 0  # rounds done before this run (resume-from)
+        self.checkpointed = 0  # the round of the newest server checkpoint
+        self.unscored = False  # the checkpoint's round has no record yet (eval-in-fit)
         self.facts = ClientFacts()
+
+    def resume(self, done: int, carried: list[dict[str, Any]], path: Path) -> None:
+        """Go on after the checkpoint of round ``done``, with the records before it.
+        A run stopped after that checkpoint but before its round was scored (with
+        eval-in-fit, by the next round's fits) has it scored by the first fits now."""
+        self.offset = self.checkpointed = done
+        self.unscored = done > 0 and done not in {int(r.get("round", 0)) for r in carried}
+        if self.unscored:
+            self.of(0).extra["scored_after_resume"] = True
+        if self.recorder is not None:
+            self.recorder.resume(done, carried, path)
+
+    def scores_previous(self, server_round: int) -> bool:
+        """Whether this round's fits score the previous round's model (eval-in-fit)."""
+        return server_round >= 2 or (server_round == 1 and self.unscored)
+
+    def instructions(self, server_round: int, fit: bool, eval_in_fit: bool) -> dict[str, Scalar]:
+        """What every fit or evaluate message of a round carries: its round counted
+        across resumes, the newest checkpoint's round (a simulated client keeps its
+        state as of it), and whether to score the model received before training."""
+        config: dict[str, Scalar] = {
+            "server-round": self.offset + server_round,
+            CHECKPOINT_ROUND: self.checkpointed,
+        }
+        if fit and eval_in_fit and self.scores_previous(server_round):
+            config[EVALUATE_FIRST] = True
+        return config
 
     def of(self, server_round: int) -> RoundLog:
         return self.setdefault(server_round, RoundLog())

@@ -29,6 +29,27 @@ from strategies.base import PFLStrategy
 SMALL = {"sim-samples": 120, "hidden-dim": 32, "sim-dim": 20}
 
 
+class MemoryStore:
+    """A PersonalStore in a dict, for clients built without Flower's runtime."""
+
+    def __init__(self) -> None:
+        self.state: dict[str, np.ndarray] | None = None
+
+    def load(self, upto: int | None = None) -> dict[str, np.ndarray] | None:
+        return self.state
+
+    def save(
+        self,
+        arrays: dict[str, np.ndarray],
+        server_round: int | None = None,
+        checkpointed: int | None = None,
+    ) -> None:
+        self.state = {k: v.copy() for k, v in arrays.items()}
+
+    def set_aside(self, why: str) -> None:
+        self.state = None
+
+
 def image_folder(
     root: Path, classes: Sequence[str] = ("a", "b"), per_class: int = 4, side: int = 16
 ) -> Path:

@@ -15,17 +15,7 @@ from methods.dualfed.client import DualFedClient, labels_skewed, supcon_loss
 from methods.dualfed.model import DualFedModel
 from models.roles import get_arrays, set_arrays
 from pfl_data import ClientData, DataInfo
-
-
-class MemoryStore:
-    def __init__(self) -> None:
-        self.arrays: dict[str, np.ndarray] | None = None
-
-    def load(self) -> dict[str, np.ndarray] | None:
-        return self.arrays
-
-    def save(self, arrays: dict[str, np.ndarray]) -> None:
-        self.arrays = {k: v.copy() for k, v in arrays.items()}
+from tests.helpers import MemoryStore
 
 
 def eq7(u: torch.Tensor, labels: torch.Tensor, tau: float) -> float:
@@ -256,7 +246,7 @@ def test_projector_personal_head_and_bn_stats_never_travel_but_survive():
 
     upload, _, _ = client.fit(client.get_parameters({}), {"server-round": 1})
     assert [a.shape for a in upload] == [model.state_dict()[n].shape for n in roles.shared]
-    personal_after_fit = {n: client.store.arrays[n] for n in roles.personal}
+    personal_after_fit = {n: client.store.state[n] for n in roles.personal}
 
     # a new global model arrives; the client's own projector/head/BN stats are restored
     foreign = [np.full_like(a, 0.5) for a in upload]

@@ -18,22 +18,10 @@ from pfl_data import ClientData, DataInfo, data_info
 from run_config.schema import ConfigError, RunConfig
 from server_app.simulate import simulate
 from strategies.base import PFLStrategy, Reply
+from tests.helpers import MemoryStore
 
 IMAGE = (3, 16, 16)
 ORIGINAL = ".parametrizations.weight.original"
-
-
-class DictStore:
-    """An in-memory PersonalStore."""
-
-    def __init__(self) -> None:
-        self.state: dict[str, np.ndarray] | None = None
-
-    def load(self) -> dict[str, np.ndarray] | None:
-        return self.state
-
-    def save(self, arrays: dict[str, np.ndarray]) -> None:
-        self.state = {k: v.copy() for k, v in arrays.items()}
 
 
 def cfg_of(**kw: object) -> RunConfig:
@@ -49,11 +37,11 @@ def image_data(n: int = 48, seed: int = 0) -> ClientData:
     return ClientData(x, y, x[:16].clone(), y[:16].clone())
 
 
-def make(cfg: RunConfig, data: ClientData, store: DictStore | None = None) -> PFLClient:
+def make(cfg: RunConfig, data: ClientData, store: MemoryStore | None = None) -> PFLClient:
     method = get_method(cfg.method)
     model = method.build_model(cfg, DataInfo(IMAGE, 10))
     return method.client(
-        model, method.roles(model), data, cfg, store or DictStore(), torch.device("cpu"), "c0"
+        model, method.roles(model), data, cfg, store or MemoryStore(), torch.device("cpu"), "c0"
     )
 
 
@@ -138,7 +126,7 @@ def test_split_personal_is_exactly_a_and_b_and_reverse_swaps() -> None:
 
 
 def test_reverse_uploads_only_a_and_b_and_keeps_sigma() -> None:
-    store = DictStore()
+    store = MemoryStore()
     client = make(cfg_of(model="cnn4", **{"feddecomp.reverse": True}), image_data(), store)
     sent, _, _ = client.fit(get_arrays(client.model, client.roles.shared), {"server-round": 1})
     state = client.model.state_dict()
@@ -224,7 +212,7 @@ def test_phases_train_what_they_should() -> None:
 def test_a_and_b_never_leave_and_tau_survives_between_rounds() -> None:
     cfg = cfg_of(model="cnn4")
     data = image_data()
-    store = DictStore()
+    store = MemoryStore()
     client = make(cfg, data, store)
     shared_spec = [tuple(client.model.state_dict()[n].shape) for n in client.roles.shared]
     assert not any("lora" in n for n in client.roles.shared)

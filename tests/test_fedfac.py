@@ -20,7 +20,7 @@ from methods.fedfac.model import HELD_OUT, element_entries
 from methods.fedfac.strategy import FedFacStrategy
 from pfl_data import data_info, load_client_data
 from strategies.base import Reply
-from tests.helpers import PAPER_STUDY, raw_config
+from tests.helpers import PAPER_STUDY, MemoryStore, raw_config
 
 # ---- factor analysis -----------------------------------------------------------------------
 
@@ -93,22 +93,11 @@ def make(method: str = "fedfac-dynamic", num: int = 4, **over):
     return cfg, m, model, roles, strategy
 
 
-class MemStore:
-    def __init__(self):
-        self.state = None
-
-    def load(self):
-        return self.state
-
-    def save(self, arrays):
-        self.state = {k: v.copy() for k, v in arrays.items()}
-
-
 def client(cfg, m, key: int, num: int = 4) -> FedFacClient:
     model = m.build_model(cfg, data_info(cfg))
     data = load_client_data(cfg, key, num)
     return FedFacClient(
-        model, m.roles(model), data, cfg, MemStore(), torch.device("cpu"), f"client-{key}"
+        model, m.roles(model), data, cfg, MemoryStore(), torch.device("cpu"), f"client-{key}"
     )
 
 

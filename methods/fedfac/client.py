@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from flwr.common import NDArrays, Scalar
 
-from client_app.base import PFLClient
+from client_app.base import PFLClient, message_round
 from client_app.train import evaluate, train_epochs
 from methods.fedfac import PERSONAL_ROWS
 from methods.fedfac.model import HELD_OUT, PHASE, FedFacWire
@@ -91,7 +91,7 @@ class FedFacClient(PFLClient):
                     f"client {self.client_key} refuses to send its whole model: the run "
                     "did not ask for Ensemble with fedfac.ensemble-share-models=true"
                 )
-            self.restore_personal()
+            self.restore_personal(message_round(config))
             self.receive(parameters, config)
             names = list(self.model.state_dict())
             return get_arrays(self.model, names), int(self.y_train.shape[0]), self.tag()
@@ -122,7 +122,7 @@ class FedFacClient(PFLClient):
     ) -> tuple[float, float]:
         """LocalTrain: shared rows from the server, personal rows trained here and
         kept between rounds (they start from this client's initial values)."""
-        self.restore_personal()
+        self.restore_personal(message_round(config))
         self.receive(parameters, config)
         wire = self.wire
         masks = {} if wire.shared is None else {k: wire.personal(k) for k in wire.sizes}
@@ -155,7 +155,7 @@ class FedFacClient(PFLClient):
         with torch.no_grad():  # shared rows exactly as received (no decay drift)
             for entry, (rows, values) in keep.items():
                 state[entry][~rows] = values
-        self.store_personal()
+        self.store_personal(config)
         return evaluate(self.model, self.x_test, self.y_test)
 
     @torch.no_grad()
