@@ -243,3 +243,23 @@ def test_a_run_is_refused_before_flwr_when_another_checkouts_superlink_listens(
         proc.wait()
     assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
     assert f"run REFUSED: a local SuperLink from another Flower home (pid {proc.pid}" in run.stderr
+
+
+def test_run_gives_flwr_the_checkpoint_the_preflight_read(tmp_path: Path, monkeypatch) -> None:
+    """A relative resume-from is read by the pre-flight from the working directory;
+    the apps run elsewhere (Ray workers, flwr's copy of the app): flwr gets it whole."""
+    from pflower_cli import __main__ as cli
+    from server_app.inprocess import run_inprocess
+
+    small = {"method": "fedavg", "sim-samples": 60, "hidden-dim": 16}
+    run_inprocess(
+        {**small, "num-server-rounds": 1, "output-dir": str(tmp_path / "runs"), "run-name": "a"}, 2
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "home"))
+    calls: list[list[str]] = []
+    monkeypatch.setattr(cli.subprocess, "call", lambda cmd: calls.append(cmd) or 0)
+    given = " ".join(f"{k}={json.dumps(v)}" for k, v in small.items())
+    cli.run(["--run-config", f"{given} resume-from='runs/a' output-dir='{tmp_path / 'out'}'"])
+    (cmd,) = calls
+    assert any(f'resume-from="{tmp_path / "runs" / "a"}"' in arg for arg in cmd)
