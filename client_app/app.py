@@ -111,7 +111,7 @@ def build_client(context: Context, overrides: dict[str, Any] | None = None) -> C
     client = method.client(model, method.roles(model), data, cfg, store, device, site)
     client.report_data_digest = "site" not in node  # simulated, never a deployed site
     if not state_dir:  # simulation: in memory, or on disk past the budget
-        client.store = simulation_store(cfg, context, client, num_partitions, model)
+        client.store = simulation_store(cfg, context, client, num_partitions)
     if not run_class_names(cfg):  # each site's own labels: the server compares the lists
         own = site_class_names(cfg, partition_id, num_partitions, data_path, state_dir)
         client.class_fingerprint = class_fingerprint(own)
@@ -124,7 +124,7 @@ def build_client(context: Context, overrides: dict[str, Any] | None = None) -> C
 
 
 def simulation_store(
-    cfg: RunConfig, context: Context, client: Any, num_partitions: int, model: nn.Module
+    cfg: RunConfig, context: Context, client: Any, num_partitions: int
 ) -> PersonalStore:
     """Where a simulated client keeps its personal state: in its node's context (the
     engine holds every node's context in memory), or, when all clients' state would

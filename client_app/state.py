@@ -155,7 +155,8 @@ class RoundStore(DiskStore):
         write_checked_npz(self.path, arrays)
         # rounds after the checkpoint will never be resumed from: only the newest
         # state at or before it is kept beside this round's
-        kept = [r for r in before if r != now and checkpointed is not None and r <= checkpointed]
+        limit = -1 if checkpointed is None else checkpointed
+        kept = max((r for r in before if r <= limit and r != now), default=None)
         for r, path in before.items():
-            if r != now and r != max(kept, default=None):
+            if r not in (now, kept):
                 path.unlink(missing_ok=True)

@@ -75,12 +75,12 @@ def test_resuming_a_run_that_kept_its_state_in_memory_says_the_state_is_gone(
     )
     client, context = make_client(cfg, 0, 2)
     with caplog.at_level(logging.WARNING, logger="flwr.pflower"):
-        store = simulation_store(cfg, context, client, 2, client.model)
+        store = simulation_store(cfg, context, client, 2)
     assert isinstance(store, ContextStore)
     assert "personal parts start afresh" in caplog.text
     # with the state on disk there, the run reads it
     (old / PERSONAL_STATE_DIR).mkdir()
-    store = simulation_store(cfg, context, client, 2, client.model)
+    store = simulation_store(cfg, context, client, 2)
     assert isinstance(store, RoundStore) and store.fallback is not None
 
 
