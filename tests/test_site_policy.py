@@ -61,7 +61,7 @@ def test_the_default_site_policy_refuses_a_disclosing_run_before_anything_leaves
     message = str(err.value)
     assert REFUSED in message and "'accept-disclosures'" in message and f"'{kind}'" in message
     assert (
-        f"method='{config['method']}'" in message or "fedfac.new-client-mode='ensemble'" in message
+        f"method='{config['method']}'" in message or "fedfac.ensemble-share-models=true" in message
     )
 
 
@@ -128,6 +128,60 @@ def test_a_fedfac_client_never_sends_its_model_without_ensemble_consent() -> Non
     numpy_client = client.numpy_client  # type: ignore[attr-defined]
     with pytest.raises(PermissionError, match="refuses to send its whole model"):
         numpy_client.fit([], {PHASE: "share-model"})  # refused before it reads anything
+
+
+def test_any_config_that_can_ask_for_whole_models_declares_it() -> None:
+    """Ensemble consent without new clients still lets the server ask for models: it
+    is a declared disclosure, so a default site policy refuses the run."""
+    for extra in ({}, {"fedfac.new-client-sites": "site-z"}, {"fedfac.new-clients": 1}):
+        cfg = parse_run_config(
+            {
+                "method": "fedfac-static",
+                "fedfac.new-client-mode": "ensemble",
+                "fedfac.ensemble-share-models": True,
+                **extra,
+            }
+        )
+        kinds = [d.kind for d in get_method("fedfac-static").disclosures(cfg)]
+        assert kinds == ["whole-model"], extra
+        why = policy_refusal({"site": "h"}, cfg, "train", masked=False)
+        assert why is not None and "'whole-model'" in why
+        assert "fedfac.ensemble-share-models=true" in why
+
+
+def test_a_site_posing_as_a_held_out_client_is_sent_no_model(tmp_path, monkeypatch) -> None:
+    """The sites accept whole-model, no client is held out, and client-0 answers the
+    last evaluate claiming it is new: its claim is rejected, no site is asked for its
+    model and none is sent (before, it received every other site's model)."""
+    from methods.fedfac.client import FedFacClient
+    from methods.fedfac.model import HELD_OUT
+
+    evaluate = FedFacClient.evaluate
+
+    def hostile(self, parameters, config):  # noqa: ANN001, ANN202
+        loss, n, metrics = evaluate(self, parameters, config)
+        return loss, n, {**metrics, HELD_OUT: 1} if self.client_key == "client-0" else metrics
+
+    monkeypatch.setattr(FedFacClient, "evaluate", hostile)
+    config = {
+        **SMALL,
+        "method": "fedfac-static",
+        "fedfac.new-client-mode": "ensemble",
+        "fedfac.ensemble-share-models": True,
+        "output-dir": str(tmp_path),
+    }
+    phases: list[Any] = []
+    record = lambda kind, cid, ins, res: phases.append(ins.config.get(PHASE))  # noqa: E731
+    nodes = _sites(3, **{"accept-disclosures": "whole-model"})
+    server, rounds = build_inprocess(config, 3, record, nodes)
+    with pytest.MonkeyPatch.context() as m:
+        warnings: list[str] = []
+        m.setattr("methods.fedfac.strategy.log.warning", lambda *a: warnings.append(a[0] % a[1:]))
+        server.fit(rounds, timeout=None)
+    assert "share-model" not in phases and "ensemble" not in phases
+    assert any("rejected held-out claim from 'client-0'" in w for w in warnings)
+    extra = server.strategy.rounds[rounds].extra
+    assert "ensemble_models_from" not in extra and "accuracy_new_clients" not in extra
 
 
 def test_declared_kinds_are_the_policy_vocabulary() -> None:

@@ -111,8 +111,8 @@ def fedfac_disclosures(cfg: RunConfig) -> tuple[Disclosure, ...]:
         rows = tuple(f"{layer}.*{escape(PERSONAL_ROWS)}" for layer in parse_layers(p.fa_layers))
         updates = " fedfac.fa-input='updates'" * (p.fa_input == "updates")
         out.append(Disclosure("personal-rows", rows, "method='fedfac-dynamic'" + updates))
-    if p.new_client_mode == "ensemble" and p.has_new_clients():
-        out.append(Disclosure("whole-model", ("*",), "fedfac.new-client-mode='ensemble'"))
+    if p.ensemble_share_models:  # whatever else the config says: it can ask for models
+        out.append(Disclosure("whole-model", ("*",), "fedfac.ensemble-share-models=true"))
     return tuple(out)
 
 

@@ -245,12 +245,27 @@ class FedFacStrategy(PFLStrategy):
         trained = []
         for proxy, res in results:
             if res.metrics.get(HELD_OUT):  # a new client declined to train (first round)
-                problem = self.clients.bind(proxy.node_id, str(res.metrics.get(CLIENT_KEY)))
-                if problem is not None:
-                    log.warning("round %d: rejected reply: %s", server_round, problem)
+                self.held_out_claim(server_round, proxy, res.metrics)
             else:
                 trained.append((proxy, res))
         return super().aggregate_fit(server_round, trained, failures)
+
+    def held_out_claim(self, server_round: int, proxy: ClientProxy, metrics: dict) -> bool:
+        """Whether a reply's held-out claim stands: its key is one the run config lists
+        and is bound to this node. Any other claim is rejected (logged): a trained
+        site posing as new would be sent every other site's model by Ensemble."""
+        key = str(metrics.get(CLIENT_KEY))
+        problem = None if key in self.held_out else "it is not a held-out client of this run"
+        problem = problem or self.clients.bind(proxy.node_id, key)
+        if problem is not None:
+            log.warning(
+                "round %d: rejected held-out claim from %r (node %d): %s",
+                server_round,
+                key,
+                proxy.node_id,
+                problem,
+            )
+        return problem is None
 
     # ---- aggregation ------------------------------------------------------------------------
 
@@ -295,7 +310,8 @@ class FedFacStrategy(PFLStrategy):
         results: list[tuple[ClientProxy, EvaluateRes]],
         failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
     ) -> tuple[float | None, dict[str, Scalar]]:
-        new = [(p, r) for p, r in results if r.metrics.get(HELD_OUT)]
+        claims = [(p, r) for p, r in results if r.metrics.get(HELD_OUT)]
+        new = [(p, r) for p, r in claims if self.held_out_claim(server_round, p, r.metrics)]
         trained = [(p, r) for p, r in results if not r.metrics.get(HELD_OUT)]
         extra = self.rounds.setdefault(server_round, RoundLog()).extra
         if new and self.cfg.params.new_client_mode == "localtrain":
