@@ -74,6 +74,14 @@ def resume_checks(cfg: RunConfig) -> None:
     load_server_state(checkpoint_path(cfg.resume_from), cfg.method)
 
 
+def roster_checks(cfg: RunConfig) -> None:
+    """``roster`` names a readable roster with a node id for every site."""
+    if cfg.roster:
+        from strategies.roster import load_roster
+
+        load_roster(cfg.roster)
+
+
 def pretrained_checks(cfg: RunConfig) -> None:
     """``pretrained-weights='imagenet'`` needs torchvision's weights: cached, or a
     reachable download. Without them the run would train from random init."""
@@ -185,6 +193,7 @@ def preflight(
         )
     federation_checks(cfg, clients)
     resume_checks(cfg)
+    roster_checks(cfg)
     pretrained_checks(cfg)
     described, (info, data) = data_checks(cfg, clients)
     check_against_data(cfg, info.num_classes)

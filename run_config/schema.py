@@ -133,6 +133,9 @@ class RunConfig(BaseModel):
     # one `pflower-phases {...}` log line per ClientApp message: where its time goes
     log_phases: bool = _field(False, alias="log-phases")
     resume_from: str = _field("", alias="resume-from")  # a server-state.npz or its run dir
+    # a deployment's sites and their authenticated node ids (strategies/roster.py): a
+    # client key is then bound only to its own site's node
+    roster: str = ""
     # simulation: personal state in the engine's memory, or spilled to disk (client_app/app.py)
     # budget: in memory while all clients' state fits personal-state-budget-mb, else on disk
     personal_state: Literal["budget", "memory", "disk"] = _field("budget", alias="personal-state")

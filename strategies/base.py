@@ -53,6 +53,7 @@ from strategies.replies import (
     take_arrays,
 )
 from strategies.robust import bound_round, mean_by_rule, weighted_mean
+from strategies.roster import load_roster
 from strategies.sampling import Sampler
 
 log = logging.getLogger("flwr.pflower")
@@ -84,7 +85,7 @@ class PFLStrategy(Strategy):
         spill = recorder.dir / "client-payloads" if recorder is not None else None
         self.payloads = Payloads(self.wire, initial, cfg.personal_state_budget_mb * 2**20, spill)
         self.sampler = Sampler(cfg.min_available_clients)
-        self.clients = ClientKeys()
+        self.clients = ClientKeys(load_roster(cfg.roster) if cfg.roster else None)
         self.class_lists = ClassLists()
         self.dp = privacy.DPRelease(cfg)
         self.rounds = Rounds(recorder)

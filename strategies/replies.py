@@ -112,22 +112,39 @@ def check_arrays(
 
 
 class ClientKeys:
-    """Which stable client key each node presents, and the rule that binds them."""
+    """Which stable client key each node presents, and the rule that binds them.
 
-    def __init__(self) -> None:
+    With a roster (a deployment's sites and their authenticated node ids,
+    strategies/roster.py) a key is bound only to the node the roster gives for it.
+    Without one (simulation) a key stays with the first node whose reply was
+    accepted while that node is connected."""
+
+    def __init__(self, roster: dict[str, int] | None = None) -> None:
+        self.roster = roster
         self.node_keys: dict[int, str] = {}  # transient node id -> stable client key
         self.key_owner: dict[str, int] = {}  # client key -> the node bound to it
         self.manager: ClientManager | None = None  # for who is still connected
+        if roster is not None:  # every site's node is known before it replies
+            self.key_owner = dict(roster)
+            self.node_keys = {node: key for key, node in roster.items()}
 
     def key_of(self, proxy: ClientProxy) -> str | None:
         return self.node_keys.get(proxy.node_id)
 
     def bind(self, node_id: int, key: str) -> str | None:
         """Tie a client key to the node that presents it: None if it may, else why
-        not. A key stays with its first node while that node is connected (another
-        node presenting it is an impostor, and never gets its payload); it moves only
+        not. With a roster: only the roster's node for that key. Without: a key
+        stays with its first node while that node is connected (another node
+        presenting it is an impostor, and never gets its payload); it moves only
         when that node is gone (a site restarted without node authentication,
         which gives it a new node id). A node keeps the key it first presented."""
+        if self.roster is not None:
+            expected = self.roster.get(key)
+            if expected is None:
+                return f"client key {key!r} is not in the roster"
+            if expected != node_id:
+                return f"client key {key!r} belongs to node {expected} (roster), not this node"
+            return None
         owner = self.key_owner.get(key)
         if owner is not None and owner != node_id:
             connected = {p.node_id for p in self.manager.all().values()} if self.manager else set()
@@ -173,13 +190,13 @@ def accept_fit_replies(
             except Exception as err:  # noqa: BLE001 - undecodable bytes
                 reason = f"undecodable payload ({type(err).__name__}: {err})"
         if reason is None:
-            reason = keys.bind(proxy.node_id, key)
-        if reason is None:
             bad = [
                 k for k, v in res.metrics.items() if isinstance(v, float) and not math.isfinite(v)
             ]
             if bad:
                 reason = f"non-finite metrics {bad}"
+        if reason is None:  # last: a reply rejected for any reason binds no key
+            reason = keys.bind(proxy.node_id, key)
         if reason is not None:
             log.warning("round %d: rejected reply from %s: %s", server_round, who, reason)
             rejected.append(f"{key}: {reason}")

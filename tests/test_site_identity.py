@@ -1,0 +1,99 @@
+"""Client identities from a roster (strategies/roster.py): a client key is bound only
+to the node the roster gives for it, and only once its reply was accepted; an
+impostor's reply is rejected and it is sent nothing of that site."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.server.client_manager import SimpleClientManager
+
+from models.roles import TensorSpec
+from models.wire import Wire
+from run_config.schema import ConfigError
+from strategies.payloads import Payloads
+from strategies.replies import ClientKeys, accept_fit_replies, check_arrays
+from strategies.roster import load_roster
+from tests.helpers import FakeProxy, fit_res
+
+SPEC = [TensorSpec("w", (2, 3), "float32")]
+
+
+def _accept(results: list[Any], keys: ClientKeys) -> tuple[list[str], list[str]]:
+    check = lambda key, arrays, n: check_arrays(SPEC, arrays, n, 100.0)  # noqa: E731
+    accepted, rejected, _ = accept_fit_replies(1, results, lambda a: a, check, keys)
+    return [r.client_key for r in accepted], rejected
+
+
+def _upload(value: float = 1.0) -> list[np.ndarray]:
+    return [np.full((2, 3), value, np.float32)]
+
+
+def _roster(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "roster.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_a_roster_names_every_site_with_its_own_node(tmp_path: Path) -> None:
+    good = '[sites.site-a]\npublic-key = "a.pub"\nnode-id = 11\n[sites.site-b]\nnode-id = 22\n'
+    assert load_roster(_roster(tmp_path, good)) == {"site-a": 11, "site-b": 22}
+    for text, says in [
+        ("[sites.site-a]\npublic-key = 'a.pub'\n", "site 'site-a'"),
+        ("[sites.a]\nnode-id = 5\n[sites.b]\nnode-id = 5\n", "node id 5 is given to two"),
+        ("nothing = 1\n", "no [sites.<name>] table"),
+        ("[sites.a\n", "cannot read"),
+    ]:
+        with pytest.raises(ConfigError, match="config key 'roster'") as err:
+            load_roster(_roster(tmp_path, text))
+        assert says in str(err.value)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_roster(str(tmp_path / "missing.toml"))
+
+
+def test_an_impostor_presenting_another_sites_key_is_rejected_and_never_bound() -> None:
+    keys = ClientKeys({"site-a": 1, "site-b": 2})
+    manager = SimpleClientManager()
+    keys.manager = manager
+    for node in (1, 2, 3):
+        manager.register(FakeProxy(node))
+    # node 3 (registered, but not site-a's) presents site-a's key, before site-a replies
+    accepted, rejected = _accept([(FakeProxy(3), fit_res(_upload(), "site-a"))], keys)
+    assert accepted == [] and "belongs to node 1 (roster)" in rejected[0]
+    assert keys.key_of(FakeProxy(3)) is None and keys.key_owner["site-a"] == 1
+    # a key the roster does not list is no one's
+    accepted, rejected = _accept([(FakeProxy(3), fit_res(_upload(), "site-z"))], keys)
+    assert accepted == [] and "not in the roster" in rejected[0]
+    # site-a drops off: its key still does not move to the impostor ...
+    manager.unregister(manager.all()["1"])
+    accepted, rejected = _accept([(FakeProxy(3), fit_res(_upload(), "site-a"))], keys)
+    assert accepted == [] and keys.key_owner["site-a"] == 1
+    # ... and when it comes back (same authenticated node id) it is accepted
+    manager.register(FakeProxy(1))
+    accepted, _ = _accept([(FakeProxy(1), fit_res(_upload(), "site-a"))], keys)
+    assert accepted == ["site-a"]
+    # the impostor is sent the global payload, never site-a's own
+    payloads = Payloads(Wire.of_spec(SPEC), _upload(0.0), 2**20, None)
+    payloads.per_client["site-a"] = payloads.encode(_upload(7.0))
+    to_impostor = payloads.payload_for(keys.key_of(FakeProxy(3)))
+    to_site_a = payloads.payload_for(keys.key_of(FakeProxy(1)))
+    assert to_impostor.tensors != to_site_a.tensors
+
+
+def test_a_rejected_reply_binds_no_key_without_a_roster() -> None:
+    """Simulation keeps first-come keys, but only for an accepted reply: an impostor
+    whose reply fails any check (here a NaN metric) is not bound to the key."""
+    keys = ClientKeys()
+    manager = SimpleClientManager()
+    keys.manager = manager
+    manager.register(FakeProxy(2))
+    nan = fit_res(_upload(), "site-a", metrics={"train-loss": float("nan")})
+    accepted, rejected = _accept([(FakeProxy(2), nan)], keys)
+    assert accepted == [] and "non-finite metrics" in rejected[0]
+    assert "site-a" not in keys.key_owner and keys.key_of(FakeProxy(2)) is None
+    manager.register(FakeProxy(1))
+    accepted, _ = _accept([(FakeProxy(1), fit_res(_upload(), "site-a"))], keys)
+    assert accepted == ["site-a"] and keys.key_owner["site-a"] == 1
