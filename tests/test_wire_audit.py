@@ -27,9 +27,23 @@ from methods import get_method, parse_run_config
 from pfl_privacy.audit import recover
 from pfl_privacy.table import MODES as TABLE_MODES
 from server_app.inprocess import build_inprocess
+from tests.helpers import image_folder
 
-# every row of docs/PRIVACY.md's table, and more FedFac new-client combinations
+IMAGES = "<image folder>"  # replaced by a small image folder made per test
+
+# every row of docs/PRIVACY.md's table, each method's options that change what it
+# trains or sends, FedBN on a BatchNorm backbone, and more FedFac new-client variants
 MODES = TABLE_MODES + [
+    ("fedbn", {"model": "resnet8", "dataset": IMAGES}),
+    ("fedper", {"model": "resnet8", "dataset": IMAGES}),
+    ("ditto", {"ditto.lambda": 0.0, "ditto.personal-epochs": 2}),
+    ("fedrep", {"fedrep.head-epochs": 2}),
+    ("fedavg-ft", {"fedavg-ft.finetune-epochs": 0}),
+    ("fedcp", {"fedcp.noisy-eval": True, "fedcp.mmd-lambda": 0.0}),
+    ("dualfed", {"dualfed.personal-loss": "combined", "dualfed.global-prior": "none"}),
+    ("factorized-fl-beta", {"factorized-fl.rank": 2, "factorized-fl.l1": 0.0}),
+    ("feddecomp", {"feddecomp.rank-basis": "out", "feddecomp.linear-rank-abs": 2}),
+    ("fedfac-static", {"fedfac.fa-split": "random"}),
     ("fedfac-dynamic", {"fedfac.new-clients": 1, "fedfac.new-client-mode": "localtrain"}),
     (
         "fedfac-dynamic",
@@ -54,13 +68,13 @@ def check_values(where: str, values: dict[str, Any]) -> None:
             assert isinstance(value, (bool, int, float)), f"{where}: {type(value)} in {key!r}"
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("method", "mode"), MODES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(MODES)]
-)
-def test_what_leaves_a_client_is_exactly_what_the_method_declares(
-    method, mode, tmp_path, monkeypatch
-) -> None:
+def audit_run(method: str, mode: dict[str, Any], tmp_path, monkeypatch) -> dict[str, Any]:
+    """A 2-round, 3-client in-process run of ``method`` in ``mode``; every fit reply
+    audited by content. Returns what it saw, the personal tensors and what the
+    audit rebuilt from the wire (name -> how)."""
+    mode = dict(mode)
+    if mode.get("dataset") == IMAGES:  # a BatchNorm backbone needs images
+        mode["dataset"] = str(image_folder(tmp_path / "images", per_class=12, side=16))
     config = {
         "method": method,
         "num-server-rounds": 2,
@@ -71,7 +85,6 @@ def test_what_leaves_a_client_is_exactly_what_the_method_declares(
         **mode,
     }
     cfg = parse_run_config(config)
-    declared = get_method(method).disclosures(cfg)
     seen: dict[str, int] = {"fit": 0, "evaluate": 0, "share-model": 0}
     truth: dict[str, dict[str, np.ndarray]] = {}  # client key -> personal tensors at reply
     recovered: dict[str, str] = {}  # personal tensor name -> how the audit rebuilt it
@@ -97,7 +110,7 @@ def test_what_leaves_a_client_is_exactly_what_the_method_declares(
             return
         sent = parameters_to_ndarrays(res.parameters)
         received = parameters_to_ndarrays(ins.parameters)
-        for name, how in recover(truth[key], sent, received).items():
+        for name, how in recover(truth[key], sent, received, res.metrics).items():
             recovered.setdefault(name, f"{how} (client {key}, {kind})")
         if ins.config.get("fa-phase") == "share-model":
             seen["share-model"] += 1
@@ -113,9 +126,24 @@ def test_what_leaves_a_client_is_exactly_what_the_method_declares(
         server.fit(rounds, timeout=None)
     finally:
         torch.set_num_threads(threads)
+    return {"cfg": cfg, "seen": seen, "truth": truth, "recovered": recovered}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("method", "mode"), MODES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(MODES)]
+)
+def test_what_leaves_a_client_is_exactly_what_the_method_declares(
+    method, mode, tmp_path, monkeypatch
+) -> None:
+    run = audit_run(method, mode, tmp_path, monkeypatch)
+    cfg, seen, truth, recovered = run["cfg"], run["seen"], run["truth"], run["recovered"]
+    declared = get_method(method).disclosures(cfg)
     assert seen["fit"] >= 2 and seen["evaluate"] >= 2  # eval-in-fit: evaluate closes the run
     assert (seen["share-model"] > 0) == getattr(cfg.params, "ensemble_share_models", False)
     assert truth, "no fit reached a client"
+    if method == "fedbn" and cfg.model == "resnet8":  # the audit has BatchNorm to look at
+        assert any("bn" in name or "downsample.1" in name for name in next(iter(truth.values())))
 
     undeclared = {
         name: how
@@ -127,3 +155,58 @@ def test_what_leaves_a_client_is_exactly_what_the_method_declares(
         if d.audited:
             found = [n for n in recovered if any(fnmatch(n, p) for p in d.tensors)]
             assert found, f"{method} {mode}: declares {d.kind}, but the wire does not carry it"
+
+
+# ---- planted leaks: each form an attacker at the server would exploit must fail the audit -----
+
+
+def _ditto_personal(client: Any) -> list[np.ndarray]:
+    return [v.copy() for v in client.personal_tensors().values()]
+
+
+def _noisy(client: Any, upload: list[np.ndarray]) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)  # N(0, 1e-4), as the probe in issue #42
+    return [(p + rng.normal(0, 1e-4, p.shape)).astype(np.float32) for p in _ditto_personal(client)]
+
+
+def _fp16(client: Any, upload: list[np.ndarray]) -> list[np.ndarray]:
+    return [p.astype(np.float16).astype(np.float32) for p in _ditto_personal(client)]
+
+
+def _half_rows(client: Any, upload: list[np.ndarray]) -> list[np.ndarray]:
+    out = [u.copy() for u in upload]
+    personal = _ditto_personal(client)
+    rows = personal[0].shape[0] // 2  # personal.features.1.weight's first half
+    out[0][:rows] = personal[0][:rows]
+    return out
+
+
+PLANTED = {
+    "noise": ("ditto", _noisy, "personal.features.1.weight"),
+    "float16": ("ditto", _fp16, "personal.features.1.weight"),
+    "half-rows": ("ditto", _half_rows, "personal.features.1.weight"),
+}
+
+
+@pytest.mark.parametrize("form", sorted(PLANTED))
+def test_a_planted_leak_in_the_upload_fails_the_audit(form: str, tmp_path, monkeypatch) -> None:
+    method, leak, tensor = PLANTED[form]
+    client_class = get_method(method).client
+    upload = client_class.upload
+    monkeypatch.setattr(client_class, "upload", lambda self, c: leak(self, upload(self, c)))
+    recovered = audit_run(method, {}, tmp_path, monkeypatch)["recovered"]
+    assert tensor in recovered, f"{form}: the audit missed it ({recovered})"
+
+
+def test_a_personal_head_sent_as_metrics_fails_the_audit(tmp_path, monkeypatch) -> None:
+    client_class = get_method("fedper").client
+    fit = client_class.fit
+
+    def leaky(self, parameters, config):  # noqa: ANN001, ANN202
+        arrays, n, metrics = fit(self, parameters, config)
+        head = self.personal_tensors()["head.weight"].ravel()
+        return arrays, n, {**metrics, **{f"h{i}": float(v) for i, v in enumerate(head[:8])}}
+
+    monkeypatch.setattr(client_class, "fit", leaky)
+    recovered = audit_run("fedper", {}, tmp_path, monkeypatch)["recovered"]
+    assert "head.weight" in recovered and "metrics" in recovered["head.weight"]
