@@ -33,8 +33,11 @@ def public_key_file(roster: Path, value: str, tmp: Path) -> Path:
     return path if path.is_absolute() else roster.parent / path
 
 
-def register(roster: Path, federation: Sequence[str] = (), flwr: str = "") -> dict[str, int]:
-    """Register every site lacking a node id; returns the ids written."""
+def register(
+    roster: Path, federation: Sequence[str] = (), flwr: str = "", env: dict[str, str] | None = None
+) -> dict[str, int]:
+    """Register every site lacking a node id (``flwr`` with ``env``: the operator's
+    CLI and its SuperLink connection); returns the ids written."""
     data = tomllib.loads(roster.read_text())
     flwr = flwr or shutil.which("flwr") or str(Path(sys.executable).parent / "flwr")
     written = {}
@@ -48,6 +51,7 @@ def register(roster: Path, federation: Sequence[str] = (), flwr: str = "") -> di
                 capture_output=True,
                 text=True,
                 timeout=120,
+                env=env,
             )
             start = out.stdout.find("{")
             reply = json.loads(out.stdout[start:]) if start >= 0 else {}

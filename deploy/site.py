@@ -7,12 +7,19 @@
     python -m deploy.site --check --site hospital-a --data-path /data/site \\
         --state-dir /var/lib/pflower --insecure --run-config "method='fedper' ..."
 
+    python -m deploy.site --print-app-hash               # the build this site runs
+    python -m deploy.site --ledger --state-dir /var/lib/pflower   # what left the site
+
 Builds the ``flower-supernode`` command line (the site's identity, data, device
 and state directory go into the node config, which the ClientApp reads), prints
 it, and replaces this process with it (``--dry-run`` only prints). A thin
 wrapper on purpose: every flag maps one-to-one to a ``flower-supernode`` flag.
-By default (``--warm``) the SuperNode runs with ``--isolation process`` beside
-a warm SuperExec that forks each ClientApp (deploy/warm_superexec.py).
+The SuperNode runs with ``--isolation process`` beside the site's own SuperExec
+(deploy/warm_superexec.py), which checks each run's app against the builds the
+site approved (``--approved-apps``; default: the one installed here) before any of
+its code is unpacked, and writes every reply to the site's ledger
+(deploy/site_guard.py). By default (``--warm``) it forks each ClientApp from a
+process that has imported its libraries.
 """
 
 from __future__ import annotations
@@ -47,12 +54,10 @@ def node_config(values: dict[str, str | int]) -> str:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m deploy.site", description=__doc__.split("\n")[0])
     p.add_argument("--superlink", help="SuperLink Fleet API, HOST:PORT (9092)")
-    p.add_argument("--site", required=True, help="stable site identity (keys personal state)")
+    p.add_argument("--site", help="stable site identity (keys personal state)")
     p.add_argument("--data-path", default="", help="this site's own data (file or directory)")
     p.add_argument("--device", default="", help="torch device, e.g. cuda:0 (default: auto)")
-    p.add_argument(
-        "--state-dir", required=True, help="where personal tensors persist between rounds"
-    )
+    p.add_argument("--state-dir", help="where personal tensors persist between rounds")
     p.add_argument("--partition-id", type=int, help="demo only: a partition of a shared data set")
     p.add_argument("--num-partitions", type=int, help="demo only: with --partition-id")
     pol = p.add_argument_group(
@@ -73,6 +78,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     pol.add_argument(
         "--allowed-methods", default="all", help="comma-separated methods, or 'all' (default)"
     )
+    pol.add_argument(
+        "--approved-apps",
+        default="",
+        help="comma-separated app builds (sha256:<hex>) this site runs, checked by its own "
+        "SuperExec before any of a run's code is unpacked; default: the build installed "
+        "here (--print-app-hash); 'any': no check (development only)",
+    )
+    p.add_argument(
+        "--print-app-hash", action="store_true", help="print the installed app's build hash"
+    )
+    p.add_argument(
+        "--ledger", action="store_true", help="print what this site sent (<state-dir>/ledger.jsonl)"
+    )
     sec = p.add_argument_group("security")
     sec.add_argument("--root-certificates", help="CA certificate that signed the SuperLink's")
     sec.add_argument("--auth-key", help="this site's ECDSA private key (OpenSSH format)")
@@ -92,7 +110,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=True,
         help="ClientApps forked from a process that has imported their libraries, and an "
         "idle poll that backs off (deploy/warm_superexec.py, deploy/fast_supernode.py); "
-        "--no-warm: Flower's own flower-supernode, a fresh process per message",
+        "--no-warm: Flower's own flower-supernode, each ClientApp started cold (the site's "
+        "SuperExec still checks the app and keeps the ledger)",
     )
     p.add_argument(
         "--task-timeout",
@@ -118,6 +137,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("extra", nargs="*", help="after --: passed to flower-supernode unchanged")
     args = p.parse_args(argv)
+    if args.print_app_hash:
+        return args
+    if args.ledger and not args.state_dir:
+        p.error("--ledger reads <state-dir>/ledger.jsonl: give --state-dir")
+    if args.ledger:
+        return args
+    for flag in ("site", "state_dir"):
+        if not getattr(args, flag):
+            p.error(f"the following arguments are required: --{flag.replace('_', '-')}")
+    if args.approved_apps:
+        from deploy.site_guard import parse_approved
+
+        try:
+            parse_approved(args.approved_apps)
+        except ValueError as err:
+            p.error(f"--approved-apps: {err}")
     if not args.superlink and not args.check:
         p.error("the following arguments are required: --superlink")
     if args.check_run_config and not args.check:
@@ -156,11 +191,12 @@ def node_values(args: argparse.Namespace) -> dict[str, str | int]:
 def supernode_command(args: argparse.Namespace) -> list[str]:
     """The ``flower-supernode`` argv for these launcher arguments."""
     values = node_values(args)
-    if args.warm:  # Flower's SuperNode, its idle poll backing off; ClientApps from our SuperExec
+    if args.warm:  # Flower's SuperNode, its idle poll backing off
         cmd = [sys.executable, "-m", "deploy.fast_supernode", "--superlink", args.superlink]
-        cmd += ["--isolation", "process", "--superexec-auth-secret-file", secret_file(args)]
     else:
         cmd = [supernode_executable(), "--superlink", args.superlink]
+    # ClientApps always from the site's own SuperExec (the app check, the ledger)
+    cmd += ["--isolation", "process", "--superexec-auth-secret-file", secret_file(args)]
     if args.insecure:
         cmd.append("--insecure")
     else:
@@ -194,6 +230,8 @@ def superexec_command(args: argparse.Namespace, parent_pid: int) -> list[str]:
         str(parent_pid),
         f"--task-timeout={args.task_timeout:g}",
         f"--max-tasks={args.max_tasks}",
+        *(["--approved-apps", args.approved_apps] if args.approved_apps else []),
+        *([] if args.warm else ["--no-preload"]),
     ]
 
 
@@ -221,6 +259,17 @@ def lock_state_dir(state_dir: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.print_app_hash:
+        from deploy.site_guard import installed_app_hash
+
+        print(installed_app_hash(), flush=True)
+        return
+    if args.ledger:
+        from deploy.site_guard import ledger_table, read_ledger
+
+        lines = read_ledger(args.state_dir)
+        print(ledger_table(lines) if lines else f"no ledger in {args.state_dir}", flush=True)
+        return
     from deploy.site_check import SiteCheckFailed, check_site, path_problems
 
     if args.check:
@@ -241,20 +290,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     os.environ["FLWR_DISABLE_UPDATE_CHECK"] = "1"  # nor version checks
     cmd = supernode_command(args)
     # it watches this pid, which the SuperNode keeps after exec: one stops, both stop
-    superexec = superexec_command(args, os.getpid()) if args.warm else []
-    if superexec:
-        print(shlex.join(superexec) + " &", flush=True)
+    superexec = superexec_command(args, os.getpid())
+    print(shlex.join(superexec) + " &", flush=True)
     print(shlex.join(cmd), flush=True)
     if args.dry_run:
         return
     lock_state_dir(args.state_dir)
-    if superexec:
-        secret = secret_file(args)
-        if not os.path.exists(secret):
-            fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as out:
-                out.write(secrets.token_hex(32))
-        subprocess.Popen(superexec)
+    secret = secret_file(args)
+    if not os.path.exists(secret):
+        fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_hex(32))
+    subprocess.Popen(superexec)
     os.execvp(cmd[0], cmd)  # the SuperNode takes over this process (signals, exit code)
 
 

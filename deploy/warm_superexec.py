@@ -19,6 +19,13 @@ Its own flags: ``--task-timeout S`` kills a ClientApp task after S seconds (defa
 900, the default round-timeout; 0: never) and ``--max-tasks N`` runs at most N at
 once (default 1: a site trains one task at a time).
 Tasks other than ClientApps (none on a site today) start as Flower starts them.
+
+Every ClientApp passes the site's own checks first (deploy/site_guard.py):
+``--approved-apps sha256:...,...`` lists the app builds the site runs (default: the
+build of the project installed beside this module; ``any``: no check), checked
+before the run's FAB is unpacked; every reply is written to the site's ledger.
+``--no-preload`` forks from a process that has imported only Flower (each ClientApp
+then starts cold, as Flower's own SuperExec starts them).
 """
 
 from __future__ import annotations
@@ -173,16 +180,43 @@ def own_flags(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--task-timeout", type=float, default=DEFAULT_TASK_TIMEOUT)
     p.add_argument("--max-tasks", type=int, default=1)
+    p.add_argument("--approved-apps", default="")
+    p.add_argument("--preload", action=argparse.BooleanOptionalAction, default=True)
     ours, rest = p.parse_known_args(argv)
     if ours.task_timeout < 0 or ours.max_tasks < 1:
         p.error("--task-timeout must be >= 0 (0: none) and --max-tasks >= 1")
+    if ours.approved_apps.strip():
+        from deploy.site_guard import parse_approved
+
+        try:
+            parse_approved(ours.approved_apps)
+        except ValueError as err:
+            p.error(f"--approved-apps: {err}")
     return ours, rest
+
+
+def approved_apps(text: str) -> frozenset[str] | None:
+    """The builds this site runs: ``text``'s, else the installed project's build."""
+    from deploy.site_guard import installed_app_hash, parse_approved
+
+    return parse_approved(text) if text.strip() else frozenset({installed_app_hash()})
 
 
 def main() -> None:
     ours, sys.argv[1:] = own_flags(sys.argv[1:])
     os.environ.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", TASK_POLL_INTERVAL)
-    loaded = preload()
+    try:
+        approved = approved_apps(ours.approved_apps)
+    except FileNotFoundError as err:
+        sys.exit(f"warm superexec: {err}")
+    loaded = preload() if ours.preload else []
+    from deploy.site_guard import SiteGuard
+
+    SiteGuard(approved).install()  # before any task: the app check and the ledger
+    if approved is None:
+        log.warning("warm superexec: --approved-apps any: this site runs whatever app a run ships")
+    else:
+        log.info("warm superexec: approved apps %s", ", ".join(sorted(approved)))
     from flwr.supercore.cli import flower_superexec
     from flwr.supercore.constant import ExecutorType
     from flwr.supercore.superexec.executor import get_executor

@@ -115,7 +115,10 @@ for site in "${SITES[@]}"; do
     flwr supernode register "$W/server/certs/keys/$site.pub" compose --format json | grep '"success": true' >/dev/null \
         || fail "registering $site"
 done
-say "sites up (site-x's key is not registered)"
+# the build each site approves: this tree, as `flwr run "$REPO"` submits it
+APPROVED_APPS=$("$PY" -m deploy.site --print-app-hash)
+export APPROVED_APPS
+say "sites up (site-x's key is not registered), approving $APPROVED_APPS"
 for site in "${SITES[@]}" site-x; do compose_site "$site" up -d --no-build; done
 t_up=$(date +%s)
 for site in "${SITES[@]}"; do

@@ -10,6 +10,7 @@ test, bounded in time and killed by pid in the fixture's teardown.
 from __future__ import annotations
 
 import functools
+import io
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import signal
 import subprocess
 import time
 import tomllib
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +47,9 @@ from flwr.compat.common.recorddict_compat import (
 import methods
 from client_app.app import build_client
 from deploy.site import main as site_main
-from harness.loopback import BIN, LoopbackFederation, descendants, free_ports
+from deploy.site_guard import fab_hash, installed_app_hash, ledger_table, read_ledger
+from deploy.warm_superexec import own_flags
+from harness.loopback import BIN, REPO, LoopbackFederation, descendants, free_ports
 from methods import parse_run_config
 from models.wire import Wire
 from pfl_data import data_info
@@ -226,8 +230,11 @@ def test_site_launcher_builds_the_supernode_command(capsys: pytest.CaptureFixtur
     site_main(
         ["--superlink=h:1", "--site=a", "--state-dir=s", "--insecure", "--no-warm", "--dry-run"]
     )
-    (cold,) = capsys.readouterr().out.strip().splitlines()
-    assert "flower-supernode --superlink h:1 --insecure" in cold and "isolation" not in cold
+    superexec, cold = capsys.readouterr().out.strip().splitlines()
+    # Flower's own SuperNode, ClientApps started cold, still by the site's own SuperExec
+    assert "flower-supernode --superlink h:1 --isolation process" in cold
+    assert "-m deploy.warm_superexec" in superexec and "--no-preload" in superexec
+    assert "--approved-apps" not in superexec  # default: the build installed here
     with pytest.raises(SystemExit):  # neither TLS nor an explicit --insecure
         site_main(["--superlink=h:1", "--site=a", "--state-dir=s", "--dry-run"])
     with pytest.raises(SystemExit):  # authentication over plain text is refused
@@ -395,6 +402,70 @@ def test_plain_deployment_completes_and_keeps_personal_state_on_each_site(federa
         assert superexec.text().count("forked as pid") == 1 + ROUNDS + 1
 
 
+def test_the_ledger_lists_every_message_a_site_answered(federations) -> None:
+    """Each site's own SuperExec writes one ledger line per reply: the class-list
+    query, a fit a round and the closing evaluate, with what each carried."""
+    fed: LoopbackFederation = federations["plain"]
+    assert fed.wait_run(fed.run_id, RUN_TIMEOUT) == "finished:completed"
+    app = installed_app_hash()
+    for site in SITES:
+        lines = [e for e in read_ledger(fed.root / f"state-{site}") if e["run"] == fed.run_id]
+        assert [e["type"] for e in lines] == ["get_properties"] + ["train"] * ROUNDS + ["evaluate"]
+        fits = [e for e in lines if e["type"] == "train"]
+        assert [e["round"] for e in fits] == [str(r) for r in range(1, ROUNDS + 1)]
+        assert all(e["app"] == app and e["method"] == "fedper" and not e["refused"] for e in lines)
+        # what went up: each array's key, shape, dtype and bytes
+        assert all(e["arrays"] and e["bytes"] == sum(a["bytes"] for a in e["arrays"]) for e in fits)
+        assert all("fitres.metrics.client-key" in e["metrics"] for e in fits)
+        assert all(a["shape"] and a["dtype"] == "float32" for e in fits for a in e["arrays"])
+        # named in the method's wire order: FedPer's body, never its personal head
+        names = {a["tensor"] for e in fits for a in e["arrays"]}
+        assert names and all(n.startswith("features.") for n in names), names
+        assert all(e["disclosures"] == [] for e in lines)
+        table = ledger_table(lines)
+        assert table.count("\n") == len(lines) and "fedper" in table
+
+
+def test_a_site_refuses_an_app_it_did_not_approve_before_running_any_of_it(
+    federations, tmp_path: Path
+) -> None:
+    """A run ships a modified ClientApp that drops the site policy: every site's own
+    SuperExec refuses its FAB by hash before unpacking it; none of its code runs,
+    the run fails naming the hash, and each ledger records the refusal."""
+    from flwr.cli.build import build_fab_from_disk
+
+    fed: LoopbackFederation = federations["plain"]
+    assert fed.wait_run(fed.run_id, RUN_TIMEOUT) == "finished:completed"
+    modified = tmp_path / "modified-app"
+    with zipfile.ZipFile(io.BytesIO(build_fab_from_disk(REPO))) as fab:
+        fab.extractall(modified, [n for n in fab.namelist() if not n.startswith(".info/")])
+    marker = tmp_path / "modified-app-imported"
+    app_py = modified / "client_app" / "app.py"
+    code = app_py.read_text().replace(
+        "mods=[phases_mod, policy_mod, dropout_mod, secure_mod]",
+        "mods=[phases_mod, dropout_mod]",  # no policy, no SecAgg+
+    )
+    app_py.write_text(f"open({str(marker)!r}, 'w').close()\n" + code)
+    digest = fab_hash(build_fab_from_disk(modified))
+    cfg = {**_run_config(fed.root, "fedcp"), **SMALL, "num-server-rounds": 1}
+    run_id = fed.run({**cfg, "run-name": "modified-app"}, app=modified)
+    assert fed.wait_run(run_id, RUN_TIMEOUT) == "finished:failed"
+    assert not marker.exists()  # not one line of the modified app ran at any site
+    for site in SITES:
+        text = _superexec_log(fed, f"supernode-{site}")
+        assert f"site '{site}' refuses this run by its policy: site policy 'approved-apps' " in text
+        assert f"does not include this run's app {digest}" in text
+        entries = [e for e in read_ledger(fed.root / f"state-{site}") if e["run"] == run_id]
+        assert entries and all(e["refused"] and not e["arrays"] for e in entries)
+        assert all(digest in e["error"] for e in entries)
+    assert (
+        not (fed.root / "out" / "modified-app" / "results.json").exists()
+        or not json.loads((fed.root / "out" / "modified-app" / "results.json").read_text())[
+            "rounds"
+        ]
+    )
+
+
 def _superexec_log(fed: LoopbackFederation, name: str) -> str:
     return next(p for p in fed.procs if p.name == f"superexec-{name}").text()
 
@@ -407,6 +478,16 @@ REFUSED_RUNS = {  # each needs a disclosure the default site policy does not acc
         {
             "method": "fedfac-static",
             "fedfac.new-client-sites": "site-c",
+            "fedfac.new-client-mode": "ensemble",
+            "fedfac.ensemble-share-models": True,
+        },
+        "whole-model",
+    ),
+    # consent to share models with no held-out site listed: a hostile site could still
+    # claim to be new, so this too needs every site's 'whole-model'
+    "ensemble-no-new-sites": (
+        {
+            "method": "fedfac-static",
             "fedfac.new-client-mode": "ensemble",
             "fedfac.ensemble-share-models": True,
         },
@@ -457,8 +538,17 @@ def test_each_site_enforces_its_own_policy(federations) -> None:
         run_id = fed.run({**cfg, "secure-aggregation": secure})
         assert fed.wait_run(run_id, RUN_TIMEOUT) == "finished:completed"
         res = json.loads((fed.root / "out" / run_name / "results.json").read_text())
-        trained = sorted(res["rounds"][-1]["per_client_accuracy"])
-        assert trained == (SITES if secure else ["site-b", "site-c"])
+        # site-a sits out the plain run; in the secure one its masked upload counts,
+        # but it sends no score (it has not accepted 'metrics')
+        assert sorted(res["rounds"][-1]["per_client_accuracy"]) == ["site-b", "site-c"]
+        assert all(r["replies"] == (3 if secure else 2) for r in res["rounds"])
+        if secure:
+            fits = [  # the SecAgg+ stage that carries the fit's own reply
+                {k for k in e["metrics"] if k.startswith("fitres.metrics.")}
+                for e in read_ledger(fed.root / "state-site-a")
+                if e["method"] == "fedcp" and e["type"] == "train" and not e["refused"]
+            ]
+            assert [k for k in fits if k] and all(k <= {"fitres.metrics.client-key"} for k in fits)
     refusal = "site policy 'require-secure-aggregation' refuses run key secure-aggregation=false"
     assert refusal in _superexec_log(fed, "site-a-policy")
 
@@ -502,20 +592,24 @@ def test_a_hung_clientapp_is_killed_after_its_timeout_and_the_round_goes_on(
     """Two warm sites; site-b's ClientApp hangs on every fit (tests/apps/hang). Its
     SuperExec kills the task after --task-timeout, the server's round-timeout ends the
     wait, and both rounds complete with site-a's replies."""
+    hang_app = Path(__file__).parent / "apps" / "hang"
+    hang = installed_app_hash(hang_app)  # the sites approve this test app's build
     with LoopbackFederation(tmp_path, isolation="process", warm=True) as fed:
         fed.start_superlink()
         nodes = {
             site: fed.start_supernode(
-                site, i, 2, tmp_path / f"state-{site}", superexec_args=["--task-timeout=5"]
+                site,
+                i,
+                2,
+                tmp_path / f"state-{site}",
+                superexec_args=["--task-timeout=5", f"--approved-apps={hang}"],
             )
             for i, site in enumerate(["site-a", "site-b"])
         }
         for site, proc in nodes.items():
             fed.wait_for(lambda p=proc: "SuperNode ID" in p.text(), 120, site, proc)
         cfg = {**_run_config(tmp_path, "fedper"), **SMALL, "num-server-rounds": 2}
-        run_id = fed.run(
-            {**cfg, "round-timeout": 20.0}, app=Path(__file__).parent / "apps" / "hang"
-        )
+        run_id = fed.run({**cfg, "round-timeout": 20.0}, app=hang_app)
         assert fed.wait_run(run_id, RUN_TIMEOUT) == "finished:completed"
         res = _results(tmp_path)
         assert [r["round"] for r in res["rounds"]] == [1, 2]
@@ -567,9 +661,13 @@ def test_compose_file_is_valid_against_flower_1_39(compose: str) -> None:
             module = svc["entrypoint"][2].replace(".", "/") + ".py"
             assert module in re.findall(r"^COPY (.+) \S+$", text, re.M)[0].split(), name
         help_text = _cli_help(entry)
+        own = set()  # the warm SuperExec's own flags, taken out before Flower's CLI reads
+        if svc.get("entrypoint", [])[2:] == ["deploy.warm_superexec"]:
+            own = {"--" + k.replace("_", "-") for k in vars(own_flags([])[0])}
         for arg in svc["command"]:
             assert arg.startswith("--"), (name, arg)
-            assert re.search(rf"{re.escape(arg.split('=')[0])}\b", help_text), (name, arg)
+            if arg.split("=")[0] not in own:
+                assert re.search(rf"{re.escape(arg.split('=')[0])}\b", help_text), (name, arg)
         for volume in svc.get("volumes", []):
             source = volume.split(":")[0]
             assert source.startswith(("./", "${")) or source in named_volumes, (name, volume)
@@ -619,6 +717,10 @@ def test_the_site_compose_file_carries_the_sites_policy() -> None:
     )
     policy = SitePolicy.of_node(chosen, METHODS)
     assert policy.accept == {"head-blend"} and policy.require_secure_aggregation
+    # the site's SuperExec runs only the builds the operator approved: no default there
+    superexec = doc["services"]["superexec-clientapp"]["command"]
+    (approved,) = [a for a in superexec if a.startswith("--approved-apps=")]
+    assert approved.startswith("--approved-apps=${APPROVED_APPS:?")
 
 
 def test_superexec_image_carries_every_app_package() -> None:

@@ -4,6 +4,8 @@ impostor's reply is rejected and it is sent nothing of that site."""
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +99,80 @@ def test_a_rejected_reply_binds_no_key_without_a_roster() -> None:
     manager.register(FakeProxy(1))
     accepted, _ = _accept([(FakeProxy(1), fit_res(_upload(), "site-a"))], keys)
     assert accepted == ["site-a"] and keys.key_owner["site-a"] == 1
+
+
+# ---- in a loopback deployment: TLS, SuperNode authentication, the sites' own SuperExecs --------
+
+
+@pytest.mark.slow
+def test_an_impostor_node_gets_nothing_of_the_site_whose_key_it_presents(tmp_path: Path) -> None:
+    """site-a and site-b are on the roster; a third registered node presents site-a's
+    key. Every reply of the impostor is rejected, and each round it is sent the
+    global payload, never site-a's own aggregate (the sites' ledgers record a digest
+    of what came in), also while site-a is away for a round and after it is back."""
+    from deploy.roster import register
+    from deploy.site_guard import read_ledger
+    from harness.loopback import BIN, LoopbackFederation
+
+    sites = ["site-a", "site-b"]
+    with LoopbackFederation(tmp_path, tls=True, auth=True, isolation="process", warm=True) as fed:
+        fed.make_certs([*sites, "impostor"])
+        fed.start_superlink()
+        roster = tmp_path / "roster.toml"
+        roster.write_text("".join(f'[sites.{s}]\npublic-key = "pki/keys/{s}.pub"\n' for s in sites))
+        # the operator's step: register each site's key, its node id into the roster
+        ids = register(roster, ["loopback"], str(BIN / "flwr"), fed.env(fed.cli_home))
+        assert sorted(ids) == sites and load_roster(str(roster)) == ids
+        fed.register("impostor")  # registered, so it connects; not on the roster
+        state = {s: tmp_path / f"state-{s}" for s in [*sites, "impostor"]}
+        nodes = {
+            s: fed.start_supernode(s, i, 3, state[s], key=fed.key(s)) for i, s in enumerate(sites)
+        }
+        nodes["impostor"] = fed.start_supernode(
+            "site-a", 2, 3, state["impostor"], key=fed.key("impostor"), name="impostor"
+        )
+        for name, proc in nodes.items():
+            fed.wait_for(lambda p=proc: "SuperNode ID" in p.text(), 120, name, proc)
+        config = {
+            "method": "factorized-fl-beta",
+            "num-server-rounds": 4,
+            "sim-samples": 60,
+            "hidden-dim": 16,
+            "round-timeout": 30.0,
+            "min-available-clients": 3,  # a round waits for site-a to come back
+            "output-dir": str(tmp_path / "out"),
+            "run-name": "roster",
+            "roster": str(roster),
+        }
+        run_id = fed.run(config)
+
+        def trained(name: str, rnd: int) -> bool:
+            return any(
+                e["run"] == run_id and e["type"] == "train" and e["round"] == str(rnd)
+                for e in read_ledger(state[name])
+            )
+
+        fed.wait_for(lambda: trained("site-a", 1), 600, "site-a's first fit")
+        fed.stop(nodes["site-a"])  # site-a drops off ...
+        deadline = time.monotonic() + 20  # (the impostor may answer round 2 meanwhile)
+        while not trained("impostor", 2) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        nodes["site-a"] = fed.start_supernode(  # ... and comes back (same key, same node)
+            "site-a", 0, 3, state["site-a"], key=fed.key("site-a"), name="site-a-again"
+        )
+        assert fed.wait_run(run_id, 900) == "finished:completed"
+        res = json.loads((tmp_path / "out" / "roster" / "results.json").read_text())
+        assert "site-a" in res["rounds"][-1]["per_client_accuracy"]
+        for r in res["rounds"]:
+            assert any("belongs to node" in x and "(roster)" in x for x in r["rejected"]), r
+        got = {
+            name: {
+                e["round"]: e["received"]["sha256"]
+                for e in read_ledger(state[name])
+                if e["run"] == run_id and e["type"] == "train"
+            }
+            for name in [*sites, "impostor"]
+        }
+        for rnd in ("3", "4"):  # site-a has its own aggregate by then; the impostor not
+            assert got["site-a"][rnd] != got["site-b"][rnd]
+            assert got["impostor"][rnd] not in (got["site-a"][rnd], got["site-b"][rnd])

@@ -1,0 +1,322 @@
+"""What a site's own process enforces on every ClientApp, whatever app a run ships.
+
+The site's SuperExec (deploy/warm_superexec.py) installs these checks into Flower's
+ClientApp runner (``flwr.supernode.runtime.run_clientapp``) before it starts any
+task, so they run in site-installed code, before the run's FAB is unpacked or
+imported, and a submitted app cannot skip them:
+
+- **Approved apps.** The run's FAB (its bytes, as the SuperNode received them) must
+  hash to one of the builds the site approved (``--approved-apps sha256:...``, or
+  the node config key ``approved-apps``); by default the one build the site has
+  installed (``python -m deploy.site --print-app-hash``). Anything else is refused
+  with one line naming the hash: an error reply to the server, a line in the site's
+  log and ledger, nothing unpacked, nothing run.
+- **The ledger.** Every reply the site sends (and every refusal) appends one JSON
+  line to ``<state-dir>/ledger.jsonl``: run, app hash, method, round, message type,
+  each array's key, tensor name (the method's wire order), shape, dtype and bytes, every scalar's key, the declared
+  disclosure kinds, whether it was refused, and the size and digest of what the
+  server had sent in. ``python -m deploy.site --ledger
+  --state-dir DIR`` prints it as a table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("flwr")
+
+APPROVED_KEY = "approved-apps"  # node config: comma-separated sha256:<hex> builds
+LEDGER_FILE = "ledger.jsonl"
+ANY_APP = "any"  # --approved-apps any: no check (development only; the ledger says so)
+REFUSED = "refuses this run by its policy"  # as pfl_privacy.policy.REFUSED (the server reads it)
+
+
+class AppNotApproved(PermissionError):
+    """The run's app is not a build this site approved."""
+
+
+def fab_hash(content: bytes) -> str:
+    """``sha256:<hex>`` of a FAB's bytes (Flower's FAB hash, with its algorithm)."""
+    return "sha256:" + hashlib.sha256(content).hexdigest()
+
+
+def installed_app_hash(project: Path | None = None) -> str:
+    """The FAB hash of the project this site has installed: Flower's own build of the
+    tree (``flwr build``'s bytes, which ``flwr run`` submits), fixed timestamps."""
+    from flwr.cli.build import build_fab_from_disk
+
+    root = project or Path(__file__).resolve().parent.parent
+    if not (root / "pyproject.toml").is_file():
+        raise FileNotFoundError(
+            f"{root} holds no pyproject.toml: give the approved builds with --approved-apps"
+        )
+    return fab_hash(build_fab_from_disk(root))
+
+
+def parse_approved(text: str) -> frozenset[str] | None:
+    """``sha256:<hex>,...`` -> the set; None for ``any``. ValueError naming a bad item."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if items == [ANY_APP]:
+        return None
+    for item in items:
+        algo, _, digest = item.partition(":")
+        if (
+            algo != "sha256"
+            or len(digest) != 64
+            or any(c not in "0123456789abcdef" for c in digest)
+        ):
+            raise ValueError(f"approved app {item!r} is not sha256:<64 lower-case hex digits>")
+    return frozenset(items)
+
+
+class SiteGuard:
+    """The checks one site's SuperExec applies to every ClientApp task."""
+
+    def __init__(self, approved: frozenset[str] | None) -> None:
+        self.approved = approved  # None: any app (--approved-apps any)
+        self.task: dict[str, Any] = {}  # the current task's run, context and app hash
+
+    def allowed(self, node_config: dict[str, Any]) -> frozenset[str] | None:
+        """The builds this site approves: its SuperExec's list and its node config's."""
+        extra = str(node_config.get(APPROVED_KEY, "") or "")
+        from_node = parse_approved(extra) if extra.strip() else frozenset()
+        if self.approved is None or from_node is None:
+            return None
+        return self.approved | from_node
+
+    def refusal(self, content: bytes) -> str | None:
+        """Why this site refuses the FAB ``content``, or None."""
+        digest = fab_hash(content)
+        self.task["app"] = digest
+        try:
+            allowed = self.allowed(self.task.get("node_config", {}))
+        except ValueError as err:
+            return f"site policy '{APPROVED_KEY}' is malformed ({err}): every app is refused"
+        if allowed is None or digest in allowed:
+            return None
+        return (
+            f"site policy '{APPROVED_KEY}' does not include this run's app {digest} "
+            f"(approved: {', '.join(sorted(allowed)) or 'none'})"
+        )
+
+    # ---- Flower's ClientApp runner, wrapped -----------------------------------------------
+
+    def install(self) -> None:
+        """Wrap ``run_clientapp``'s input, install and push steps (in this process and
+        every child forked from it)."""
+        from flwr.supernode.runtime import run_clientapp as runner
+
+        pull, unpack, push = runner.pull_task_input, runner.install_from_fab, runner.push_message
+
+        def pull_task_input(client: Any) -> Any:
+            message, context, run, fab = pull(client)
+            self.task = {
+                "node_config": dict(context.node_config),
+                "run_config": dict(context.run_config),
+                "run_id": int(context.run_id),
+                "received": message,
+            }
+            return message, context, run, fab
+
+        def install_from_fab(content: bytes, *args: Any, **kwargs: Any) -> Any:
+            why = self.refusal(content)
+            if why is not None:  # before a byte of the app is unpacked
+                site = self.task.get("node_config", {}).get("site", "?")
+                line = f"site {site!r} {REFUSED}: {why}"
+                log.error("%s", line)
+                self.task["refused"] = line
+                raise AppNotApproved(line)
+            return unpack(content, *args, **kwargs)
+
+        def push_message(client: Any, message: Any, context: Any) -> None:
+            try:
+                self.record(message)
+            except Exception as err:  # noqa: BLE001 - the ledger must not lose the reply
+                log.error("site ledger: could not record a reply (%s)", err)
+            push(client, message, context)
+
+        runner.pull_task_input = pull_task_input
+        runner.install_from_fab = install_from_fab
+        runner.push_message = push_message
+
+    def record(self, reply: Any) -> None:
+        """Append the ledger line of one reply (the site's state-dir; none without)."""
+        node = self.task.get("node_config", {})
+        state_dir = str(node.get("state-dir", "") or "")
+        if not state_dir:
+            return
+        received = self.task.get("received")
+        line = ledger_line(
+            reply,
+            received,
+            self.task.get("run_config", {}),
+            app=self.task.get("app", ""),
+            approved_any=self.approved is None,
+            refused=self.task.get("refused", ""),
+        )
+        line["run"] = self.task.get("run_id")
+        names = upload_names(self.task.get("run_config", {}), node, len(line["arrays"]))
+        for entry, name in zip(line["arrays"], names):
+            entry["tensor"] = name
+        append(Path(state_dir) / LEDGER_FILE, line)
+
+
+def _shape_and_dtype(array: Any) -> tuple[list[int], str]:
+    """An Array's shape and dtype; a legacy (NumPyClient) tensor travels as .npy bytes
+    with neither set, so they are read from its header (no decode of the values)."""
+    if array.dtype or array.shape:
+        return list(array.shape), str(array.dtype)
+    try:
+        stream = io.BytesIO(array.data)
+        version = np.lib.format.read_magic(stream)
+        read = {(1, 0): np.lib.format.read_array_header_1_0}.get(
+            version, np.lib.format.read_array_header_2_0
+        )
+        shape, _, dtype = read(stream)
+        return list(shape), str(dtype)
+    except ValueError:
+        return [], "?"
+
+
+def _arrays(record_dict: Any) -> list[dict[str, Any]]:
+    out = []
+    for name, record in record_dict.array_records.items():
+        for key, array in record.items():
+            shape, dtype = _shape_and_dtype(array)
+            out.append(
+                {"name": f"{name}.{key}", "shape": shape, "dtype": dtype, "bytes": len(array.data)}
+            )
+    return out
+
+
+def _keys(records: dict[str, Any]) -> list[str]:
+    return sorted(f"{name}.{key}" for name, record in records.items() for key in record)
+
+
+def upload_names(run_config: dict[str, Any], node_config: dict[str, Any], count: int) -> list[str]:
+    """The names of the ``count`` arrays a fit sends, in the method's wire order (the
+    approved app's registry, its model as the ClientApp built it); [] if unknown."""
+    try:
+        from client_app.app import _template
+        from methods import get_method, parse_run_config
+
+        cfg = parse_run_config(dict(run_config))
+        data_path, state_dir = str(node_config.get("data-path", "")), str(node_config["state-dir"])
+        model = _template(cfg, data_path, state_dir)
+        method = get_method(cfg.method)
+        names = [s.name for s in method.build_wire(model, method.roles(model), cfg).up_spec()]
+        return names if len(names) == count else []
+    except Exception:  # noqa: BLE001 - a refused or foreign app: positions only
+        return []
+
+
+def declared_disclosures(run_config: dict[str, Any]) -> list[str]:
+    """The disclosure kinds the run's method declares for this config (the approved
+    app's registry), or ``["?"]`` if it cannot be read."""
+    try:
+        from methods import get_method, parse_run_config
+
+        cfg = parse_run_config(dict(run_config))
+        return sorted({d.kind for d in get_method(cfg.method).disclosures(cfg)})
+    except Exception:  # noqa: BLE001 - a refused or foreign app: nothing to ask
+        return ["?"]
+
+
+def ledger_line(
+    reply: Any,
+    received: Any,
+    run_config: dict[str, Any],
+    app: str,
+    approved_any: bool = False,
+    refused: str = "",
+) -> dict[str, Any]:
+    """One ledger entry: what this reply carried off the site."""
+    meta = reply.metadata
+    arrays = [] if reply.has_error() else _arrays(reply.content)
+    # every scalar the reply carries (the legacy API keeps a fit's metrics in a config
+    # record and its sample count in a metric record)
+    content = None if reply.has_error() else reply.content
+    metrics = [] if content is None else _keys({**content.metric_records, **content.config_records})
+    error = reply.error.reason if reply.has_error() else ""
+    incoming = (
+        []
+        if received is None or not received.has_content()
+        else [a for r in received.content.array_records.values() for a in r.values()]
+    )
+    return {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "app": app + (" (any app: not checked)" if approved_any else ""),
+        "method": str(run_config.get("method", "?")),
+        "round": str(getattr(received.metadata, "group_id", "") if received else meta.group_id),
+        "type": str(meta.message_type),
+        "arrays": arrays,
+        "bytes": sum(a["bytes"] for a in arrays),
+        "metrics": metrics,
+        # what the server sent in: its size and a digest (which payload this site got)
+        "received": {
+            "bytes": sum(len(a.data) for a in incoming),
+            "sha256": hashlib.sha256(b"".join(a.data for a in incoming)).hexdigest(),
+        },
+        "disclosures": [] if refused else declared_disclosures(run_config),
+        "refused": bool(refused) or REFUSED in error,
+        "error": (refused or error)[:300],
+    }
+
+
+def append(path: Path, line: dict[str, Any]) -> None:
+    """Append one JSON line (O_APPEND: concurrent tasks never interleave a line)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = (json.dumps(line, sort_keys=True) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def read_ledger(state_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(state_dir) / LEDGER_FILE
+    if not path.exists():
+        return []
+    return [json.loads(t) for t in path.read_text().splitlines() if t.strip()]
+
+
+def ledger_table(lines: Iterable[dict[str, Any]]) -> str:
+    """The ledger as a table a security officer reads: one row per message answered."""
+    head = ["time", "run", "round", "type", "method", "sent", "bytes", "metrics", "disclosed"]
+    rows = [head + ["refused"]]
+    for e in lines:
+        sent = ", ".join(
+            f"{a.get('tensor', a['name'])}{tuple(a['shape'])}" for a in e["arrays"][:4]
+        )
+        if len(e["arrays"]) > 4:
+            sent += f", +{len(e['arrays']) - 4} more"
+        # the scalars' own names (Flower's reply status fields left out)
+        shown = [k.split(".")[-1] for k in e["metrics"] if ".status." not in f".{k}."]
+        metrics = ",".join(shown) or "-"
+        rows.append(
+            [
+                e["time"],
+                str(e.get("run")),
+                e["round"] or "-",
+                e["type"],
+                e["method"],
+                sent or "-",
+                str(e["bytes"]),
+                metrics,
+                ",".join(e["disclosures"]) or "none",
+                e["error"][:80] if e["refused"] else "no",
+            ]
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head) + 1)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)

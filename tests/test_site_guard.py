@@ -1,0 +1,93 @@
+"""The site's own checks on every ClientApp (deploy/site_guard.py), unit by unit; the
+loopback deployment tests (tests/test_deployment.py) run them in a site's SuperExec."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Message, Metadata
+from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+from flwr.compat.common.recorddict_compat import fitres_to_recorddict
+
+from deploy import site_guard
+from deploy.site_guard import (
+    SiteGuard,
+    fab_hash,
+    ledger_line,
+    ledger_table,
+    parse_approved,
+    read_ledger,
+)
+from pfl_privacy.policy import REFUSED
+
+APP = b"the approved build"
+OTHER = b"a modified build"
+
+
+def test_approved_builds_are_sha256_digests_or_any() -> None:
+    digest = fab_hash(APP)
+    assert digest.startswith("sha256:") and len(digest) == 7 + 64
+    assert parse_approved(f" {digest} ,{fab_hash(OTHER)}") == {digest, fab_hash(OTHER)}
+    assert parse_approved("any") is None
+    for bad in ("md5:abc", digest.upper(), digest[:-1], "sha256:" + "g" * 64):
+        with pytest.raises(ValueError, match="sha256:<64"):
+            parse_approved(bad)
+
+
+def test_a_build_not_approved_is_refused_naming_its_hash() -> None:
+    guard = SiteGuard(frozenset({fab_hash(APP)}))
+    guard.task = {"node_config": {"site": "h"}}
+    assert guard.refusal(APP) is None
+    why = guard.refusal(OTHER)
+    assert why is not None and fab_hash(OTHER) in why and "'approved-apps'" in why
+    # the node config may approve more builds; 'any' there approves every build
+    guard.task = {"node_config": {"site": "h", "approved-apps": fab_hash(OTHER)}}
+    assert guard.refusal(OTHER) is None
+    guard.task = {"node_config": {"site": "h", "approved-apps": "nonsense"}}
+    assert "malformed" in (guard.refusal(APP) or "")
+    assert SiteGuard(None).refusal(OTHER) is None  # --approved-apps any
+    assert site_guard.REFUSED == REFUSED  # the server recognises the refusal
+
+
+def test_a_refused_app_is_never_unpacked(monkeypatch) -> None:
+    """The check wraps Flower's ClientApp runner: a refused FAB raises before Flower's
+    own install step runs."""
+    from flwr.supernode.runtime import run_clientapp as runner
+
+    unpacked = []
+    for name in ("pull_task_input", "install_from_fab", "push_message"):
+        monkeypatch.setattr(runner, name, getattr(runner, name))  # restored after the test
+    monkeypatch.setattr(runner, "install_from_fab", lambda content, **kw: unpacked.append(content))
+    guard = SiteGuard(frozenset({fab_hash(APP)}))
+    guard.install()
+    guard.task = {"node_config": {"site": "h"}}
+    with pytest.raises(PermissionError, match=REFUSED):
+        runner.install_from_fab(OTHER, skip_prompt=True)
+    runner.install_from_fab(APP, skip_prompt=True)
+    assert unpacked == [APP]
+
+
+def _fit_reply(arrays: list[np.ndarray], metrics: dict) -> Message:
+    res = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), 12, metrics)
+    meta = Metadata(7, "", 1, 0, "m", "3", 0.0, 60.0, "train")  # a fit reply of round 3
+    return Message(fitres_to_recorddict(res, keep_input=True), metadata=meta)
+
+
+def test_a_ledger_line_says_what_a_reply_carried(tmp_path) -> None:
+    reply = _fit_reply(
+        [np.zeros((4, 5), np.float32), np.ones(5, np.float32)],
+        {"client-key": "h", "train-loss": 0.5},
+    )
+    line = ledger_line(reply, None, {"method": "fedper"}, app=fab_hash(APP))
+    assert [(a["shape"], a["dtype"]) for a in line["arrays"]] == [
+        ([4, 5], "float32"),
+        ([5], "float32"),
+    ]
+    assert line["bytes"] == sum(a["bytes"] for a in line["arrays"]) > 4 * 25
+    assert {"fitres.metrics.client-key", "fitres.metrics.train-loss"} <= set(line["metrics"])
+    assert line["type"] == "train" and line["round"] == "3" and not line["refused"]
+    assert line["disclosures"] == []  # FedPer declares none
+    site_guard.append(tmp_path / site_guard.LEDGER_FILE, {**line, "run": 7})
+    (back,) = read_ledger(tmp_path)
+    table = ledger_table([back])
+    assert "fedper" in table and "(4, 5)" in table and table.count("\n") == 1
