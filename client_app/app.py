@@ -110,6 +110,7 @@ def build_client(context: Context, overrides: dict[str, Any] | None = None) -> C
         data = flip_labels(data, data_info(cfg, data_path, state_dir).num_classes)
     client = method.client(model, method.roles(model), data, cfg, store, device, site)
     client.report_data_digest = "site" not in node  # simulated, never a deployed site
+    client.withhold_metrics = withholds_metrics(dict(node))
     if not state_dir:  # simulation: in memory, or on disk past the budget
         client.store = simulation_store(cfg, context, client, num_partitions)
     if not run_class_names(cfg):  # each site's own labels: the server compares the lists
@@ -184,9 +185,23 @@ def policy_refusal(
         if why is None and policy.require_secure_aggregation:
             if message_type == MessageType.TRAIN and not masked:
                 why = "site policy 'require-secure-aggregation' refuses an unmasked fit"
+        if why is None and policy.withholds_metrics and message_type == MessageType.EVALUATE:
+            why = (
+                "site policy 'require-secure-aggregation' sends no per-site score unless "
+                "'accept-disclosures' includes 'metrics' (an evaluate reply is its accuracy)"
+            )
     if why is None and cfg.secure_aggregation and message_type == MessageType.TRAIN and not masked:
         why = "run key secure-aggregation=true, but this fit is unmasked (no SecAgg+ stage)"
     return None if why is None else f"site {site!r} {REFUSED}: {why}"
+
+
+def withholds_metrics(node: dict[str, Any]) -> bool:
+    """Whether this site's policy sends its client key only beside a masked upload."""
+    try:
+        policy = SitePolicy.of_node(node, method_names())
+    except PolicyError:
+        return True  # a malformed policy refuses every message anyway
+    return policy is not None and policy.withholds_metrics
 
 
 class InjectedDropout(RuntimeError):

@@ -61,6 +61,9 @@ class PFLClient(NumPyClient):
     # a digest of the client's data goes into results.json in simulation only: from a
     # deployed site it would let the server confirm which data the site holds
     report_data_digest = False
+    # a site that requires SecAgg+ and has not accepted 'metrics' (pfl_privacy/policy.py):
+    # a fit reply carries its client key (and class digest) only
+    withhold_metrics = False
 
     def __init__(
         self,
@@ -136,13 +139,13 @@ class PFLClient(NumPyClient):
         facts = {DEVICE_KEY: self.device.type}
         if self.report_data_digest:
             facts[DATA_KEY] = self.data.digest
-        if self.class_fingerprint:
-            facts[CLASSES_KEY] = self.class_fingerprint
-        return (
-            upload,
-            int(self.y_train.shape[0]) if self.weight_by_samples else 1,
-            {CLIENT_KEY: self.client_key, **metrics, **evaluation, **facts},
-        )
+        sent = {CLIENT_KEY: self.client_key}
+        if not self.withhold_metrics:
+            sent.update({**metrics, **evaluation, **facts})
+        if self.class_fingerprint:  # the server stops a run whose sites' labels differ
+            sent[CLASSES_KEY] = self.class_fingerprint
+        weight = int(self.y_train.shape[0]) if self.weight_by_samples else 1
+        return upload, weight, sent
 
     def evaluate(
         self, parameters: NDArrays, config: dict[str, Scalar]

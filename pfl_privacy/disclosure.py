@@ -25,7 +25,13 @@ KINDS: dict[str, str] = {
     "every round (and with fa-input=updates the values they started the round from)",
     "whole-model": "the whole personalised model (shared and personal tensors) to the "
     "server and the new clients (FedFac's Ensemble)",
+    # not declared by a method: what a site under require-secure-aggregation withholds
+    # unless it accepts it (every method's replies carry it; the table's metadata column)
+    "metrics": "the site's own per-round numbers in plain text beside its masked upload: "
+    "training loss, its scores on its test split, its device",
 }
+# kinds a site's policy may name that no method declares
+POLICY_ONLY_KINDS = ("metrics",)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,9 @@ Node config keys:
   the shared tensors that the site accepts (pfl_privacy/disclosure.py ``KINDS``;
   ``whole-model`` is FedFac's Ensemble), or ``all``. Default: none.
 - ``require-secure-aggregation``: ``true`` refuses every run without SecAgg+ and
-  every unmasked fit. Default: false.
+  every unmasked fit, and sends no per-site metric beside its masked upload (its
+  client key only; no loss, score or device) and no evaluation, unless
+  ``accept-disclosures`` names ``metrics``. Default: false.
 - ``allowed-methods``: a comma-separated list of methods, or ``all`` (default).
 
 A node with a ``site`` (a deployment: ``deploy.site`` always sets one) and no
@@ -81,6 +83,14 @@ class SitePolicy:
             accept=_names(node.get(ACCEPT, ""), KINDS, ACCEPT),
             require_secure_aggregation=_flag(node.get(REQUIRE_SECAGG, False), REQUIRE_SECAGG),
             methods=_names(node.get(ALLOWED_METHODS, "all"), methods, ALLOWED_METHODS),
+        )
+
+    @property
+    def withholds_metrics(self) -> bool:
+        """Whether the site sends no per-site metric (it requires SecAgg+ and has not
+        accepted ``metrics``)."""
+        return self.require_secure_aggregation and not (
+            self.accept is None or "metrics" in self.accept
         )
 
     def refusal(

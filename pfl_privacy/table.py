@@ -41,11 +41,31 @@ def _cell(disclosures: tuple[Disclosure, ...]) -> str:
     return "; ".join(f"`{d.kind}`: {d.what}" for d in disclosures)
 
 
+def reply_metadata(method: str, mode: dict[str, Any]) -> str:
+    """What a deployed site's replies carry besides tensors, read off a real client:
+    one fit (scoring the previous round first, as eval-in-fit does) and one evaluate."""
+    from flwr.common import Context, RecordDict
+
+    from client_app.app import build_client
+    from models.roles import EVALUATE_FIRST
+
+    raw = {"method": method, "sim-samples": 40, "hidden-dim": 8, **mode}
+    node = {"site": "site-a", "partition-id": 0, "num-partitions": 2, "accept-disclosures": "all"}
+    client = build_client(Context(0, 1, node, RecordDict(), raw)).numpy_client  # type: ignore[attr-defined]
+    config = {"server-round": 2, EVALUATE_FIRST: True}
+    _, weight, fit_metrics = client.fit([], config)  # [] : keep the initial model
+    _, _, eval_metrics = client.evaluate([], {"server-round": 2})
+    count = "sample count" if weight > 1 else "weight 1"
+    fit_keys = ", ".join(f"`{k}`" for k in sorted(fit_metrics))
+    eval_keys = ", ".join(f"`{k}`" for k in sorted(eval_metrics))
+    return f"fit: {count}, {fit_keys}; evaluate: test-set size, loss, {eval_keys}"
+
+
 def rows() -> list[str]:
     out = [
         "| method, mode | beyond the shared tensors (the declared kind: what it reveals) "
-        "| with `secure-aggregation=true` |",
-        "|---|---|---|",
+        "| with `secure-aggregation=true` | every reply's metadata (plain text) |",
+        "|---|---|---|---|",
     ]
     for method, mode in MODES:
         cfg = parse_run_config({"method": method, **mode})
@@ -57,7 +77,7 @@ def rows() -> list[str]:
             secure = _cell(get_method(method).disclosures(secure_cfg))
         keys = " ".join(f"{k}={v!r}".replace("True", "true") for k, v in mode.items())
         name = f"`{method}`" + (f" `{keys}`" if keys else "")
-        out.append(f"| {name} | {_cell(plain)} | {secure} |")
+        out.append(f"| {name} | {_cell(plain)} | {secure} | {reply_metadata(method, mode)} |")
     return out
 
 

@@ -121,6 +121,32 @@ def test_a_client_asked_for_secure_aggregation_refuses_an_unmasked_fit() -> None
         build_inprocess({**SMALL, "method": "fedper", "secure-aggregation": True}, 2)
 
 
+def test_a_site_requiring_secure_aggregation_sends_no_metric_it_has_not_accepted() -> None:
+    """Beside its masked upload such a site sends its client key only (no loss, score
+    or device), and refuses evaluate messages (a reply would be its accuracy), unless
+    it accepts 'metrics'."""
+    from models.roles import EVALUATE_FIRST
+
+    raw = {"method": "fedper", "sim-samples": 40, "hidden-dim": 8, "secure-aggregation": True}
+    strict = {"site": "h", "partition-id": 0, "num-partitions": 2}
+    strict["require-secure-aggregation"] = "true"
+    cfg = parse_run_config(raw)
+    for node, withheld in ((strict, True), ({**strict, "accept-disclosures": "metrics"}, False)):
+        client = build_client(Context(0, 1, node, RecordDict(), raw)).numpy_client  # type: ignore[attr-defined]
+        _, _, metrics = client.fit([], {"server-round": 2, EVALUATE_FIRST: True})
+        if withheld:
+            assert set(metrics) == {"client-key"}
+        else:
+            assert {"train-loss", "eval-accuracy", "device"} <= set(metrics)
+        why = policy_refusal(node, cfg, "evaluate", masked=False)
+        assert (why is not None and "'metrics'" in why) == withheld
+    # sites without that requirement send their metrics as before
+    assert (
+        policy_refusal({"site": "h"}, parse_run_config({"method": "fedper"}), "evaluate", False)
+        is None
+    )
+
+
 def test_a_fedfac_client_never_sends_its_model_without_ensemble_consent() -> None:
     raw = {"method": "fedfac-static", "sim-samples": 60, "hidden-dim": 16}
     node = {"partition-id": 0, "num-partitions": 2}
