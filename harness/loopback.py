@@ -370,10 +370,13 @@ class LoopbackFederation:
             )
         return proc
 
-    def start_site(self, site: str, data_path: Path, device: str = "cpu") -> Proc:
+    def start_site(
+        self, site: str, data_path: Path, device: str = "cpu", extra: tuple[str, ...] = ()
+    ) -> Proc:
         """A site as an operator starts one: ``python -m deploy.site`` on its own data
-        folder (warm by default), its state in ``root/state-<site>``, with this
-        federation's CA and the site's key when TLS / authentication are on."""
+        folder (warm by default; ``extra`` adds launcher flags), its state in
+        ``root/state-<site>``, with this federation's CA and the site's key when TLS /
+        authentication are on."""
         (runtime_port,) = free_ports(1)
         cmd = [
             sys.executable,
@@ -395,7 +398,7 @@ class LoopbackFederation:
         cmd += ["--root-certificates", str(self.pki / "ca.crt")] if self.tls else ["--insecure"]
         if self.auth:
             cmd += ["--auth-key", str(self.key(site))]
-        proc = self._spawn(site, cmd, self.root / site)
+        proc = self._spawn(site, cmd + list(extra), self.root / site)
         self.nodes[site] = proc
         return proc
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
+from deploy.site_guard import installed_app_hash, read_ledger
 from harness.loopback import LoopbackFederation
 
 pytestmark = pytest.mark.slow
@@ -67,7 +68,12 @@ def test_two_sites_train_on_their_own_folders_over_tls_with_auth(device, tmp_pat
         fed.start_superlink()
         for site in SIZES:
             fed.register(site)
-        sites = {site: fed.start_site(site, folders[site], device) for site in SIZES}
+        # site-b starts the plain way: Flower's own SuperNode, ClientApps started cold,
+        # still through its own SuperExec (the approved-apps check, the ledger)
+        cold = {"site-b": ("--no-warm",)}
+        sites = {
+            site: fed.start_site(site, folders[site], device, cold.get(site, ())) for site in SIZES
+        }
         for site, proc in sites.items():
             fed.wait_for(lambda p=proc: "SuperNode ID" in p.text(), 180, site, proc)
         run_id = fed.run(
@@ -95,8 +101,14 @@ def test_two_sites_train_on_their_own_folders_over_tls_with_auth(device, tmp_pat
         state = fed.state_dir(site)
         # the launcher's own command line: the site's data, device and no partition
         first_line = logs[site].splitlines()[0]
-        assert "deploy.warm_superexec" in first_line  # warm by default
-        launched = next(ln for ln in logs[site].splitlines() if "deploy.fast_supernode" in ln)
+        assert "deploy.warm_superexec" in first_line  # the site's own SuperExec, always
+        supernode = "flower-supernode --superlink" if site == "site-b" else "deploy.fast_supernode"
+        assert ("--no-preload" in first_line) == (site == "site-b")
+        launched = next(ln for ln in logs[site].splitlines() if supernode in ln)
+        # every message it answered is in its ledger, from the build it approved
+        ledger = read_ledger(state)
+        assert [e["type"] for e in ledger if e["type"] == "train"] == ["train"] * ROUNDS
+        assert all(e["app"] == installed_app_hash() and not e["refused"] for e in ledger)
         assert f'data-path="{folders[site]}"' in launched and f'device="{device}"' in launched
         assert "partition-id" not in launched
         # it loaded exactly its own folder, whole: both classes, this site's size
