@@ -32,6 +32,7 @@ from client_app import timing
 from client_app.attacks import Attacker, flip_labels
 from client_app.state import ContextStore, DiskStore, PersonalStore, RoundStore
 from methods import get_method, method_names, parse_run_config
+from models.roles import DP_PARTICIPANTS
 from pfl_data import (
     check_site_data,
     class_fingerprint,
@@ -204,6 +205,30 @@ def withholds_metrics(node: dict[str, Any]) -> bool:
     return policy is not None and policy.withholds_metrics
 
 
+def dp_share_refusal(content: Any, state: Any) -> str | None:
+    """Distributed DP sizes each client's noise share by ``dp-participants``, which the
+    server sends: a server that inflates it shrinks every share. Before its masked
+    upload (SecAgg+'s collect stage) a client compares it with the round's own
+    SecAgg+ sample size (set up in an earlier stage) and refuses a mismatch."""
+    from flwr.common.secure_aggregation.secaggplus_constants import (
+        RECORD_KEY_STATE,
+        Key,
+        Stage,
+    )
+
+    configs = content.config_records.get(RECORD_KEY_CONFIGS, {})
+    if configs.get(Key.STAGE) != Stage.COLLECT_MASKED_VECTORS:
+        return None
+    asked = content.config_records.get("fitins.config", {}).get(DP_PARTICIPANTS)
+    sample = state.config_records.get(RECORD_KEY_STATE, {}).get(Key.SAMPLE_NUMBER)
+    if asked is None or sample is None or int(asked) != int(sample):
+        return (
+            f"run key dp-mode='distributed': the fit says {DP_PARTICIPANTS}={asked}, the "
+            f"SecAgg+ round has {sample} participants; its noise share would not add up"
+        )
+    return None
+
+
 class InjectedDropout(RuntimeError):
     """A fault injected by ``dropout-rate`` (simulation of a vanishing client)."""
 
@@ -249,6 +274,13 @@ def make_client_app(overrides: dict[str, Any] | None = None) -> ClientApp:
         if msg.metadata.message_type == MessageType.TRAIN and (
             RECORD_KEY_CONFIGS in msg.content.config_records
         ):
+            if parse_run_config({**context.run_config, **(overrides or {})}).dp_mode == (
+                "distributed"
+            ) and (why := dp_share_refusal(msg.content, context.state)):
+                site = context.node_config.get("site", context.node_config.get("partition-id"))
+                line = f"site {str(site)!r} {REFUSED}: {why}"
+                log.error("%s", line)
+                raise PolicyRefusal(line)
             return secaggplus_mod(msg, context, call_next)
         return call_next(msg, context)
 

@@ -58,6 +58,14 @@ def add_noise(arrays: NDArrays, std: float, rng: np.random.Generator) -> None:
         arrays[i] = (arrays[i] + rng.normal(0.0, std, arrays[i].shape)).astype(arrays[i].dtype)
 
 
+def achieved_multiplier(noise_multiplier: float, arrived: int, asked: int) -> float:
+    """Distributed DP: the noise multiplier of an aggregate that summed the shares of
+    ``arrived`` of the ``asked`` clients (each sized for ``asked``): the sum's noise
+    has std z C sqrt(arrived / asked) against a sensitivity of C, so
+    z sqrt(arrived / asked), below the target whenever a client drops out."""
+    return noise_multiplier * float(np.sqrt(min(arrived, asked) / max(asked, 1)))
+
+
 def noise_share_std(noise_multiplier: float, clipping_norm: float, participants: int) -> float:
     """Distributed DP: the standard deviation of each client's own share, so that
     the shares of ``participants`` clients, summed and divided by ``participants``,
@@ -78,8 +86,11 @@ class PrivacyAccountant:
         self.delta = delta
         self.accountant: Any = RDPAccountant()
 
-    def step(self, sample_rate: float) -> None:
-        self.accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=sample_rate)
+    def step(self, sample_rate: float, noise_multiplier: float | None = None) -> None:
+        """One aggregated round, at the noise multiplier that round achieved (default:
+        the target)."""
+        z = self.noise_multiplier if noise_multiplier is None else noise_multiplier
+        self.accountant.step(noise_multiplier=z, sample_rate=sample_rate)
 
     def history(self) -> np.ndarray:
         """(noise multiplier, sample rate, steps) rows, for the checkpoint."""

@@ -11,7 +11,13 @@ import numpy as np
 from flwr.common import NDArrays
 
 from models.roles import TensorSpec
-from pfl_privacy import PrivacyAccountant, add_noise, clip_update, noise_std
+from pfl_privacy import (
+    PrivacyAccountant,
+    achieved_multiplier,
+    add_noise,
+    clip_update,
+    noise_std,
+)
 from run_config.schema import RunConfig
 from strategies.replies import Reply
 
@@ -78,11 +84,27 @@ class DPRelease:
             self._accountant = PrivacyAccountant(self.cfg.dp_noise_multiplier, self.cfg.dp_delta)
         return self._accountant
 
-    def clip(self, replies: list[Reply], global_arrays: NDArrays) -> None:
-        """dp-mode=server: each update clipped here, before the mean."""
-        if self.cfg.dp_mode == "server":
-            for r in replies:
-                clip_update(r.arrays, global_arrays, self.cfg.dp_clipping_norm)
+    def clip(self, replies: list[Reply], global_arrays: NDArrays, extra: dict[str, Any]) -> None:
+        """Each update clipped here, before the mean: dp-mode=server clips them all;
+        dp-mode=client re-clips (the clients clipped already; an update above the
+        norm came from a client that did not, and is logged). Under SecAgg+ the
+        server sees only the sum, which it cannot clip per client."""
+        if self.cfg.dp_mode not in ("server", "client") or self.cfg.secure_aggregation:
+            return
+        limit = self.cfg.dp_clipping_norm * (1 + 1e-4)  # float32 rounding of a clipped update
+        over = []
+        for r in replies:
+            norm = clip_update(r.arrays, global_arrays, self.cfg.dp_clipping_norm)
+            if self.cfg.dp_mode == "client" and norm > limit:
+                over.append(f"{r.client_key} ({norm:.3g})")
+        if over:
+            log.warning(
+                "dp-mode=client: %d update(s) above dp-clipping-norm=%g re-clipped: %s",
+                len(over),
+                self.cfg.dp_clipping_norm,
+                ", ".join(over[:5]),
+            )
+            extra["dp_reclipped"] = len(over)
 
     def release(
         self,
@@ -107,13 +129,29 @@ class DPRelease:
             if a.dtype.kind == "f":
                 a = (b + (accepted / asked) * (a.astype(np.float64) - b)).astype(a.dtype)
             scaled.append(a)
-        std = noise_std(cfg.dp_noise_multiplier, cfg.dp_clipping_norm, asked)
+        target = cfg.dp_noise_multiplier
+        std = noise_std(target, cfg.dp_clipping_norm, asked)
+        achieved = target
         if cfg.dp_mode != "distributed":
             add_noise(scaled, std, self.rng)  # replaces the float arrays, not in place
+        else:  # only the shares of the clients whose replies were summed are in it
+            achieved = achieved_multiplier(target, accepted, asked)
+            std = achieved * cfg.dp_clipping_norm / asked
+            if achieved < target:
+                log.warning(
+                    "dp-mode=distributed: %d of the %d clients asked replied, so the "
+                    "aggregate holds noise multiplier %.3g, below the target %g; epsilon "
+                    "counts the noise that arrived",
+                    accepted,
+                    asked,
+                    achieved,
+                    target,
+                )
         set_global(scaled)
-        self.accountant.step(min(1.0, asked / max(available, asked)))
+        self.accountant.step(min(1.0, asked / max(available, asked)), achieved)
         epsilon = self.accountant.epsilon()
         extra.update(dp_epsilon=epsilon, dp_noise_std=std, dp_sample_rate=asked / max(available, 1))
+        extra.update(dp_noise_multiplier_target=target, dp_noise_multiplier_achieved=achieved)
         return epsilon
 
     def state(self) -> dict[str, np.ndarray]:
@@ -135,7 +173,7 @@ class DPRelease:
         if not self.on:
             aggregate()
             return
-        self.clip(replies, strategy.global_arrays)
+        self.clip(replies, strategy.global_arrays, extra)
         before = [a.astype(np.float64) for a in strategy.global_arrays]
         aggregate()
         after = strategy.global_arrays

@@ -213,3 +213,75 @@ def test_distributed_dp_noise_on_the_aggregate_has_the_stated_std() -> None:
     noise = np.concatenate([m.ravel() for m in moved])
     assert noise.std() == pytest.approx(z * c / n, rel=0.05)
     assert strategy.rounds[1].extra["dp_noise_std"] == pytest.approx(z * c / n)
+
+
+def test_distributed_dp_counts_the_noise_that_arrived(caplog) -> None:
+    """6 of 10 clients' shares reach the aggregate: its noise multiplier is z sqrt(0.6)
+    (0.775 z), the round says so and warns, and epsilon is the accountant's at it."""
+    from opacus.accountants import RDPAccountant
+
+    from strategies.privacy import DPRelease
+
+    z = 1.0
+    cfg = config(
+        method="fedavg",
+        **{"dp-mode": "distributed", "secure-aggregation": True, "dp-noise-multiplier": z},
+    )
+    dp = DPRelease(cfg)
+    extra: dict = {}
+    for _ in range(10):
+        dp.sample = (10, 10)
+        dp.release([np.zeros(3)], [np.ones(3, np.float32)], 6, lambda a: None, extra)
+    assert extra["dp_noise_multiplier_target"] == z
+    assert extra["dp_noise_multiplier_achieved"] == pytest.approx(0.7746, abs=1e-4)
+    assert "6 of the 10 clients asked replied" in caplog.text
+    expected = RDPAccountant()
+    for _ in range(10):
+        expected.step(noise_multiplier=z * math.sqrt(0.6), sample_rate=1.0)
+    assert extra["dp_epsilon"] == pytest.approx(expected.get_epsilon(delta=1e-5), rel=1e-9)
+    asked_for = RDPAccountant()  # what was reported before: the noise that was asked for
+    for _ in range(10):
+        asked_for.step(noise_multiplier=z, sample_rate=1.0)
+    assert extra["dp_epsilon"] > asked_for.get_epsilon(delta=1e-5) * 1.3
+
+
+def test_client_side_dp_re_clips_an_update_a_client_did_not_clip(caplog) -> None:
+    """dp-mode=client: an update of norm 1e3 (its client skipped clipping) moves the
+    model by at most the clipping norm over the clients asked, as an honest one would."""
+    c = 0.1
+    cfg = config(
+        method="fedavg",
+        **{"dp-mode": "client", "dp-noise-multiplier": 0.0, "dp-clipping-norm": c},
+    )
+    strategy = make_strategy(cfg)
+    start = [a.copy() for a in strategy.global_arrays]
+    honest = [a.copy() for a in start]
+    hostile = [a + 1e3 / math.sqrt(sum(x.size for x in start)) for a in start]
+    replies = [(FakeProxy(1), fit_res(honest, "a")), (FakeProxy(2), fit_res(hostile, "b"))]
+    strategy.aggregate_fit(1, replies, [])
+    moved = math.sqrt(
+        sum(float(np.sum((a - s) ** 2)) for a, s in zip(strategy.global_arrays, start))
+    )
+    assert moved <= c / 2 * 1.001  # the hostile update clipped to c, divided by 2 asked
+    assert strategy.rounds[1].extra["dp_reclipped"] == 1
+    assert "re-clipped: b (" in caplog.text
+
+
+def test_a_client_refuses_a_noise_share_sized_for_another_round() -> None:
+    """The fit's dp-participants must equal the SecAgg+ round's own sample size."""
+    from types import SimpleNamespace
+
+    from client_app.app import dp_share_refusal
+
+    def msg(stage: str, asked: int) -> SimpleNamespace:
+        records = {
+            "secaggplus_configs": {"stage": stage},
+            "fitins.config": {"dp-participants": asked},
+        }
+        return SimpleNamespace(config_records=records)
+
+    state = SimpleNamespace(config_records={"secaggplus_state": {"sample_num": 5}})
+    assert dp_share_refusal(msg("collect_masked_vectors", 5), state) is None
+    why = dp_share_refusal(msg("collect_masked_vectors", 50), state)
+    assert why is not None and "dp-participants=50" in why and "5 participants" in why
+    assert dp_share_refusal(msg("share_keys", 50), state) is None  # no upload in that stage
