@@ -10,6 +10,7 @@ operator would. Every process is started here, owned here, and killed by pid
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import secrets
@@ -30,6 +31,14 @@ from deploy.site import node_config
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
 CERTS_SCRIPT = Path(__file__).resolve().parents[1] / "deploy" / "make_certs.sh"
+
+
+@functools.cache
+def repo_app_hash() -> str:
+    """The FAB hash of this checkout (what ``flwr run REPO`` submits), once a process."""
+    from deploy.site_guard import installed_app_hash
+
+    return installed_app_hash(REPO)
 
 
 def free_ports(n: int) -> list[int]:
@@ -357,6 +366,10 @@ class LoopbackFederation:
         proc = self._spawn(name, cmd, self.root / "home" / name)
         if self.isolation == "process":  # the ClientApp's SuperExec, on the site's machine
             superexec = [sys.executable, "-m", "deploy.warm_superexec"] if self.warm else []
+            if self.warm and not any(a.startswith("--approved-apps") for a in superexec_args or []):
+                # its default, the build of this checkout, hashed once here: Flower's
+                # build walks the whole tree (.venv too), seconds for every SuperExec
+                superexec_args = [*(superexec_args or []), f"--approved-apps={repo_app_hash()}"]
             self._spawn(
                 f"superexec-{name}",
                 [
