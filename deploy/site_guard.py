@@ -206,6 +206,8 @@ def _keys(records: dict[str, Any]) -> list[str]:
 def upload_names(run_config: dict[str, Any], node_config: dict[str, Any], count: int) -> list[str]:
     """The names of the ``count`` arrays a fit sends, in the method's wire order (the
     approved app's registry, its model as the ClientApp built it); [] if unknown."""
+    if not count:  # a refusal, an evaluation, a query: nothing to name (and no model built)
+        return []
     try:
         from client_app.app import _template
         from methods import get_method, parse_run_config
