@@ -274,9 +274,10 @@ def make_client_app(overrides: dict[str, Any] | None = None) -> ClientApp:
         if msg.metadata.message_type == MessageType.TRAIN and (
             RECORD_KEY_CONFIGS in msg.content.config_records
         ):
-            if parse_run_config({**context.run_config, **(overrides or {})}).dp_mode == (
-                "distributed"
-            ) and (why := dp_share_refusal(msg.content, context.state)):
+            raw = {**context.run_config, **(overrides or {})}  # policy_mod parsed it already
+            if raw.get("dp-mode") == "distributed" and (
+                why := dp_share_refusal(msg.content, context.state)
+            ):
                 site = context.node_config.get("site", context.node_config.get("partition-id"))
                 line = f"site {str(site)!r} {REFUSED}: {why}"
                 log.error("%s", line)

@@ -30,8 +30,6 @@ KINDS: dict[str, str] = {
     "metrics": "the site's own per-round numbers in plain text beside its masked upload: "
     "training loss, its scores on its test split, its device",
 }
-# kinds a site's policy may name that no method declares
-POLICY_ONLY_KINDS = ("metrics",)
 
 
 @dataclass(frozen=True)

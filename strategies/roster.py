@@ -8,10 +8,10 @@
 With SuperNode authentication on, Flower's SuperLink ties each node id to the
 public key that was registered for it, and every request of that node is signed
 with the key's private half. The roster (run config key ``roster``) adds the
-missing link, key to site: the server binds a client key only to the node id the
-roster gives for it, and only once that node's reply was accepted. A reply that
-presents another site's key is rejected, and nothing of that site (its per-client
-payload, a held-out claim) ever goes to another node. ``python -m deploy.roster``
+missing link, key to site: from the run's start the server binds each client key
+to the node id the roster gives for it, and to no other. A reply that presents
+another site's key is rejected, and nothing of that site (its per-client payload,
+a held-out claim) ever goes to another node. ``python -m deploy.roster``
 registers each site's key and writes its node id here.
 """
 
