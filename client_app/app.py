@@ -25,7 +25,7 @@ from flwr.client import Client, ClientApp
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.common import Context, Message, MessageType
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 from torch import nn
 
 from client_app import timing
@@ -42,6 +42,7 @@ from pfl_data import (
     site_class_names,
 )
 from pfl_privacy.policy import REFUSED, PolicyError, SitePolicy
+from pfl_privacy.secagg import DEFAULT_MIN_SITES, ROSTER_KEY, sign_setup_reply, stage_refusal
 from pfl_store import PERSONAL_STATE_DIR
 from run_config.schema import RunConfig
 
@@ -111,7 +112,7 @@ def build_client(context: Context, overrides: dict[str, Any] | None = None) -> C
         data = flip_labels(data, data_info(cfg, data_path, state_dir).num_classes)
     client = method.client(model, method.roles(model), data, cfg, store, device, site)
     client.report_data_digest = "site" not in node  # simulated, never a deployed site
-    client.withhold_metrics = withholds_metrics(dict(node))
+    client.withhold_metrics = withholds_metrics(dict(node), cfg.secure_aggregation)
     if not state_dir:  # simulation: in memory, or on disk past the budget
         client.store = simulation_store(cfg, context, client, num_partitions)
     if not run_class_names(cfg):  # each site's own labels: the server compares the lists
@@ -186,7 +187,12 @@ def policy_refusal(
         if why is None and policy.require_secure_aggregation:
             if message_type == MessageType.TRAIN and not masked:
                 why = "site policy 'require-secure-aggregation' refuses an unmasked fit"
-        if why is None and policy.withholds_metrics and message_type == MessageType.EVALUATE:
+        if (
+            why is None
+            and policy.require_secure_aggregation
+            and policy.withholds_metrics(True)
+            and message_type == MessageType.EVALUATE
+        ):
             why = (
                 "site policy 'require-secure-aggregation' sends no per-site score unless "
                 "'accept-disclosures' includes 'metrics' (an evaluate reply is its accuracy)"
@@ -196,13 +202,33 @@ def policy_refusal(
     return None if why is None else f"site {site!r} {REFUSED}: {why}"
 
 
-def withholds_metrics(node: dict[str, Any]) -> bool:
+def withholds_metrics(node: dict[str, Any], secure_aggregation: bool) -> bool:
     """Whether this site's policy sends its client key only beside a masked upload."""
     try:
         policy = SitePolicy.of_node(node, method_names())
     except PolicyError:
         return True  # a malformed policy refuses every message anyway
-    return policy is not None and policy.withholds_metrics
+    return policy is not None and policy.withholds_metrics(secure_aggregation)
+
+
+def secagg_min_sites(node: dict[str, Any]) -> int | None:
+    """How many distinct roster sites this site wants among its SecAgg+ neighbours;
+    None when it has no roster of its own to check them against."""
+    if not node.get(ROSTER_KEY):
+        return None
+    try:
+        policy = SitePolicy.of_node(node, method_names())
+    except PolicyError:
+        return DEFAULT_MIN_SITES  # a malformed policy refuses every message anyway
+    return policy.min_secagg_sites if policy is not None else DEFAULT_MIN_SITES
+
+
+def strip_plaintext_weight(reply: Message) -> None:
+    """Under SecAgg+ the sample count travels inside the mask (Flower's mod scales the
+    upload by it); the plaintext copy beside the masked vector becomes 1."""
+    record = reply.content.metric_records.get("fitres.num_examples")
+    if record is not None:
+        record["num_examples"] = 1
 
 
 def dp_share_refusal(content: Any, state: Any) -> str | None:
@@ -275,14 +301,22 @@ def make_client_app(overrides: dict[str, Any] | None = None) -> ClientApp:
             RECORD_KEY_CONFIGS in msg.content.config_records
         ):
             raw = {**context.run_config, **(overrides or {})}  # policy_mod parsed it already
-            if raw.get("dp-mode") == "distributed" and (
-                why := dp_share_refusal(msg.content, context.state)
-            ):
-                site = context.node_config.get("site", context.node_config.get("partition-id"))
+            node = dict(context.node_config)
+            why = stage_refusal(msg, node, secagg_min_sites(node))
+            if why is None and raw.get("dp-mode") == "distributed":
+                why = dp_share_refusal(msg.content, context.state)
+            if why is not None:
+                site = node.get("site", node.get("partition-id"))
                 line = f"site {str(site)!r} {REFUSED}: {why}"
                 log.error("%s", line)
                 raise PolicyRefusal(line)
-            return secaggplus_mod(msg, context, call_next)
+            stage = msg.content.config_records[RECORD_KEY_CONFIGS].get(Key.STAGE)
+            reply = secaggplus_mod(msg, context, call_next)
+            if stage == Stage.SETUP and not reply.has_error():
+                sign_setup_reply(msg, reply, node)
+            elif stage == Stage.COLLECT_MASKED_VECTORS and not reply.has_error():
+                strip_plaintext_weight(reply)
+            return reply
         return call_next(msg, context)
 
     def phases_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:

@@ -79,6 +79,25 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--allowed-methods", default="all", help="comma-separated methods, or 'all' (default)"
     )
     pol.add_argument(
+        "--roster",
+        help="this site's own copy of the deployment's roster (public key and node id per "
+        "site): every SecAgg+ neighbour's signed keys are checked against it; needs "
+        "--auth-key (this site signs its own with it)",
+    )
+    pol.add_argument(
+        "--min-secagg-sites",
+        type=int,
+        default=3,
+        help="fewest distinct roster sites a SecAgg+ round may have among this site's "
+        "neighbours (default 3)",
+    )
+    pol.add_argument(
+        "--unverified-secagg-keys",
+        action="store_true",
+        help="development only: --require-secure-aggregation without --roster (a server "
+        "could then play this site's neighbours and read its upload)",
+    )
+    pol.add_argument(
         "--approved-apps",
         default="",
         help="comma-separated app builds (sha256:<hex>) this site runs, checked by its own "
@@ -163,6 +182,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--auth-key needs TLS (--root-certificates), Flower refuses it over --insecure")
     if (args.partition_id is None) != (args.num_partitions is None):
         p.error("--partition-id and --num-partitions go together")
+    if args.roster and not args.auth_key and not args.check:
+        p.error("--roster needs --auth-key: the other sites check this site's signed keys")
+    if args.require_secure_aggregation and not args.roster and not args.unverified_secagg_keys:
+        p.error(
+            "--require-secure-aggregation needs --roster: without it a server can play this "
+            "site's SecAgg+ neighbours and read its upload (--unverified-secagg-keys: "
+            "development only)"
+        )
+    if args.min_secagg_sites < 2:
+        p.error("--min-secagg-sites must be at least 2")
     return args
 
 
@@ -182,6 +211,11 @@ def node_values(args: argparse.Namespace) -> dict[str, str | int]:
     values["accept-disclosures"] = args.accept_disclosures
     values["require-secure-aggregation"] = "true" if args.require_secure_aggregation else "false"
     values["allowed-methods"] = args.allowed_methods
+    values["min-secagg-sites"] = args.min_secagg_sites
+    if args.roster:
+        values["secagg-roster"] = os.path.abspath(args.roster)
+    if args.auth_key:  # the SuperNode's authentication key signs its SecAgg+ keys too
+        values["identity-key"] = os.path.abspath(args.auth_key)
     if args.partition_id is not None:
         values["partition-id"] = args.partition_id
         values["num-partitions"] = args.num_partitions

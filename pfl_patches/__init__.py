@@ -10,9 +10,12 @@ speed measured in docs/PERFORMANCE.md; none changes what is computed or sent.
 | ``object-retries`` | the ``initial_backoff`` default of flwr's ``pull_objects`` / ``pull_and_inflate_object_from_tree`` | a message part not there yet was asked for again after 1 s | flwr 1.39.0 |
 | ``superexec-fork`` | flwr ``run_superexec.get_executor`` | a ClientApp started a fresh Python per message | flwr 1.39.0 |
 | ``optimizers-without-dynamo`` | the ``torch._dynamo`` wrappers of ``torch.optim.SGD`` / ``Adam`` | torch imported ``torch._dynamo`` on an optimizer's first use: 2-5 s per process | torch 2.13, 2.14 |
+| ``secagg-masks`` | flwr ``pseudo_rand_gen`` where SecAgg+ masks (client mod, server workflow) | it folds every seed to 32 bits and expands it with a Mersenne Twister (flwr issue #7522) | flwr 1.39.0 |
 
-``PFLOWER_FLOWER_PATCHES=0`` turns every patch off: Flower and torch run as they
-are (slower, nothing else changes). With patches on, ``check()`` refuses a Flower
+``PFLOWER_FLOWER_PATCHES=0`` turns every speed patch off: Flower and torch run as
+they are (slower, nothing else changes). ``secagg-masks`` is a security fix, not a
+speed-up, and stays on: its protocol version travels in the SecAgg+ set-up, and
+a peer that speaks another refuses the round in one line. With patches on, ``check()`` refuses a Flower
 or torch version the table does not list, in one line that names the switch.
 """
 
@@ -37,6 +40,7 @@ PATCHES: dict[str, str] = {  # patch -> the library it patches
     "object-retries": "flwr",
     "superexec-fork": "flwr",
     "optimizers-without-dynamo": "torch",
+    "secagg-masks": "flwr",
 }
 
 
@@ -277,3 +281,69 @@ def optimizers() -> tuple[type, type]:
             if getattr(attr, "__code__", None) is inner_code and fn is not None:
                 setattr(fn, "__dynamo_disable", fn)
     return without_graph_break(torch.optim.SGD), without_graph_break(torch.optim.Adam)
+
+
+# ---- flwr: SecAgg+ masks from a cryptographic PRF -------------------------------------------
+
+# The SecAgg+ protocol this build speaks: carried in the set-up stage's config, so a
+# peer with Flower's own masks (or another version) refuses the round instead of
+# unmasking garbage. Bump it with any change to the masks or the key signatures.
+SECAGG_PROTOCOL = "pflower-secagg+/aes256ctr-masks/signed-keys/1"
+
+
+def mask_arrays(seed: bytes, num_range: int, shapes: list[tuple[int, ...]]) -> list[Any]:
+    """SecAgg+ masks: int64 arrays of ``shapes``, uniform over [0, num_range).
+
+    AES-256 in counter mode (``cryptography``, as Flower's own SecAgg+ uses) keyed by
+    SHA-256 of the whole seed: the keystream is a PRF of all of the seed's bits
+    (Flower's ``pseudo_rand_gen`` kept 32 of them). Each value is 8 keystream bytes
+    reduced mod ``num_range``: exact for a power of two (Flower's default 2**32),
+    otherwise biased by less than num_range / 2**64. Flower draws from
+    [0, num_range - 1); this draws from [0, num_range): uniform over the modulus."""
+    import hashlib
+
+    import numpy as np
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    if num_range < 2:
+        raise ValueError(f"SecAgg+ modulus {num_range} is below 2")
+    sizes = [int(np.prod(shape)) for shape in shapes]
+    key = hashlib.sha256(b"pflower-secagg-mask\x00" + seed).digest()
+    stream = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
+    words = np.frombuffer(stream.update(bytes(8 * sum(sizes))), dtype="<u8")
+    if num_range & (num_range - 1) == 0:
+        values = (words & np.uint64(num_range - 1)).astype(np.int64)
+    else:
+        values = (words % np.uint64(num_range)).astype(np.int64)
+    out, start = [], 0
+    for shape, size in zip(shapes, sizes, strict=True):
+        out.append(values[start : start + size].reshape(shape))
+        start += size
+    return out
+
+
+def secagg_masks() -> bool:
+    """``secagg-masks``: Flower's SecAgg+ client mod and server workflow draw their
+    masks from ``mask_arrays`` (both import ``pseudo_rand_gen`` by name, so both
+    names are replaced). Applied in every process that masks or unmasks, whatever
+    the patch switch says. Returns whether it is in place."""
+    from importlib import import_module
+
+    # by full name: each package re-exports a function of the same name as its module
+    client = import_module("flwr.client.mod.secure_aggregation.secaggplus_mod")
+    utils = import_module("flwr.common.secure_aggregation.secaggplus_utils")
+    server = import_module("flwr.server.workflow.secure_aggregation.secaggplus_workflow")
+
+    if getattr(utils, "_pflower_masks", False):
+        return True
+    installed = version("flwr")
+    if not installed.startswith(TESTED["flwr"]):
+        raise UntestedVersion(
+            f"flwr {installed}: the SecAgg+ mask patch (pfl_patches.secagg_masks) was checked "
+            f"against flwr {', '.join(TESTED['flwr'])}x only; secure aggregation refuses to run"
+        )
+    utils._flower_pseudo_rand_gen = utils.pseudo_rand_gen  # kept for the benchmark
+    for module in (utils, client, server):
+        module.pseudo_rand_gen = mask_arrays
+    utils._pflower_masks = True
+    return True

@@ -16,6 +16,13 @@ Node config keys:
   client key only; no loss, score or device) and no evaluation, unless
   ``accept-disclosures`` names ``metrics``. Default: false.
 - ``allowed-methods``: a comma-separated list of methods, or ``all`` (default).
+- ``min-secagg-sites``: the fewest distinct roster sites a SecAgg+ round may have
+  among this site's neighbours, checked from their signed keys when the site has
+  its own roster (node config ``secagg-roster``, pfl_privacy/secagg.py). Default 3.
+
+In any SecAgg+ run, a site whose ``accept-disclosures`` does not name ``metrics``
+sends its masked upload beside its client key only: no loss, score, device or
+sample count (the weight travels inside the mask).
 
 A node with a ``site`` (a deployment: ``deploy.site`` always sets one) and no
 policy keys gets the defaults: shared tensors only. A simulated node (no
@@ -33,7 +40,8 @@ from pfl_privacy.disclosure import KINDS, Disclosure
 ACCEPT = "accept-disclosures"
 REQUIRE_SECAGG = "require-secure-aggregation"
 ALLOWED_METHODS = "allowed-methods"
-POLICY_KEYS = (ACCEPT, REQUIRE_SECAGG, ALLOWED_METHODS)
+MIN_SECAGG_SITES = "min-secagg-sites"
+POLICY_KEYS = (ACCEPT, REQUIRE_SECAGG, ALLOWED_METHODS, MIN_SECAGG_SITES)
 REFUSED = "refuses this run by its policy"  # in every refusal: the server looks for it
 
 
@@ -66,6 +74,16 @@ def _flag(value: Any, key: str) -> bool:
     raise PolicyError(f"site policy '{key}' is {value!r}, expected true or false")
 
 
+def _at_least_two(value: Any, key: str) -> int:
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        number = 0
+    if number < 2 or isinstance(value, bool):
+        raise PolicyError(f"site policy '{key}' is {value!r}, expected a whole number >= 2")
+    return number
+
+
 @dataclass(frozen=True)
 class SitePolicy:
     """What a site lets leave it. ``None`` sets mean 'all'."""
@@ -73,6 +91,7 @@ class SitePolicy:
     accept: frozenset[str] | None = frozenset()
     require_secure_aggregation: bool = False
     methods: frozenset[str] | None = None
+    min_secagg_sites: int = 3
 
     @classmethod
     def of_node(cls, node: Mapping[str, Any], methods: Collection[str]) -> SitePolicy | None:
@@ -83,13 +102,13 @@ class SitePolicy:
             accept=_names(node.get(ACCEPT, ""), KINDS, ACCEPT),
             require_secure_aggregation=_flag(node.get(REQUIRE_SECAGG, False), REQUIRE_SECAGG),
             methods=_names(node.get(ALLOWED_METHODS, "all"), methods, ALLOWED_METHODS),
+            min_secagg_sites=_at_least_two(node.get(MIN_SECAGG_SITES, 3), MIN_SECAGG_SITES),
         )
 
-    @property
-    def withholds_metrics(self) -> bool:
-        """Whether the site sends no per-site metric (it requires SecAgg+ and has not
-        accepted ``metrics``)."""
-        return self.require_secure_aggregation and not (
+    def withholds_metrics(self, secure_aggregation: bool) -> bool:
+        """Whether the site sends no per-site metric beside its fit (a SecAgg+ run, or
+        a site that requires one, and ``metrics`` not accepted)."""
+        return (self.require_secure_aggregation or secure_aggregation) and not (
             self.accept is None or "metrics" in self.accept
         )
 

@@ -8,11 +8,12 @@ from typing import Any
 from flwr.common import Context
 from flwr.server import Grid, LegacyContext, ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.compat import start_grid
-from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
+from flwr.server.workflow import DefaultWorkflow
 
 import pfl_patches
 from methods import get_method, parse_run_config
 from pfl_data import data_info
+from pfl_privacy.secagg import SignedSecAggPlusWorkflow
 from run_config.schema import check_against_data, describe_settings
 from run_results import RunRecorder
 from server_app.grid import PollingGrid
@@ -84,7 +85,7 @@ def make_server_app(overrides: dict[str, Any] | None = None) -> ServerApp:
             start_grid(grid=grid, config=components.config, strategy=components.strategy)
             return
         legacy = LegacyContext(context, config=components.config, strategy=components.strategy)
-        secagg = SecAggPlusWorkflow(
+        secagg = SignedSecAggPlusWorkflow(
             num_shares=_count(cfg.secagg_num_shares),
             reconstruction_threshold=_count(cfg.secagg_reconstruction_threshold),
             max_weight=cfg.secagg_max_weight,
@@ -92,8 +93,9 @@ def make_server_app(overrides: dict[str, Any] | None = None) -> ServerApp:
             quantization_range=cfg.secagg_quantization_range,
         )
         log.info(
-            "secure aggregation (SecAgg+): the server sees only the sum of the uploads; "
+            "secure aggregation (SecAgg+, %s): the server sees only the sum of the uploads; "
             "values clipped to +-%g, %d quantization levels",
+            pfl_patches.SECAGG_PROTOCOL,
             cfg.secagg_clipping_range,
             cfg.secagg_quantization_range,
         )

@@ -202,6 +202,7 @@ def test_site_launcher_builds_the_supernode_command(capsys: pytest.CaptureFixtur
             "--state-dir=/var/lib/pflower",
             "--root-certificates=ca.crt",
             "--auth-key=keys/hospital-a",
+            "--roster=roster.toml",
             "--dry-run",
         ]
     )
@@ -219,14 +220,30 @@ def test_site_launcher_builds_the_supernode_command(capsys: pytest.CaptureFixtur
     assert (
         """'site="hospital-a" state-dir="/var/lib/pflower" data-path="/data/site" """
         """device="cuda:0" accept-disclosures="" require-secure-aggregation="false" """
-        """allowed-methods="all"'""" in line
+        """allowed-methods="all" min-secagg-sites=3 secagg-roster=""" in line
     )  # the site's policy: shared tensors only unless the operator says otherwise
+    # the site's own roster, and its SuperNode key signs its SecAgg+ keys
+    assert f'secagg-roster="{os.path.abspath("roster.toml")}"' in line
+    assert f'identity-key="{os.path.abspath("keys/hospital-a")}"' in line
     site_main(
         ["--superlink=h:1", "--site=a", "--state-dir=s", "--insecure", "--dry-run"]
         + ["--accept-disclosures=head-blend", "--require-secure-aggregation"]
+        + ["--unverified-secagg-keys"]
     )
     policy = capsys.readouterr().out.strip().splitlines()[-1]
     assert 'accept-disclosures="head-blend" require-secure-aggregation="true"' in policy
+    with pytest.raises(SystemExit):  # a site that requires SecAgg+ checks its neighbours
+        site_main(
+            ["--superlink=h:1", "--site=a", "--state-dir=s", "--insecure", "--dry-run"]
+            + ["--require-secure-aggregation"]
+        )
+    assert "needs --roster" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # and signs its own keys
+        site_main(
+            ["--superlink=h:1", "--site=a", "--state-dir=s", "--insecure", "--dry-run"]
+            + ["--roster=r.toml"]
+        )
+    assert "--roster needs --auth-key" in capsys.readouterr().err
     site_main(
         ["--superlink=h:1", "--site=a", "--state-dir=s", "--insecure", "--no-warm", "--dry-run"]
     )

@@ -17,7 +17,7 @@ ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 def test_the_table_lists_every_patch_and_every_patch_function_is_in_it() -> None:
     doc = pfl_patches.__doc__ or ""
     functions = {"linkstate-index", "supernode-backoff", "object-retries", "superexec-fork"}
-    functions.add("optimizers-without-dynamo")
+    functions |= {"optimizers-without-dynamo", "secagg-masks"}
     assert set(pfl_patches.PATCHES) == functions
     for name in functions:
         assert f"``{name}``" in doc  # the table row

@@ -29,7 +29,7 @@ def test_mean_aggregating_methods_accept_it(method: str) -> None:
     assert parse_run_config({"method": method, "secure-aggregation": True}).secure_aggregation
 
 
-def _run(method: str, secure: bool, tmp_path: Path, seen: list) -> dict:
+def _run(method: str, secure: bool, tmp_path: Path, seen: list, counts: list | None = None) -> dict:
     from server_app.simulate import simulate
 
     config = {
@@ -43,6 +43,8 @@ def _run(method: str, secure: bool, tmp_path: Path, seen: list) -> dict:
 
     def spy(self, server_round, replies):  # what reaches aggregation, in the server thread
         seen.append([[a.copy() for a in r.arrays] for r in replies])
+        if counts is not None:
+            counts.append([r.num_examples for r in replies])
         return original(self, server_round, replies)
 
     PFLStrategy.aggregate = spy
@@ -57,8 +59,12 @@ def _run(method: str, secure: bool, tmp_path: Path, seen: list) -> dict:
 def test_secure_runs_equal_plain_runs_up_to_quantization(method: str, tmp_path: Path) -> None:
     secure_seen: list = []
     plain_seen: list = []
-    secure = _run(method, True, tmp_path, secure_seen)
-    plain = _run(method, False, tmp_path, plain_seen)
+    secure_counts: list = []
+    plain_counts: list = []
+    secure = _run(method, True, tmp_path, secure_seen, secure_counts)
+    plain = _run(method, False, tmp_path, plain_seen, plain_counts)
+    # the sample counts weigh inside the mask; none travels in plaintext beside it
+    assert secure_counts == [[1, 1, 1]] * 2 and plain_counts == [[48, 48, 48]] * 2
     # the strategy never received an individual upload: every reply it was given is
     # one and the same aggregate
     assert len(secure_seen) == 2
