@@ -41,7 +41,7 @@ from pfl_data import (
     run_class_names,
     site_class_names,
 )
-from pfl_privacy.policy import REFUSED, PolicyError, SitePolicy
+from pfl_privacy.policy import REFUSED, REQUIRE_SECAGG, PolicyError, SitePolicy
 from pfl_privacy.secagg import DEFAULT_MIN_SITES, ROSTER_KEY, sign_setup_reply, stage_refusal
 from pfl_store import PERSONAL_STATE_DIR
 from run_config.schema import RunConfig
@@ -302,6 +302,12 @@ def make_client_app(overrides: dict[str, Any] | None = None) -> ClientApp:
         ):
             raw = {**context.run_config, **(overrides or {})}  # policy_mod parsed it already
             node = dict(context.node_config)
+            if node.get(REQUIRE_SECAGG) in (True, "true") and not node.get(ROSTER_KEY):
+                _warn_once(
+                    "this site requires SecAgg+ but has no roster (node config "
+                    f"'{ROSTER_KEY}'): its neighbours' keys go unchecked, and a server "
+                    "could play them"
+                )
             why = stage_refusal(msg, node, secagg_min_sites(node))
             if why is None and raw.get("dp-mode") == "distributed":
                 why = dp_share_refusal(msg.content, context.state)

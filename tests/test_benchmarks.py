@@ -409,3 +409,28 @@ def test_the_95_percent_interval_is_students_t():
     low, high = report.ci95([0.7, 0.9])  # mean 0.8, s = 0.1414, t(0.975, 1) = 12.706
     assert (low + high) / 2 == pytest.approx(0.8)
     assert (high - low) / 2 == pytest.approx(12.706 * 0.1414214 / np.sqrt(2), rel=1e-4)
+
+
+def test_secagg_masks_benchmark_compares_the_two_generators(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The reduced CI variant of ``python -m benchmarks.secagg_masks``: the mask table
+    at 2 sites, and the hook its ``--rounds`` runs use puts Flower's generator in
+    place of the PRF in a fresh process (so the two columns are what they say)."""
+    import subprocess
+    import sys
+
+    from benchmarks import secagg_masks
+
+    out = tmp_path / "masks.md"
+    secagg_masks.main(["--sites", "2", "--repeats", "1", "--out", str(out)])
+    rows = [r for r in out.read_text().splitlines() if r.startswith("| ") and "x |" in r]
+    assert len(rows) == 2 and all(float(r.split("|")[-2].strip()[:-1]) > 0 for r in rows)
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(secagg_masks.SITECUSTOMIZE)
+    repo = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hook), repo])}
+    probe = "import pfl_patches; print(pfl_patches.mask_arrays.__name__)"
+    got = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert got.stdout.strip() == "pseudo_rand_gen", got.stderr
