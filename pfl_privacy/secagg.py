@@ -175,14 +175,22 @@ def stage_refusal(msg: Message, node: dict[str, Any], min_sites: int | None) -> 
     if stage == Stage.SETUP and configs.get(PROTOCOL_KEY) != SECAGG_PROTOCOL:
         got = configs.get(PROTOCOL_KEY) or "Flower's own (no protocol version)"
         return f"the server's SecAgg+ set-up speaks {got}; this site speaks {SECAGG_PROTOCOL}"
-    if stage != Stage.SHARE_KEYS or min_sites is None:
+    if stage not in (Stage.SETUP, Stage.SHARE_KEYS) or min_sites is None:
         return None
-    keys = {int(k): (v[0], v[1]) for k, v in configs.items() if k != Key.STAGE}
-    record = msg.content.config_records.get(SIGNATURES_RECORD, {})
     try:
         roster = load_site_roster(str(node[ROSTER_KEY]))
     except ValueError as err:
         return str(err)
+    if stage == Stage.SETUP:  # the size that sizes each distributed-DP noise share
+        sample = configs.get(Key.SAMPLE_NUMBER)
+        if not isinstance(sample, int) or sample > len(roster):
+            return (
+                f"the SecAgg+ round claims {sample} participants, more than the "
+                f"{len(roster)} sites on this site's roster"
+            )
+        return None
+    keys = {int(k): (v[0], v[1]) for k, v in configs.items() if k != Key.STAGE}
+    record = msg.content.config_records.get(SIGNATURES_RECORD, {})
     return neighbour_refusal(
         roster, keys, dict(record), msg.metadata.run_id, msg.metadata.group_id, min_sites
     )
@@ -276,4 +284,13 @@ class SignedSecAggPlusWorkflow(SecAggPlusWorkflow):
                 {str(n): self._signatures[n] for n in nodes if n in self._signatures}
             )
 
-        return super().share_keys_stage(_StageGrid(grid, outgoing), context, state)
+        going_on = super().share_keys_stage(_StageGrid(grid, outgoing), context, state)
+        # Flower 1.39 counts a node that dropped before sharing its keys as "dead" at
+        # the unmask stage and asks its neighbours for shares they never got (a
+        # KeyError at every site: the round is lost). Only nodes whose shares went
+        # out can be dead; the others are in no one's masks.
+        shared = set(state.active_node_ids)
+        state.sampled_node_ids = shared
+        for node in shared:
+            state.nid_to_neighbours[node] &= shared
+        return going_on

@@ -348,3 +348,17 @@ def test_a_deployed_secure_run_completes_with_signed_keys_and_an_outsider_is_ref
             text = next(p for p in fed.procs if p.name == f"superexec-supernode-{site}").text()
             assert f"site '{site}' refuses this run by its policy: SecAgg+ neighbour node " in text
             assert "keys are not signed by a site on this site's roster" in text
+
+
+def test_a_site_with_a_roster_refuses_a_round_claiming_more_sites_than_it_lists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Distributed DP sizes each noise share by the round's participant count: a
+    server that claims more participants than the roster has sites is refused."""
+    _roster(tmp_path, {"victim": 11, "a": 12})
+    node = {"site": "victim", "secagg-roster": str(tmp_path / "roster.toml")}
+    node["identity-key"] = str(tmp_path / "victim")
+    app = make_client_app(RUN_CONFIG)
+    context = Context(run_id=RUN, node_id=11, node_config=node, state=RecordDict(), run_config={})
+    with pytest.raises(PolicyRefusal, match="claims 3 participants, more than the 2 sites"):
+        app(_setup(11, monkeypatch, pfl_patches.SECAGG_PROTOCOL), context)
