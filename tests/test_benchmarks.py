@@ -434,3 +434,21 @@ def test_secagg_masks_benchmark_compares_the_two_generators(
     probe = "import pfl_patches; print(pfl_patches.mask_arrays.__name__)"
     got = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
     assert got.stdout.strip() == "pseudo_rand_gen", got.stderr
+
+
+def test_dp_arrived_table_counts_both_epsilons_from_the_rounds() -> None:
+    """benchmarks/dp_arrived.py's table (its run is the slow e2e test of
+    test_secure_aggregation): the asked-for column steps the accountant at the target,
+    so it is below the reported epsilon when less noise arrived; unreleased rounds
+    are skipped."""
+    from benchmarks.dp_arrived import table
+
+    config = {"dp-noise-multiplier": 1.0, "dp-delta": 1e-5}
+    rounds = [
+        {"round": 1, "replies": 6, "dp_noise_multiplier_target": 1.0},
+        {"round": 2, "replies": 0},
+    ]
+    rounds[0] |= {"dp_noise_multiplier_achieved": 0.775, "dp_epsilon": 9.0, "dp_sample_rate": 1.0}
+    rows = table({"config": config, "rounds": rounds}, 10)
+    assert len(rows) == 3 and rows[2].startswith("| 1 | 10 | 6 | 1.000 | 0.775 | 9.00 |")
+    assert 0 < float(rows[2].split("|")[-2]) < 9.0
