@@ -86,11 +86,17 @@ class RunConfig(BaseModel):
     # default: the method's own (mean or weighted); median / trimmed-mean: robust rules
     aggregation: Literal["default", "mean", "weighted", "median", "trimmed-mean"] = "default"
     trim_fraction: float = _field(0.1, alias="trim-fraction", ge=0, lt=0.5)  # from each end
-    # what one client can do (strategies/robust.py): weight <= cap x the median count,
-    # update norm <= bound x the median update norm (0: off)
+    # what one client can do (strategies/robust.py): weight <= cap x the lower median
+    # count, update norm <= bound x the lower median update norm (0: off)
     weight_cap: float = _field(2.0, alias="weight-cap", ge=0)
     update_norm_bound: float = _field(3.0, alias="update-norm-bound", ge=0)
     update_norm_action: Literal["clip", "reject"] = _field("clip", alias="update-norm-action")
+    # the norm bound's reference also holds the norms accepted in this many earlier rounds
+    norm_history_rounds: int = _field(3, alias="norm-history-rounds", ge=0)
+    # from this many replies, an update pointing against the round's median is rejected
+    direction_check_from: int = _field(4, alias="direction-check-from", ge=0)
+    direction_min_cosine: float = _field(0.0, alias="direction-min-cosine", ge=-1, le=1)
+    direction_action: Literal["project", "reject"] = _field("project", alias="direction-action")
     fraction_fit: float = _field(1.0, alias="fraction-fit", gt=0, le=1)
     # one message per client and round: fit replies carry the previous round's evaluation
     eval_in_fit: bool = _field(True, alias="eval-in-fit")

@@ -52,7 +52,7 @@ from strategies.replies import (
     payload_bytes,
     take_arrays,
 )
-from strategies.robust import bound_round, mean_by_rule, weighted_mean
+from strategies.robust import Bounds, NormHistory, bound_round, mean_by_rule, weighted_mean
 from strategies.roster import load_roster
 from strategies.sampling import Sampler
 
@@ -66,6 +66,7 @@ class PFLStrategy(Strategy):
     """Sample-weighted mean of the shared tensors (FedAvg's aggregation)."""
 
     default_aggregation = "weighted"
+    own_aggregation = False  # True: ``aggregate`` is not a mean of the replies (no direction check)
 
     def __init__(
         self,
@@ -88,7 +89,7 @@ class PFLStrategy(Strategy):
         self.clients = ClientKeys(load_roster(cfg.roster) if cfg.roster else None)
         self.class_lists = ClassLists()
         self.dp = privacy.DPRelease(cfg)
-        self.rounds = Rounds(recorder)
+        self.rounds, self.norm_history = Rounds(recorder), NormHistory(cfg.norm_history_rounds)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(method={self.cfg.method})"
@@ -213,7 +214,9 @@ class PFLStrategy(Strategy):
         accepted.sort(key=lambda r: r.client_key)  # order-independent aggregation
         if not cfg.secure_aggregation and not self.dp.on:
             sent = lambda key: self.payload_for(key, server_round)  # noqa: E731
-            accepted = bound_round(server_round, accepted, sent, cfg, rl.extra, rl.rejected)
+            mean = not self.own_aggregation and self.aggregation in ("mean", "weighted")
+            bounds, history = Bounds.of(cfg, mean), self.norm_history
+            accepted = bound_round(server_round, accepted, sent, bounds, history, rl)
             if not accepted:
                 return self.global_payload(), {}
         self.dp.aggregate(accepted, self, lambda: self.aggregate(server_round, accepted), rl.extra)

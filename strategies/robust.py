@@ -1,23 +1,33 @@
 """Bounds on what one client can do to the aggregate, before any method aggregates.
 
 - ``weight-cap`` c: a reply's weight (its reported sample count) is at most c times
-  the round's median reported count, so a client that claims 1e15 examples weighs
-  at most c times a typical client (0: off).
+  the round's lower median reported count, so a client that claims 1e15 examples
+  weighs at most c times a typical client (0: off).
 - ``update-norm-bound`` r: a reply's update (upload minus what the server sent it,
-  over the float tensors of the same shape) may be at most r times the round's
-  median update norm; a longer one is clipped to it, or rejected with
+  over the float tensors of the same shape) may be at most r times the lower median
+  of this round's update norms and those the server accepted in the previous
+  ``norm-history-rounds`` rounds; a longer one is clipped to it, or rejected with
   ``update-norm-action=reject`` (0: off).
+- ``direction-check-from`` k: with k or more replies (and a mean aggregation), a
+  reply whose update has cosine below ``direction-min-cosine`` with the round's
+  coordinate-wise median update points against the round: its component along the
+  median is removed (``direction-action=project``), or it is rejected (``reject``;
+  0: off).
 - ``aggregation=median`` / ``trimmed-mean``: coordinate-wise robust rules (Flower's
   ``aggregate_median`` and ``aggregate_trimmed_avg``) in place of the mean.
 
-Medians are taken over the round's replies, so a minority of clients cannot move
-them far. After clipping, every update is at most r times the median norm, so any
-weighted mean of them moves the global model by at most that much.
+The lower median (the ceil(n/2)-th smallest value) needs no majority to be honest
+at n = 2: there it is the smaller of the two, so one hostile site of two weighs at
+most c/(c+1) of the round and its update is clipped to r times the honest one's.
+With fewer than half of the replies hostile it lies between honest values. After
+clipping every update is at most r times that reference, so any weighted mean of
+them moves the global model by at most that much.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,11 +40,17 @@ NDArrays = list[np.ndarray]
 log = logging.getLogger("flwr.pflower")
 
 
+def lower_median(values: list[float]) -> float:
+    """The ceil(n/2)-th smallest value: the median for odd n, the smaller middle value
+    for even n (at n = 2, the smaller one)."""
+    return float(sorted(values)[(len(values) - 1) // 2])
+
+
 def capped_counts(counts: list[int], cap: float) -> list[int]:
-    """Each count at most ``cap`` x the median count (``cap`` 0: unchanged)."""
+    """Each count at most ``cap`` x the lower median count (``cap`` 0: unchanged)."""
     if cap <= 0 or not counts:
         return list(counts)
-    limit = max(1, int(cap * float(np.median(counts))))
+    limit = max(1, int(cap * lower_median(counts)))
     return [min(n, limit) for n in counts]
 
 
@@ -68,14 +84,19 @@ class NormCheck:
 
 
 def bound_updates(
-    uploads: list[NDArrays], references: list[NDArrays], ratio: float, action: str
+    uploads: list[NDArrays],
+    references: list[NDArrays],
+    ratio: float,
+    action: str,
+    history: list[float] | None = None,
 ) -> tuple[list[NDArrays], NormCheck]:
-    """Clip (or reject) every update longer than ``ratio`` x the median update norm."""
+    """Clip (or reject) every update longer than ``ratio`` x the lower median of its
+    round's update norms and the accepted norms of earlier rounds (``history``)."""
     check = NormCheck(rejected=[])
     if ratio <= 0 or not uploads:
         return uploads, check
     norms = [update_norm(u, r) for u, r in zip(uploads, references)]
-    check.limit = ratio * float(np.median(norms))
+    check.limit = ratio * lower_median(norms + list(history or []))
     out = []
     for i, (u, r, n) in enumerate(zip(uploads, references, norms)):
         if n > check.limit and n > 0:
@@ -86,6 +107,58 @@ def bound_updates(
                 check.clipped += 1
         out.append(u)
     return out, check
+
+
+def _update_vector(upload: NDArrays, reference: NDArrays) -> np.ndarray:
+    """``upload - reference`` over the float tensors of matching shape, flattened."""
+    parts = [
+        (u.astype(np.float64) - r).ravel()
+        for u, r in zip(upload, reference)
+        if u.dtype.kind == "f" and u.shape == r.shape
+    ]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def _with_update(upload: NDArrays, reference: NDArrays, vector: np.ndarray) -> NDArrays:
+    """``upload`` whose float tensors are ``reference + vector`` (a new list)."""
+    out, start = [], 0
+    for u, r in zip(upload, reference):
+        if u.dtype.kind == "f" and u.shape == r.shape:
+            u = (r + vector[start : start + u.size].reshape(u.shape)).astype(u.dtype)
+            start += u.size
+        out.append(u)
+    return out + upload[len(out) :]
+
+
+def against_the_round(
+    uploads: list[NDArrays], references: list[NDArrays], min_cosine: float, action: str
+) -> tuple[list[NDArrays], list[tuple[int, float]]]:
+    """Each update whose cosine with the coordinate-wise median update is below
+    ``min_cosine``: with ``project`` its component along the median is removed (what
+    it pushes against the round goes, what it adds across it stays) and what is left
+    is clipped to the lower median update norm (a typical update, not the norm
+    bound's r times it); with ``reject`` it is listed only. Returns (uploads,
+    [(index, cosine)])."""
+    updates = [_update_vector(u, r) for u, r in zip(uploads, references)]
+    centre = np.median(np.stack(updates), axis=0)
+    scale = float(np.linalg.norm(centre))
+    if scale == 0.0:
+        return uploads, []
+    unit = centre / scale
+    typical = lower_median([float(np.linalg.norm(d)) for d in updates])
+    out, flagged = list(uploads), []
+    for i, d in enumerate(updates):
+        norm = float(np.linalg.norm(d))
+        cosine = float(d @ unit) / norm if norm > 0 else 1.0
+        if cosine < min_cosine:
+            flagged.append((i, cosine))
+            if action == "project":
+                across = d - float(d @ unit) * unit
+                length = float(np.linalg.norm(across))
+                if length > typical:
+                    across *= typical / length
+                out[i] = _with_update(uploads[i], references[i], across)
+    return out, flagged
 
 
 def robust_mean(uploads: list[NDArrays], rule: str, trim: float) -> NDArrays:
@@ -104,20 +177,61 @@ def robust_mean(uploads: list[NDArrays], rule: str, trim: float) -> NDArrays:
     return out
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """The run's bounds on one reply (config keys in the module docstring)."""
+
+    weight_cap: float
+    norm_bound: float
+    action: str = "clip"
+    direction_from: int = 0  # 0: no direction check
+    min_cosine: float = 0.0
+    direction_action: str = "project"
+
+    @classmethod
+    def of(cls, cfg: Any, mean_aggregation: bool) -> Bounds:
+        """The run config's bounds; the direction check only where the method's
+        aggregation is a mean of the updates."""
+        return cls(
+            cfg.weight_cap,
+            cfg.update_norm_bound,
+            cfg.update_norm_action,
+            cfg.direction_check_from if mean_aggregation else 0,
+            cfg.direction_min_cosine,
+            cfg.direction_action,
+        )
+
+
+class NormHistory:
+    """The update norms the server accepted in its last ``rounds`` rounds."""
+
+    def __init__(self, rounds: int) -> None:
+        self.rounds: deque[list[float]] = deque(maxlen=max(rounds, 0) or None)
+        self.keep = rounds > 0
+
+    def values(self) -> list[float]:
+        return [n for norms in self.rounds for n in norms]
+
+    def add(self, norms: list[float]) -> None:
+        if self.keep and norms:
+            self.rounds.append(norms)
+
+
 def bound_replies(
     replies: list[Any],
     reference_of: Callable[[str], Parameters],
-    weight_cap: float,
-    norm_bound: float,
-    action: str,
+    bounds: Bounds,
     extra: dict[str, Any],
+    history: NormHistory | None = None,
 ) -> tuple[list[Any], list[str]]:
     """The replies (``Reply``: arrays, num_examples, client_key) with their weights
-    capped and their updates bounded against the payload each was sent
+    capped, their updates bounded against the payload each was sent
     (``reference_of(client key)``, each distinct payload decoded once, not per
-    reply); returns (the replies kept, the rejection reasons). The round's counts
-    go into ``extra``."""
-    for r, n in zip(replies, capped_counts([r.num_examples for r in replies], weight_cap)):
+    reply) and, from ``direction_from`` replies, those pointing against the round
+    rejected; returns (the replies kept, the rejection reasons). The round's counts
+    go into ``extra``; the kept updates' norms into ``history``."""
+    counts = capped_counts([r.num_examples for r in replies], bounds.weight_cap)
+    for r, n in zip(replies, counts):
         if n < r.num_examples:
             extra["weights_capped"] = extra.get("weights_capped", 0) + 1
             r.num_examples = n
@@ -128,42 +242,56 @@ def bound_replies(
         if id(payload) not in decoded:
             decoded[id(payload)] = parameters_to_ndarrays(payload)
         references.append(decoded[id(payload)])
-    uploads, check = bound_updates([r.arrays for r in replies], references, norm_bound, action)
+    earlier = history.values() if history is not None else []
+    uploads, check = bound_updates(
+        [r.arrays for r in replies], references, bounds.norm_bound, bounds.action, earlier
+    )
     for r, u in zip(replies, uploads):
         r.arrays = u
     if check.limit is not None:
         extra.update(update_norm_limit=check.limit, updates_clipped=check.clipped)
-    rejected = set(check.rejected or [])
-    reasons = [
-        f"{replies[i].client_key}: update norm above update-norm-bound x the median "
-        f"({check.limit:.3g})"
-        for i in sorted(rejected)
-    ]
-    return [r for i, r in enumerate(replies) if i not in rejected], reasons
+    reasons = {
+        i: f"{replies[i].client_key}: update norm above update-norm-bound x the lower "
+        f"median ({check.limit:.3g})"
+        for i in check.rejected or []
+    }
+    left = [i for i in range(len(replies)) if i not in reasons]
+    if bounds.direction_from and len(left) >= bounds.direction_from:
+        moved, against = against_the_round(
+            [uploads[i] for i in left],
+            [references[i] for i in left],
+            bounds.min_cosine,
+            bounds.direction_action,
+        )
+        for j, i in enumerate(left):
+            uploads[i] = replies[i].arrays = moved[j]
+        for j, cosine in against if bounds.direction_action == "reject" else []:
+            reasons[left[j]] = (
+                f"{replies[left[j]].client_key}: update points against the round (cosine "
+                f"{cosine:.2f} with the median update, below direction-min-cosine "
+                f"{bounds.min_cosine:g})"
+            )
+        extra["against_the_round"] = len(against)
+    kept = [i for i in range(len(replies)) if i not in reasons]
+    if history is not None:
+        history.add([update_norm(uploads[i], references[i]) for i in kept])
+    return [replies[i] for i in kept], [reasons[i] for i in sorted(reasons)]
 
 
 def bound_round(
     server_round: int,
     replies: list[Any],
     reference_of: Callable[[str], Parameters],
-    cfg: Any,
-    extra: dict[str, Any],
-    rejected: list[str],
+    bounds: Bounds,
+    history: NormHistory,
+    record: Any,
 ) -> list[Any]:
-    """``bound_replies`` with the run config's bounds (``weight-cap``,
-    ``update-norm-bound``, ``update-norm-action``); each rejection is logged and
-    added to ``rejected``."""
-    kept, reasons = bound_replies(
-        replies,
-        reference_of,
-        cfg.weight_cap,
-        cfg.update_norm_bound,
-        cfg.update_norm_action,
-        extra,
-    )
+    """``bound_replies``; the round's counts go to ``record.extra``, each rejection
+    to the log and ``record.rejected``."""
+    kept, reasons = bound_replies(replies, reference_of, bounds, record.extra, history)
     for reason in reasons:
         log.warning("round %d: rejected reply from %s", server_round, reason)
-    rejected += reasons
+    record.rejected += reasons
     if not kept:
         log.error("round %d: every reply was rejected: the global state is kept", server_round)
     return kept

@@ -65,8 +65,105 @@ def test_one_client_cannot_move_the_global_model_beyond_the_stated_bound(attack:
         assert _move(undefended, start) > 5 * bound
 
 
+def _updates_with_a_common_direction(
+    start: list[np.ndarray], sites: int, rng: np.random.Generator
+) -> list[list[np.ndarray]]:
+    """Honest uploads as training makes them: a shared direction plus each site's own."""
+    common = [0.01 * rng.normal(size=a.shape) for a in start]
+    return [
+        [
+            (a + c + 0.01 * rng.normal(size=a.shape)).astype(a.dtype) if a.dtype.kind == "f" else a
+            for a, c in zip(start, common)
+        ]
+        for _ in range(sites)
+    ]
+
+
+def _cosine(a: list[np.ndarray], b: list[np.ndarray], start: list[np.ndarray]) -> float:
+    da = np.concatenate([(x.astype(np.float64) - s).ravel() for x, s in zip(a, start)])
+    db = np.concatenate([(x.astype(np.float64) - s).ravel() for x, s in zip(b, start)])
+    return float(da @ db / np.linalg.norm(da) / np.linalg.norm(db))
+
+
+@pytest.mark.parametrize("rounds", [1, 3])
+def test_at_two_sites_one_hostile_site_moves_the_model_at_most_three_honest_updates(
+    rounds: int,
+) -> None:
+    """The default bounds at n = 2: a 1000x update claiming 1e15 examples, round after
+    round (the norm history must not ratchet up), moves the global model at most 3x
+    the honest site's update; without the bounds it moves it about 1000x."""
+    rng = np.random.default_rng(1)
+    for defended in (True, False):
+        raw = {} if defended else {"weight-cap": 0.0, "update-norm-bound": 0.0}
+        strategy = make_strategy(config(method="fedavg", **raw))
+        for rnd in range(1, rounds + 1):
+            start = [a.copy() for a in strategy.global_arrays]
+            honest = _honest(start, 0, rng)
+            bad = [
+                (s + 1000.0 * (b - s)).astype(b.dtype)
+                for s, b in zip(start, _honest(start, 1, rng))
+            ]
+            replies = [
+                (FakeProxy(0), fit_res(honest, "h", 48)),
+                (FakeProxy(1), fit_res(bad, "a", 10**15)),
+            ]
+            strategy.aggregate_fit(rnd, replies, [])
+            ratio = _move(strategy, start) / update_norm(honest, start)
+            if defended:
+                assert ratio <= 3.0, (rnd, ratio)
+            else:
+                assert ratio > 900
+
+
+@pytest.mark.parametrize("action", ["project", "reject"])
+def test_at_four_sites_a_sign_flipper_under_the_norm_bound_cannot_turn_the_aggregate(
+    action: str,
+) -> None:
+    """Three honest sites and one that sends its update negated, scaled to just under
+    the norm bound, claiming 1e15 examples: the direction check removes what it
+    pushes against the round (the default) or rejects it, and the aggregate keeps a
+    cosine of at least 0.5 with the honest mean (without the check it points
+    against it)."""
+    rng = np.random.default_rng(2)
+    cosines = {}
+    for check in (4, 0):
+        raw = {"direction-check-from": check, "direction-action": action}
+        strategy = make_strategy(config(method="fedavg", **raw))
+        start = [a.copy() for a in strategy.global_arrays]
+        honest = _updates_with_a_common_direction(start, 3, rng)
+        limit = 3.0 * sorted(update_norm(h, start) for h in honest)[1]
+        flip = honest[0]
+        scale = -0.99 * limit / update_norm(flip, start)
+        bad = [
+            (s + scale * (f.astype(np.float64) - s)).astype(f.dtype) for s, f in zip(start, flip)
+        ]
+        replies = [(FakeProxy(k), fit_res(h, f"h{k}", 48)) for k, h in enumerate(honest)]
+        replies.append((FakeProxy(3), fit_res(bad, "attacker", 10**15)))
+        strategy.aggregate_fit(1, replies, [])
+        honest_mean = [np.mean([h[i] for h in honest], axis=0) for i in range(len(start))]
+        cosines[check] = _cosine(strategy.global_arrays, honest_mean, start)
+        record = strategy.rounds[1]
+        if check and action == "reject":
+            assert any("attacker: update points against the round" in r for r in record.rejected)
+        else:
+            assert not record.rejected
+    assert cosines[4] >= 0.5, cosines
+    assert cosines[0] < 0, cosines  # the attack is real without the check
+
+
+def test_the_direction_check_keeps_every_honest_site_of_a_clean_round() -> None:
+    rng = np.random.default_rng(3)
+    strategy = make_strategy(config(method="fedavg"))
+    start = [a.copy() for a in strategy.global_arrays]
+    honest = _updates_with_a_common_direction(start, 10, rng)
+    replies = [(FakeProxy(k), fit_res(h, f"h{k}", 48)) for k, h in enumerate(honest)]
+    strategy.aggregate_fit(1, replies, [])
+    honest_mean = [np.mean([h[i] for h in honest], axis=0) for i in range(len(start))]
+    assert update_norm(strategy.global_arrays, honest_mean) < 1e-5
+
+
 def test_capped_counts_and_norm_bound_units() -> None:
-    assert capped_counts([10, 10, 30, 10**15], 2.0) == [10, 10, 30, 40]
+    assert capped_counts([10, 10, 30, 10**15], 2.0) == [10, 10, 20, 20]  # 2x the lower median
     assert capped_counts([10, 10**15], 0.0) == [10, 10**15]  # off
     ref = [np.zeros(4, np.float32), np.array(3, np.int64)]
     ups = [[np.full(4, v, np.float32), np.array(5, np.int64)] for v in (1.0, 1.0, 1.0, 100.0)]
