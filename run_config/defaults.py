@@ -48,8 +48,9 @@ def resolve_auto(raw: dict[str, Any], spec: MethodSpec) -> tuple[dict[str, Any],
     if pending("augment"):  # augmentation only where the method's paper trained with it
         out["augment"] = wanted.get("augment", "none") if is_image(out) else "none"
         resolved.append("augment")
-    if pending("eval-in-fit"):
-        out["eval-in-fit"] = wanted.get("eval-in-fit", True)
+    if pending("eval-in-fit"):  # off under SecAgg+: a site may not score beside its mask
+        secure = str(out.get("secure-aggregation", False)).lower() == "true"
+        out["eval-in-fit"] = wanted.get("eval-in-fit", True) and not secure
         resolved.append("eval-in-fit")
     ns = spec.params.namespace
     own = [k for k in spec.params.auto_keys if pending(f"{ns}.{k}")]
