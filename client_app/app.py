@@ -41,8 +41,8 @@ from pfl_data import (
     run_class_names,
     site_class_names,
 )
-from pfl_privacy.policy import REFUSED, REQUIRE_SECAGG, PolicyError, SitePolicy
-from pfl_privacy.secagg import DEFAULT_MIN_SITES, ROSTER_KEY, sign_setup_reply, stage_refusal
+from pfl_privacy.policy import DEFAULT_MIN_SECAGG_SITES, REFUSED, PolicyError, SitePolicy
+from pfl_privacy.secagg import ROSTER_KEY, sign_setup_reply, stage_refusal
 from pfl_store import PERSONAL_STATE_DIR
 from run_config.schema import RunConfig
 
@@ -213,14 +213,20 @@ def withholds_metrics(node: dict[str, Any], secure_aggregation: bool) -> bool:
 
 def secagg_min_sites(node: dict[str, Any]) -> int | None:
     """How many distinct roster sites this site wants among its SecAgg+ neighbours;
-    None when it has no roster of its own to check them against."""
-    if not node.get(ROSTER_KEY):
-        return None
+    None when it has no roster of its own to check them against (logged once for a
+    site that requires SecAgg+)."""
     try:
         policy = SitePolicy.of_node(node, method_names())
     except PolicyError:
-        return DEFAULT_MIN_SITES  # a malformed policy refuses every message anyway
-    return policy.min_secagg_sites if policy is not None else DEFAULT_MIN_SITES
+        policy = None  # a malformed policy refuses every message anyway
+    if not node.get(ROSTER_KEY):
+        if policy is not None and policy.require_secure_aggregation:
+            _warn_once(
+                f"this site requires SecAgg+ but has no roster (node config '{ROSTER_KEY}'): "
+                "its neighbours' keys go unchecked, and a server could play them"
+            )
+        return None
+    return policy.min_secagg_sites if policy is not None else DEFAULT_MIN_SECAGG_SITES
 
 
 def strip_plaintext_weight(reply: Message) -> None:
@@ -302,12 +308,6 @@ def make_client_app(overrides: dict[str, Any] | None = None) -> ClientApp:
         ):
             raw = {**context.run_config, **(overrides or {})}  # policy_mod parsed it already
             node = dict(context.node_config)
-            if node.get(REQUIRE_SECAGG) in (True, "true") and not node.get(ROSTER_KEY):
-                _warn_once(
-                    "this site requires SecAgg+ but has no roster (node config "
-                    f"'{ROSTER_KEY}'): its neighbours' keys go unchecked, and a server "
-                    "could play them"
-                )
             why = stage_refusal(msg, node, secagg_min_sites(node))
             if why is None and raw.get("dp-mode") == "distributed":
                 why = dp_share_refusal(msg.content, context.state)

@@ -34,6 +34,8 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+from pfl_privacy.policy import DEFAULT_MIN_SECAGG_SITES
+
 
 def node_config(values: dict[str, str | int]) -> str:
     """The ``--node-config`` string: TOML strings in double quotes, ints as they are."""
@@ -87,7 +89,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     pol.add_argument(
         "--min-secagg-sites",
         type=int,
-        default=3,
+        default=DEFAULT_MIN_SECAGG_SITES,
         help="fewest distinct roster sites a SecAgg+ round may have among this site's "
         "neighbours (default 3)",
     )

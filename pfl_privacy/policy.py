@@ -41,6 +41,7 @@ ACCEPT = "accept-disclosures"
 REQUIRE_SECAGG = "require-secure-aggregation"
 ALLOWED_METHODS = "allowed-methods"
 MIN_SECAGG_SITES = "min-secagg-sites"
+DEFAULT_MIN_SECAGG_SITES = 3
 POLICY_KEYS = (ACCEPT, REQUIRE_SECAGG, ALLOWED_METHODS, MIN_SECAGG_SITES)
 REFUSED = "refuses this run by its policy"  # in every refusal: the server looks for it
 
@@ -91,7 +92,7 @@ class SitePolicy:
     accept: frozenset[str] | None = frozenset()
     require_secure_aggregation: bool = False
     methods: frozenset[str] | None = None
-    min_secagg_sites: int = 3
+    min_secagg_sites: int = DEFAULT_MIN_SECAGG_SITES
 
     @classmethod
     def of_node(cls, node: Mapping[str, Any], methods: Collection[str]) -> SitePolicy | None:
@@ -102,7 +103,9 @@ class SitePolicy:
             accept=_names(node.get(ACCEPT, ""), KINDS, ACCEPT),
             require_secure_aggregation=_flag(node.get(REQUIRE_SECAGG, False), REQUIRE_SECAGG),
             methods=_names(node.get(ALLOWED_METHODS, "all"), methods, ALLOWED_METHODS),
-            min_secagg_sites=_at_least_two(node.get(MIN_SECAGG_SITES, 3), MIN_SECAGG_SITES),
+            min_secagg_sites=_at_least_two(
+                node.get(MIN_SECAGG_SITES, DEFAULT_MIN_SECAGG_SITES), MIN_SECAGG_SITES
+            ),
         )
 
     def withholds_metrics(self, secure_aggregation: bool) -> bool:

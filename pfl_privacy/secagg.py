@@ -40,7 +40,6 @@ SIGNATURE_KEY = "pflower-signature"  # in a site's set-up reply
 SIGNATURES_RECORD = "pflower.secagg-signatures"  # beside the share-keys stage's keys
 IDENTITY_KEY = "identity-key"  # node config: the site's private key (OpenSSH)
 ROSTER_KEY = "secagg-roster"  # node config: the site's own copy of the roster
-DEFAULT_MIN_SITES = 3
 
 
 def key_statement(run_id: int, round_id: str, node_id: int, pk1: bytes, pk2: bytes) -> bytes:
