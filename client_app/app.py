@@ -122,7 +122,7 @@ def build_client(context: Context, overrides: dict[str, Any] | None = None) -> C
     equal = aggregation == "mean" or cfg.dp_mode != "off"  # DP averages with equal weights
     client.weight_by_samples = not (cfg.secure_aggregation and equal)
     if attacker and cfg.attack != "label-flip":  # simulated hostile client (client_app/attacks.py)
-        return Attacker(client, cfg.attack, cfg.attack_scale).to_client()
+        return Attacker(client, cfg.attack, cfg.attack_scale, cfg.seed + partition_id).to_client()
     return client.to_client()
 
 

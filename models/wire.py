@@ -50,6 +50,13 @@ class Wire:
         """What a client must send back."""
         return self.spec
 
+    def upload_reference(self, payload: NDArrays) -> NDArrays:
+        """The payload's tensors lined up with an upload's entries by name (an empty
+        array where the upload carries what the payload lacks): what an update is
+        measured against, on a compacted or headed wire (FedFac's masks) too."""
+        sent = {s.name: a for s, a in zip(self.down_spec(), payload, strict=True)}
+        return [sent.get(s.name, np.zeros(0, np.uint8)) for s in self.up_spec()]
+
     def encode_down(self, dense: NDArrays) -> NDArrays:
         """Server: the dense shared tensors (global or one client's) -> the payload."""
         return dense

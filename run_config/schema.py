@@ -20,6 +20,12 @@ from run_config.defaults import SCHEDULE_KEYS, resolve_auto
 from run_config.params import AUTO, MethodParams, MethodSpec, NoParams
 
 PARTITIONERS = ("iid", "dirichlet", "dirichlet-client", "pathological", "natural", "domain")
+# simulated hostile clients (client_app/attacks.py); the last three target one method's machinery
+ATTACKS = (
+    *("none", "inflate-count", "scale", "sign-flip", "label-flip", "head-flip"),
+    *("fa-steer", "match-magnet"),
+)
+METHOD_ATTACKS = {"fa-steer": "fedfac", "match-magnet": "factorized-fl-alpha"}
 
 
 SETTINGS_SHOWN = (*SCHEDULE_KEYS, "augment")
@@ -109,7 +115,7 @@ class RunConfig(BaseModel):
     round_timeout: float = _field(900.0, alias="round-timeout", ge=0)
     dropout_rate: float = _field(0.0, alias="dropout-rate", ge=0, lt=1)
     # simulated hostile clients (client_app/attacks.py; never on a deployed site)
-    attack: Literal["none", "inflate-count", "scale", "sign-flip", "label-flip"] = "none"
+    attack: Literal[ATTACKS] = "none"  # type: ignore[valid-type]
     attack_clients: int = _field(0, alias="attack-clients", ge=0)  # the first k partitions
     attack_scale: float = _field(10.0, alias="attack-scale", gt=0)
     seed: int = _field(0, ge=0)
@@ -221,6 +227,16 @@ class RunConfig(BaseModel):
             raise ValueError(
                 "config key 'aggregation': differential privacy averages the clipped updates "
                 "with equal weights (its noise is calibrated to that); leave it 'default'"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _attack_fits_the_method(self) -> RunConfig:
+        owner = METHOD_ATTACKS.get(self.attack)
+        if owner and not self.method.startswith(owner):
+            raise ValueError(
+                f"config key 'attack': '{self.attack}' attacks {owner}'s own machinery, "
+                f"not method '{self.method}'"
             )
         return self
 

@@ -216,7 +216,8 @@ class PFLStrategy(Strategy):
             sent = lambda key: self.payload_for(key, server_round)  # noqa: E731
             mean = not self.own_aggregation and self.aggregation in ("mean", "weighted")
             bounds, history = Bounds.of(cfg, mean), self.norm_history
-            accepted = bound_round(server_round, accepted, sent, bounds, history, rl)
+            align = self.wire.upload_reference
+            accepted = bound_round(server_round, accepted, sent, bounds, history, rl, align)
             if not accepted:
                 return self.global_payload(), {}
         self.dp.aggregate(accepted, self, lambda: self.aggregate(server_round, accepted), rl.extra)

@@ -223,13 +223,15 @@ def bound_replies(
     bounds: Bounds,
     extra: dict[str, Any],
     history: NormHistory | None = None,
+    align: Callable[[NDArrays], NDArrays] | None = None,
 ) -> tuple[list[Any], list[str]]:
     """The replies (``Reply``: arrays, num_examples, client_key) with their weights
     capped, their updates bounded against the payload each was sent
     (``reference_of(client key)``, each distinct payload decoded once, not per
     reply) and, from ``direction_from`` replies, those pointing against the round
     rejected; returns (the replies kept, the rejection reasons). The round's counts
-    go into ``extra``; the kept updates' norms into ``history``."""
+    go into ``extra``; the kept updates' norms into ``history``. ``align`` lines a
+    decoded payload up with the uploads (``Wire.upload_reference``)."""
     counts = capped_counts([r.num_examples for r in replies], bounds.weight_cap)
     for r, n in zip(replies, counts):
         if n < r.num_examples:
@@ -240,7 +242,8 @@ def bound_replies(
     for r in replies:
         payload = reference_of(r.client_key)
         if id(payload) not in decoded:
-            decoded[id(payload)] = parameters_to_ndarrays(payload)
+            arrays = parameters_to_ndarrays(payload)
+            decoded[id(payload)] = align(arrays) if align else arrays
         references.append(decoded[id(payload)])
     earlier = history.values() if history is not None else []
     uploads, check = bound_updates(
@@ -285,10 +288,11 @@ def bound_round(
     bounds: Bounds,
     history: NormHistory,
     record: Any,
+    align: Callable[[NDArrays], NDArrays] | None = None,
 ) -> list[Any]:
     """``bound_replies``; the round's counts go to ``record.extra``, each rejection
     to the log and ``record.rejected``."""
-    kept, reasons = bound_replies(replies, reference_of, bounds, record.extra, history)
+    kept, reasons = bound_replies(replies, reference_of, bounds, record.extra, history, align)
     for reason in reasons:
         log.warning("round %d: rejected reply from %s", server_round, reason)
     record.rejected += reasons

@@ -452,3 +452,47 @@ def test_dp_arrived_table_counts_both_epsilons_from_the_rounds() -> None:
     rows = table({"config": config, "rounds": rounds}, 10)
     assert len(rows) == 3 and rows[2].startswith("| 1 | 10 | 6 | 1.000 | 0.775 | 9.00 |")
     assert 0 < float(rows[2].split("|")[-2]) < 9.0
+
+
+def _grid_results(accuracies: dict[str, float], mask: list[int] | None = None) -> dict:
+    last: dict = {"per_client_accuracy": accuracies}
+    if mask is not None:
+        last["fa_shared_mask"] = {"features.1": mask}
+    return {"rounds": [last]}
+
+
+def test_attack_grid_scores_the_honest_sites_only(tmp_path: Path) -> None:
+    """benchmarks/attack_grid.py: the attackers (the first partitions) are left out of
+    the accuracy, the change is against the same defence's clean run on those sites,
+    and FedFac's split change counts the neurons whose role differs."""
+    from benchmarks import attack_grid
+
+    def cell(attack: str, a: int) -> attack_grid.Cell:
+        cfg = {"num-server-rounds": 1}
+        return attack_grid.Cell("fedfac", "fedfac-static", 4, attack, a, "defaults", cfg)
+
+    clean, hit = cell("clean", 0), cell("fa-steer", 1)
+    for c, acc, mask in (
+        (clean, {"client-0": 1.0, "client-1": 0.5, "client-2": 0.7, "client-3": 0.6}, [1, 1, 0, 0]),
+        (hit, {"client-0": 0.0, "client-1": 0.4, "client-2": 0.7, "client-3": 0.4}, [1, 0, 1, 0]),
+    ):
+        (tmp_path / c.name).mkdir()
+        (tmp_path / c.name / "results.json").write_text(json.dumps(_grid_results(acc, mask)))
+    rows = {r["cell"].attack: r for r in attack_grid.summarise([clean, hit], tmp_path)}
+    assert rows["fa-steer"]["honest"] == pytest.approx(50.0)  # client-0 left out
+    assert rows["fa-steer"]["change"] == pytest.approx(-10.0)  # against 60 on clients 1-3
+    assert rows["fa-steer"]["split"] == pytest.approx(50.0)
+    assert attack_grid.complete(tmp_path / hit.name / "results.json", 1)
+    assert not attack_grid.complete(tmp_path / hit.name / "results.json", 10)
+
+
+@pytest.mark.slow
+def test_attack_grid_ci_variant_writes_its_tables_and_plot(tmp_path: Path) -> None:
+    from benchmarks import attack_grid
+
+    attack_grid.main(["--ci", "--jobs", "1", "--out", str(tmp_path), "--runs", str(tmp_path / "r")])
+    text = (tmp_path / "attacks-grid.md").read_text()
+    for title in ("FedAvg", "FedFac", "Factorized-FL", "FedCP"):
+        assert f"## {title}" in text
+    assert (tmp_path / "attacks-grid.png").stat().st_size > 1000
+    assert "| factorized-fl-alpha | 4 | 1 | match-magnet | defaults |" in text

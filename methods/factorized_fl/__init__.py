@@ -37,6 +37,10 @@ class FactorizedFLParams(MethodParams):
     # what the similarity compares: v (the paper) or v minus its initial value, which
     # every client shares (docs/factorized_fl.md: v barely leaves it at this budget)
     match: Literal["v", "v-change"] = "v"
+    # one client is kept in at most match-cap x the lower median of how many other
+    # clients' aggregates each client is kept in (those most similar to it): a
+    # client that is everyone's nearest neighbour cannot enter every aggregate (0: off)
+    match_cap: float = Field(2.0, alias="match-cap", ge=0)
 
     @classmethod
     def auto(cls, raw: dict[str, Any]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from torch import nn
 from methods.factorized_fl.model import FactorizedWire
 from run_config.schema import RunConfig
 from strategies.base import PFLStrategy, Reply, RoundLog, weighted_mean
+from strategies.robust import lower_median
 
 
 def cosine_matrix(vectors: np.ndarray) -> np.ndarray:
@@ -47,9 +48,32 @@ def matching_weights(
     order = sorted(range(n), key=lambda i: (-sim_row[i], i != self_index))
     passing = int(np.sum(sim_row >= tau))
     keep = np.array(order[: min(n, max(passing, min_aggr, 1))])
-    logits = epsilon * sim_row[keep]
+    return keep, softmax_weights(sim_row[keep], epsilon)
+
+
+def softmax_weights(similarities: np.ndarray, epsilon: float) -> np.ndarray:
+    logits = epsilon * similarities
     w = np.exp(logits - logits.max())  # scipy.special.softmax would do the same; numpy suffices
-    return keep, w / w.sum()
+    return w / w.sum()
+
+
+def cap_matches(keeps: list[np.ndarray], sim: np.ndarray, cap: float) -> list[np.ndarray]:
+    """``factorized-fl.match-cap``: client i stays in at most ceil(cap x m) other
+    clients' kept sets, m the lower median over clients of that count, those rows
+    most similar to it; each client always keeps itself (cap 0: unchanged)."""
+    n = len(keeps)
+    counts = np.zeros(n, dtype=int)
+    for k, keep in enumerate(keeps):
+        counts[[i for i in keep if i != k]] += 1
+    limit = int(np.ceil(cap * lower_median(counts.tolist())))
+    if cap <= 0 or limit <= 0:
+        return keeps
+    out = [set(keep.tolist()) for keep in keeps]
+    for i in np.flatnonzero(counts > limit):
+        rows = [k for k in range(n) if k != i and i in out[k]]
+        for k in sorted(rows, key=lambda k: -sim[k, i])[limit:]:
+            out[k].discard(int(i))
+    return [np.array([i for i in keep if i in out[k]]) for k, keep in enumerate(keeps)]
 
 
 class FactorizedFLStrategy(PFLStrategy):
@@ -78,8 +102,14 @@ class FactorizedFLStrategy(PFLStrategy):
         new: dict[str, Parameters] = {}
         kept_counts = []
         mixture = np.zeros((len(replies), len(replies)))  # row k: whom client k learns from
+        keeps = [
+            matching_weights(sim[k], k, p.sim_threshold, p.min_aggr, p.epsilon)[0]
+            for k in range(len(replies))
+        ]
+        keeps = cap_matches(keeps, sim, p.match_cap)
         for k, reply in enumerate(replies):
-            keep, w = matching_weights(sim[k], k, p.sim_threshold, p.min_aggr, p.epsilon)
+            keep = keeps[k]
+            w = softmax_weights(sim[k, keep], p.epsilon)
             kept_counts.append(len(keep))
             mixture[k, keep] = w
             mine = weighted_mean([dense[i] for i in keep], list(w))

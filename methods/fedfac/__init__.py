@@ -49,6 +49,9 @@ class FedFacParams(MethodParams):
     fa_kappa: float = Field(0.85, alias="fa-kappa", gt=0, le=1)
     fa_input: Literal["weights", "updates"] = Field("weights", alias="fa-input")
     fa_smoothing: float = Field(0.0, alias="fa-smoothing", ge=0, lt=1)  # 0: the paper
+    # what the FA correlates: the clients' stacked rows (pooled: the paper), or the
+    # element-wise median of each client's own covariance (one site cannot steer it)
+    fa_robust: Literal["pooled", "site-median"] = Field("pooled", alias="fa-robust")
     fa_split: Literal["fa", "true", "oracle", "random"] = Field("fa", alias="fa-split")
     # held-out clients that never train (paper Section 3.2): the last new-clients
     # partitions in simulation, the sites named in new-client-sites in deployment

@@ -24,6 +24,22 @@ class FactorResult:
     iterations: int
 
 
+def site_median_correlation(per_client: list[np.ndarray]) -> np.ndarray:
+    """``fedfac.fa-robust=site-median``: the correlation of the layer's columns from
+    the element-wise median over clients of each client's own covariance, taken
+    around the median of the clients' column means. With all clients alike it is the
+    pooled correlation; one client's rows, however large or correlated, move a
+    median of three or more only within the others' range."""
+    blocks = [w.reshape(w.shape[0], -1).T.astype(np.float64) for w in per_client]
+    centre = np.median(np.stack([b.mean(axis=0) for b in blocks]), axis=0)
+    cov = np.median(np.stack([(b - centre).T @ (b - centre) / b.shape[0] for b in blocks]), axis=0)
+    std = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+    std[std == 0] = 1.0
+    r = np.clip(cov / np.outer(std, std), -1.0, 1.0)
+    np.fill_diagonal(r, 1.0)
+    return r
+
+
 def correlation(z: np.ndarray) -> np.ndarray:
     """Correlation matrix of the columns of ``z`` after standardisation. A constant
     column (zero variance) correlates with nothing and has unit variance."""
@@ -53,16 +69,21 @@ def _top_loadings(r: np.ndarray, g: int) -> np.ndarray:
 
 
 def principal_factors(
-    z: np.ndarray, kappa: float = 0.85, tol: float = 1e-6, max_iter: int = 200
+    z: np.ndarray,
+    kappa: float = 0.85,
+    tol: float = 1e-6,
+    max_iter: int = 200,
+    r: np.ndarray | None = None,
 ) -> FactorResult:
-    """Iterated principal-factor fit of the columns of ``z`` (samples x variables).
+    """Iterated principal-factor fit of the columns of ``z`` (samples x variables),
+    or of the correlation matrix ``r`` when given.
 
     R = corr(z); G from kappa on R's eigenvalues; A from the top-G eigenpairs of R
     as sqrt(gamma) u; then Psi = diag(R - A A^T), refactor R - Psi, until Psi
     stops changing. Communalities are clipped to [0, 1] each step (a Heywood case
     would otherwise make a uniqueness negative).
     """
-    r = correlation(z)
+    r = correlation(z) if r is None else r
     g = num_factors(np.linalg.eigvalsh(r), kappa)
     a = _top_loadings(r, g)
     psi = np.clip(1.0 - (a**2).sum(axis=1), 0.0, 1.0)

@@ -54,6 +54,7 @@ from methods.fedfac.factor_analysis import (
     layer_matrix,
     principal_factors,
     shared_elements,
+    site_median_correlation,
 )
 from methods.fedfac.model import HELD_OUT, PHASE, FedFacWire
 from models.roles import CLIENT_KEY, wire_spec
@@ -121,8 +122,12 @@ class FedFacStrategy(PFLStrategy):
         # one BLAS thread: the simulated clients share the machine's cores. Iterated
         # until Psi moves < 1e-4 or for 100 steps (a 512-wide layer: ~10 s on one core)
         with threadpool_limits(1):
+            kappa = self.cfg.params.fa_kappa
+            if self.cfg.params.fa_robust == "site-median" and len(per_client) > 1:
+                r = site_median_correlation(per_client)
+                return principal_factors(np.zeros((1, 1)), kappa, tol=1e-4, max_iter=100, r=r)
             z = layer_matrix(per_client)
-            return principal_factors(z, self.cfg.params.fa_kappa, tol=1e-4, max_iter=100)
+            return principal_factors(z, kappa, tol=1e-4, max_iter=100)
 
     def run_fa(self, server_round: int, replies: list[Reply]) -> None:
         """FA per Lambda layer on this round's full uploads -> the new split."""
