@@ -7,7 +7,8 @@ numbers. Reserved keys in ``[config]``, a setting or a variant: ``engine``
 ``num-cpus``, ``num-gpus``; every other key is a run-config key.
 String values may name data: ``{dev}`` (the CIFAR-10 dev set),
 ``{dev:N}`` (a seeded N-row subset of it), ``{fashion}`` (Fashion-MNIST),
-``{dev-domains:K}`` (K per-domain image folders, comma-separated: for ``client-data-paths``).
+``{dev-domains:K}`` (K per-domain image folders, comma-separated: for ``client-data-paths``),
+``{fed-heart-disease}`` (the four hospitals' table, built from ../shared/data once).
 ``equal-budget = "fedavg"`` gives every row that method's local schedule
 (docs/PRESETS.md has the whole format, with an example).
 """
@@ -240,16 +241,37 @@ def resolve(value: Any) -> Any:
     """``{dev}``, ``{dev:N}``, ``{fashion}`` and ``{dev-domains:K}`` -> data (made once)."""
     if not isinstance(value, str) or not value.startswith("{"):
         return value
+    if value == "{fed-heart-disease}":
+        return heart_parquet()
     match = re.fullmatch(r"\{(dev|fashion|dev-domains)(?::(\d+))?\}", value)
     if not match:
         raise SystemExit(
-            f"unknown data placeholder {value!r}: {{dev}}, {{dev:N}}, {{fashion}}, {{dev-domains:K}}"
+            f"unknown data placeholder {value!r}: {{dev}}, {{dev:N}}, {{fashion}}, "
+            "{dev-domains:K}, {fed-heart-disease}"
         )
     if match[1] == "fashion":
         return fashion_parquet()
     if match[1] == "dev-domains":
         return ",".join(domain_folders(int(match[2] or 4)))
     return subset_parquet(int(match[2] or 0), seed=0)
+
+
+def heart_parquet(out_dir: Path = DATA_CACHE) -> str:
+    """The Fed-Heart-Disease table (pfl_data/fed_heart_disease.py), made once from the
+    UCI files under ../shared/data/fed-heart-disease (or $PFLOWER_DATA_DIR)."""
+    from pfl_data import fed_heart_disease
+
+    source = SHARED_DATA / "fed-heart-disease"
+    path = out_dir / "fed-heart-disease.parquet"
+    if not path.exists():
+        if not source.is_dir():
+            raise SystemExit(
+                f"the Fed-Heart-Disease files are missing: {source} (the four UCI "
+                "processed.*.data files; docs/DATA.md)"
+            )
+        tmp = fed_heart_disease.build(source, out_dir / "tmp-fed-heart-disease.parquet")
+        tmp.replace(path)
+    return str(path)
 
 
 def subset_parquet(rows: int, seed: int, out_dir: Path = DATA_CACHE) -> str:

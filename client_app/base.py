@@ -255,5 +255,6 @@ class PFLClient(NumPyClient):
 
     def score(self) -> tuple[float, dict[str, Scalar]]:
         """(loss, metrics with at least ``accuracy``) on the local test split."""
-        loss, acc = evaluate(self.model, self.x_test, self.y_test)
-        return loss, {"accuracy": acc}
+        extra: dict[str, float] = {}
+        loss, acc = evaluate(self.model, self.x_test, self.y_test, extra=extra)
+        return loss, {"accuracy": acc, **extra}

@@ -73,6 +73,23 @@ def batches(
             yield x[idx], y[idx]
 
 
+def epoch_batches(
+    x: torch.Tensor, y: torch.Tensor, cfg: RunConfig, generator: torch.Generator
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """One epoch: a pass over the data, or with ``local-steps`` exactly that many
+    batches, reshuffling each time the data runs out."""
+    if cfg.local_steps <= 0:
+        yield from batches(x, y, cfg.batch_size, generator)
+        return
+    steps = 0
+    while steps < cfg.local_steps:
+        for batch in batches(x, y, cfg.batch_size, generator):
+            yield batch
+            steps += 1
+            if steps == cfg.local_steps:
+                return
+
+
 @contextmanager
 def only_trainable(model: nn.Module, params: Iterable[nn.Parameter]) -> Iterator[None]:
     """Within the block, only ``params`` require grad (no wasted backward work)."""
@@ -117,7 +134,7 @@ def train_epochs(
     total, count = torch.zeros((), device=x.device), 0
     with only_trainable(model, params):
         for _ in range(epochs):
-            for xb, yb in batches(x, y, cfg.batch_size, generator):
+            for xb, yb in epoch_batches(x, y, cfg, generator):
                 xb = augment_batch(xb, cfg.augment, generator)
                 opt.zero_grad(set_to_none=True)
                 loss = loss_fn(model, xb, yb)
@@ -135,16 +152,27 @@ def evaluate(
     y: torch.Tensor,
     batch_size: int = 512,
     predict: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    extra: dict[str, float] | None = None,
 ) -> tuple[float, float]:
-    """(mean cross-entropy, accuracy) of ``predict`` (default: the model) on x, y."""
+    """(mean cross-entropy, accuracy) of ``predict`` (default: the model) on x, y.
+    With ``extra``, a two-class task adds ``auc`` there (the ROC AUC of the class-1
+    probability, where the test split holds both classes)."""
     if y.shape[0] == 0:
         return 0.0, 0.0
     model.eval()
     forward = predict or model
     loss_sum, correct = torch.zeros((), device=x.device), torch.zeros((), device=x.device)
+    positive = []
     for xb, yb in batches(x, y, batch_size, None):
         logits = forward(xb)
         loss_sum += F.cross_entropy(logits, yb, reduction="sum")
         correct += (logits.argmax(dim=1) == yb).sum()
+        if extra is not None and logits.shape[1] == 2:
+            positive.append(F.softmax(logits, dim=1)[:, 1].cpu())
     n = y.shape[0]
+    labels = y.cpu().numpy()
+    if positive and len(set(labels.tolist())) == 2:
+        from sklearn.metrics import roc_auc_score  # the standard definition, ties averaged
+
+        extra["auc"] = float(roc_auc_score(labels, torch.cat(positive).numpy()))
     return float(loss_sum) / n, float(correct) / n

@@ -27,6 +27,16 @@ class Backbone(nn.Module):
         return self.head(self.features(x))
 
 
+class LogReg(Backbone):
+    """Logistic regression: no feature layer (the inputs are the features), a linear
+    head (softmax over the classes; with two, the usual logistic model)."""
+
+    def __init__(self, in_dim: int, num_classes: int) -> None:
+        super().__init__()
+        self.features = nn.Flatten()
+        self.head = nn.Linear(in_dim, num_classes)
+
+
 class MLP(Backbone):
     """One hidden layer (the FedFac simulation study uses m = 200)."""
 
@@ -155,7 +165,7 @@ class ResNet18(Backbone):
         self.head = nn.Linear(dim, num_classes)
 
 
-MODEL_NAMES = ("mlp", "cnn4", "resnet8", "resnet10", "resnet18")
+MODEL_NAMES = ("logreg", "mlp", "cnn4", "resnet8", "resnet10", "resnet18")
 
 
 def build_backbone(
@@ -166,11 +176,11 @@ def build_backbone(
     weights_path: str = "",
 ) -> Backbone:
     """Build a backbone for inputs of ``input_shape`` (without batch dim)."""
-    if name == "mlp":
+    if name in ("mlp", "logreg"):
         in_dim = 1
         for s in input_shape:
             in_dim *= s
-        return MLP(in_dim, num_classes, hidden)
+        return MLP(in_dim, num_classes, hidden) if name == "mlp" else LogReg(in_dim, num_classes)
     if len(input_shape) != 3:
         raise ValueError(f"model '{name}' needs image inputs (C, H, W), got shape {input_shape}")
     channels, size = input_shape[0], input_shape[1]

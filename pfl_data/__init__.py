@@ -93,16 +93,16 @@ def found_info(cfg: RunConfig, data_path: str = "", cache_dir: str = "") -> Data
     first_client_path = cfg.client_data_paths.split(",")[0].strip()
     if cfg.dataset == "synthetic" and not data_path and not first_client_path:
         return DataInfo((cfg.sim_dim,), 2)
-    from pfl_data.hf import hf_data_info
+    from pfl_data.hf import Tabular, hf_data_info
 
     source = data_path or first_client_path or cfg.dataset
     if not cache_dir:
-        info = hf_data_info(source)
+        info = hf_data_info(source, Tabular.of(cfg))
     else:
         from pfl_data.cache import cached_info, info_key
 
         def build() -> tuple[tuple[int, ...], int, tuple[str, ...]]:
-            info = hf_data_info(source)
+            info = hf_data_info(source, Tabular.of(cfg))
             return info.input_shape, info.num_classes, info.class_names
 
         key = info_key(cfg, data_path)
@@ -141,9 +141,10 @@ def site_class_names(
     """This client's own class list, in its label order (empty if its data name none)."""
     if data_path or not cfg.client_data_paths:  # its data's own, not what the run declares
         return found_info(cfg, data_path, cache_dir).class_names
-    from pfl_data.hf import _client_path, hf_data_info
+    from pfl_data.hf import Tabular, _client_path, hf_data_info
 
-    return hf_data_info(_client_path(cfg, partition_id, num_partitions)).class_names
+    path = _client_path(cfg, partition_id, num_partitions)
+    return hf_data_info(path, Tabular.of(cfg)).class_names
 
 
 def run_class_names(cfg: RunConfig) -> tuple[str, ...]:

@@ -32,6 +32,10 @@ NAMES = ("x_train", "y_train", "x_test", "y_test")
 # The keys that decide what one client's arrays are (everything else trains them).
 SHAPING_KEYS = (
     "dataset",
+    "label-column",
+    "split-column",
+    "feature-columns",
+    "categorical-columns",
     "partitioner",
     "alpha",
     "classes-per-client",
@@ -85,7 +89,8 @@ def info_key(cfg: RunConfig, data_path: str) -> str:
     paths = [data_path] if data_path else [cfg.dataset]
     paths += [p.strip() for p in cfg.client_data_paths.split(",") if p.strip()]
     payload = {
-        "config": [cfg.dataset, cfg.client_data_paths, cfg.pretrained_weights],
+        "config": [cfg.dataset, cfg.client_data_paths, cfg.pretrained_weights]
+        + [cfg.label_column, cfg.feature_columns, cfg.categorical_columns, cfg.partition_by],
         "data": {p: fingerprint(p) for p in paths},
     }
     return "info-" + hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]

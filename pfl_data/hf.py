@@ -46,6 +46,78 @@ IMAGENET_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
 # ----------------------------------------------------------------------------- sources
 
 
+@dataclass(frozen=True)
+class Tabular:
+    """How a table becomes inputs and labels (the run config's tabular keys): the
+    label column ('' : the first of LABEL_COLUMNS), the train/test column, the
+    feature columns (empty: every other numeric column), the categorical columns
+    with their declared levels, and the columns that are never features."""
+
+    label: str = ""
+    split: str = SPLIT_COLUMN
+    features: tuple[str, ...] = ()
+    categorical: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    exclude: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> Tabular:
+        return cls(
+            cfg.label_column.strip(),
+            cfg.split_column.strip() or SPLIT_COLUMN,
+            tuple(c.strip() for c in cfg.feature_columns.split(",") if c.strip()),
+            parse_categorical(cfg.categorical_columns),
+            (cfg.partition_by,) if cfg.partitioner == "natural" else (),
+        )
+
+
+def parse_categorical(spec: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """``categorical-columns``: "cp:1/2/3/4,restecg:0/1/2" -> ((column, levels), ...)."""
+    out = []
+    for item in (i.strip() for i in spec.split(",") if i.strip()):
+        column, _, levels = item.partition(":")
+        names = tuple(v.strip() for v in levels.split("/") if v.strip())
+        if not column.strip() or len(names) < 2 or len(set(names)) != len(names):
+            raise ConfigError(
+                f"config key 'categorical-columns': {item!r} is not 'column:level/level/...' "
+                "with at least two distinct levels (the first is the reference level)"
+            )
+        out.append((column.strip(), names))
+    return tuple(out)
+
+
+def _level(value: Any) -> str:
+    """A categorical cell as text: 1.0 and 1 are the same level '1'."""
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def one_hot(values: np.ndarray, column: str, levels: tuple[str, ...], name: str) -> np.ndarray:
+    """(n, len(levels) - 1) indicator columns, the first level the reference."""
+    text = [_level(v) for v in values]
+    unknown = sorted(set(text) - set(levels))
+    if unknown:
+        raise ConfigError(
+            f"config key 'categorical-columns': column {column!r} of {name} has values "
+            f"{unknown[:5]} outside its declared levels {list(levels)}"
+        )
+    cells = np.array(text, dtype=object)
+    return np.stack([(cells == lv).astype(np.float32) for lv in levels[1:]], axis=1)
+
+
+def _refuse_missing(values: np.ndarray, column: str, key: str, name: str) -> None:
+    missing = (
+        np.isnan(values).sum()
+        if np.issubdtype(values.dtype, np.floating)
+        else sum(v is None or (isinstance(v, float) and np.isnan(v)) for v in values)
+    )
+    if missing:
+        raise ConfigError(
+            f"config key '{key}': column {column!r} of {name} has {int(missing)} missing "
+            "values; the run does not impute: fill or drop them first (docs/DATA.md)"
+        )
+
+
 @dataclass
 class _Source:
     """One loaded data set: labels in memory, inputs decoded on demand."""
@@ -60,6 +132,7 @@ class _Source:
     image_column: str | None = None
     mode: str = "RGB"
     dense: np.ndarray | None = None  # fully materialised float32 inputs (tabular/digits)
+    tabular: bool = False  # a table: each site standardises with its own training rows
     mean: np.ndarray | None = None
     std: np.ndarray | None = None
     _cache: np.ndarray | None = None  # (n, C, H, W) uint8, decoded rows
@@ -128,9 +201,9 @@ def _load_hf(name: str) -> Any:
     path = Path(name).expanduser()
     if path.exists():
         if path.is_file():
-            if path.suffix != ".parquet":
-                raise ValueError(f"config key 'dataset': {name} is not a .parquet file")
-            dd = datasets.load_dataset("parquet", data_files=str(path))
+            if path.suffix not in (".parquet", ".csv"):
+                raise ValueError(f"config key 'dataset': {name} is not a .parquet or .csv file")
+            dd = datasets.load_dataset(path.suffix[1:], data_files=str(path))
         elif any(path.rglob("*.parquet")):
             files = sorted(str(p) for p in path.rglob("*.parquet"))
             by_split: dict[str, list[str]] = {}
@@ -238,17 +311,29 @@ def _num_classes(ds: Any, label_col: str, labels: np.ndarray) -> int:
     return int(labels.max()) + 1 if len(labels) else 0
 
 
-def source_from_dataset(ds: Any, name: str = "<in-memory>") -> _Source:
+def source_from_dataset(
+    ds: Any, name: str = "<in-memory>", tabular: Tabular = Tabular()
+) -> _Source:
     """Wrap an in-memory ``datasets.Dataset`` (image or tabular) as a source."""
     import datasets
 
-    label_col = next((c for c in LABEL_COLUMNS if c in ds.column_names), None)
+    if tabular.label:
+        if tabular.label not in ds.column_names:
+            raise ConfigError(
+                f"config key 'label-column': {tabular.label!r} is not a column of {name} "
+                f"(columns: {ds.column_names})"
+            )
+        label_col = tabular.label
+    else:
+        label_col = next((c for c in LABEL_COLUMNS if c in ds.column_names), None)
     if label_col is None:
         raise ValueError(
-            f"config key 'dataset': {name} has no label column (one of {LABEL_COLUMNS}); "
-            f"columns are {ds.column_names}"
+            f"config key 'dataset': {name} has no label column (one of {LABEL_COLUMNS}; "
+            f"or name it with label-column); columns are {ds.column_names}"
         )
-    labels = _column(ds, label_col).astype(np.int64)
+    raw_labels = _column(ds, label_col)
+    _refuse_missing(raw_labels, label_col, "label-column", name)
+    labels = raw_labels.astype(np.int64)
     image_col = next(
         (c for c in IMAGE_COLUMNS if c in ds.column_names),
         next((c for c, f in ds.features.items() if isinstance(f, datasets.Image)), None),
@@ -279,17 +364,45 @@ def source_from_dataset(ds: Any, name: str = "<in-memory>") -> _Source:
         src.input_shape = (1 if mode == "L" else 3, h, w)
         src.columns = plain
     else:
-        feats = [
-            c
-            for c, v in plain.items()
-            if not _is_id_column(c) and np.issubdtype(v.dtype, np.number)
-        ]
-        if not feats:
-            raise ValueError(f"config key 'dataset': {name} has no image or numeric feature column")
-        src.dense = np.stack([plain[c] for c in feats], axis=1).astype(np.float32)
-        src.input_shape = (len(feats),)
-        src.columns = {c: v for c, v in plain.items() if c not in feats}
+        tabular_inputs(src, plain, name, tabular)
     return _finish(src)
+
+
+def tabular_inputs(src: _Source, plain: dict[str, np.ndarray], name: str, tab: Tabular) -> None:
+    """The feature matrix of a table: the declared (or every numeric) feature columns,
+    then each categorical column's indicators; a missing value is refused."""
+    categorical = dict(tab.categorical)
+    for column, key in [*((c, "feature-columns") for c in tab.features),
+                        *((c, "categorical-columns") for c in categorical)]:  # fmt: skip
+        if column not in plain:
+            raise ConfigError(
+                f"config key '{key}': column {column!r} is not in {name} (columns: {sorted(plain)})"
+            )
+    skip = {tab.split, *tab.exclude, *categorical}
+    feats = list(tab.features) or [
+        c
+        for c, v in plain.items()
+        if c not in skip and not _is_id_column(c) and np.issubdtype(v.dtype, np.number)
+    ]
+    if not feats and not categorical:
+        raise ValueError(f"config key 'dataset': {name} has no image or numeric feature column")
+    parts = []
+    for c in feats:
+        if not np.issubdtype(plain[c].dtype, np.number):
+            raise ConfigError(
+                f"config key 'feature-columns': column {c!r} of {name} is not numeric "
+                "(declare it in categorical-columns with its levels)"
+            )
+        _refuse_missing(plain[c], c, "feature-columns", name)
+        parts.append(plain[c].astype(np.float32)[:, None])
+    for c, levels in categorical.items():
+        _refuse_missing(plain[c], c, "categorical-columns", name)
+        parts.append(one_hot(plain[c], c, levels, name))
+    src.dense = np.concatenate(parts, axis=1).astype(np.float32)
+    src.input_shape = (src.dense.shape[1],)
+    src.tabular = True
+    used = {*feats, *categorical}
+    src.columns = {c: v for c, v in plain.items() if c not in used}
 
 
 def _finish(src: _Source) -> _Source:
@@ -304,16 +417,16 @@ def _finish(src: _Source) -> _Source:
 
 
 @lru_cache(maxsize=16)
-def load_source(name_or_path: str) -> _Source:
+def load_source(name_or_path: str, tabular: Tabular = Tabular()) -> _Source:
     """The data set behind a ``dataset`` value or a path (cached per process)."""
     if name_or_path == "sklearn-digits":
         return _digits()
-    return source_from_dataset(_load_hf(name_or_path), name_or_path)
+    return source_from_dataset(_load_hf(name_or_path), name_or_path, tabular)
 
 
-def hf_data_info(name_or_path: str) -> DataInfo:
+def hf_data_info(name_or_path: str, tabular: Tabular = Tabular()) -> DataInfo:
     """Input shape (after the transform), number of classes and class names of a data set."""
-    src = load_source(name_or_path)
+    src = load_source(name_or_path, tabular)
     return DataInfo(tuple(src.input_shape), src.num_classes, tuple(src.class_names))
 
 
@@ -407,9 +520,16 @@ def library_partitions(
 
 @lru_cache(maxsize=8)
 def _cached_library_partitions(
-    name: str, partitioner: str, num_partitions: int, seed: int, alpha: float, cpc: int
+    name: str,
+    partitioner: str,
+    num_partitions: int,
+    seed: int,
+    alpha: float,
+    cpc: int,
+    tabular: Tabular = Tabular(),
 ) -> tuple[np.ndarray, ...]:
-    return library_partitions(load_source(name), partitioner, num_partitions, seed, alpha, cpc)
+    src = load_source(name, tabular)
+    return library_partitions(src, partitioner, num_partitions, seed, alpha, cpc)
 
 
 def natural_partition(src: _Source, partition_by: str, partition_id: int) -> np.ndarray:
@@ -574,8 +694,10 @@ def domain_partitions(
 
 
 @lru_cache(maxsize=8)
-def _cached_hand_partitions(name: str, kind: str, num_partitions: int, key: tuple) -> tuple:
-    src = load_source(name)
+def _cached_hand_partitions(
+    name: str, kind: str, num_partitions: int, key: tuple, tabular: Tabular = Tabular()
+) -> tuple:
+    src = load_source(name, tabular)
     if kind == "dirichlet-client":
         return dirichlet_client_partitions(src.labels, src.num_classes, num_partitions, *key)
     groups_kind, num_domains, seed = key
@@ -636,14 +758,15 @@ def load_client_arrays(
     whole = data_path or (
         _client_path(cfg, partition_id, num_partitions) if cfg.client_data_paths else ""
     )
+    tab = Tabular.of(cfg)
     if whole:
         _check_local(whole, "client-data-paths" if not data_path else "dataset")
-        src = load_source(whole)
+        src = load_source(whole, tab)
         rows = np.arange(len(src.labels))
         tr, te = _split(cfg, src, rows, partition_id, use_split_column=True)
         y_tr, y_te = src.labels[tr], src.labels[te]
     else:
-        src = load_source(cfg.dataset)
+        src = load_source(cfg.dataset, tab)
         tr, te, y_tr, y_te = _partition(cfg, src, partition_id, num_partitions)
     names = tuple(n.strip() for n in cfg.class_names.split(",") if n.strip())
     if names:  # by name: a site that lacks a class keeps every other class's id
@@ -656,6 +779,15 @@ def load_client_arrays(
     if cfg.permute_labels:
         perm = label_permutation(src.num_classes, cfg.seed, partition_id)
         y_tr, y_te = perm[y_tr], perm[y_te]
+    if src.tabular:  # the site's own training rows only: nothing of another site's data
+        mean, std = x_tr.mean(axis=0), x_tr.std(axis=0)
+        std[std < 1e-6] = 1.0  # a constant column (Switzerland's cholesterol) stays 0
+        return (
+            ((x_tr - mean) / std).astype(np.float32),
+            y_tr.astype(np.int64),
+            ((x_te - mean) / std).astype(np.float32),
+            y_te.astype(np.int64),
+        )
     imagenet = bool(cfg.pretrained_weights)  # pretrained weights expect ImageNet's statistics
     return (
         src.normalise(x_tr, imagenet),
@@ -668,12 +800,26 @@ def load_client_arrays(
 def _split(
     cfg: RunConfig, src: _Source, rows: np.ndarray, partition_id: int, use_split_column: bool
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Train and test rows: the ``split`` column when there is one, else the seeded ratio."""
-    split = src.columns.get(SPLIT_COLUMN)
+    """Train and test rows: the ``split-column`` when there is one, else the seeded
+    ratio. A split column the run names must exist and mark each row train or test."""
+    column = cfg.split_column.strip() or SPLIT_COLUMN
+    split = src.columns.get(column)
+    declared = column != SPLIT_COLUMN
+    if declared and split is None and use_split_column:
+        raise ConfigError(
+            f"config key 'split-column': {column!r} is not a column of {src.name} "
+            f"(columns: {sorted(src.columns)})"
+        )
     if use_split_column and split is not None:
         values = split[rows].astype(str)
-        if {"train", "test"} <= set(values):
+        if {"train", "test"} <= set(values) and set(values) <= {"train", "test"}:
             return rows[values == "train"], rows[values == "test"]
+        if declared or set(values) - {"train", "test"}:
+            raise ConfigError(
+                f"config key 'split-column': column {column!r} of {src.name} must mark this "
+                f"client's rows 'train' or 'test', with at least one of each; it has "
+                f"{sorted(set(values))[:5]}"
+            )
     _, tr, _, te = split_train_test(rows, rows, cfg.test_fraction, cfg.seed + partition_id)
     return tr, te
 
@@ -690,12 +836,14 @@ def _partition(
         )
     if p == "dirichlet-client":
         key = (cfg.alpha, cfg.train_per_client, cfg.test_per_client, cfg.seed)
-        tr, te = _cached_hand_partitions(src.name, p, num_partitions, key)[partition_id]
+        tab = Tabular.of(cfg)
+        tr, te = _cached_hand_partitions(src.name, p, num_partitions, key, tab)[partition_id]
         return tr, te, src.labels[tr], src.labels[te]
     if p == "domain":
-        rows, labels = _cached_hand_partitions(
-            src.name, p, num_partitions, (cfg.domain_groups, cfg.num_domains, cfg.seed)
-        )[partition_id]
+        key = (cfg.domain_groups, cfg.num_domains, cfg.seed)
+        rows, labels = _cached_hand_partitions(src.name, p, num_partitions, key, Tabular.of(cfg))[
+            partition_id
+        ]
         new = np.zeros(len(src.labels), dtype=np.int64)
         new[rows] = labels
         tr, te = _split(cfg, src, rows, partition_id, use_split_column=False)
@@ -705,7 +853,13 @@ def _partition(
         tr, te = _split(cfg, src, rows, partition_id, use_split_column=True)
     else:
         rows = _cached_library_partitions(
-            src.name, p, num_partitions, cfg.seed, cfg.alpha, cfg.classes_per_client
+            src.name,
+            p,
+            num_partitions,
+            cfg.seed,
+            cfg.alpha,
+            cfg.classes_per_client,
+            Tabular.of(cfg),
         )[partition_id]
         tr, te = _split(cfg, src, rows, partition_id, use_split_column=False)
     return tr, te, src.labels[tr], src.labels[te]

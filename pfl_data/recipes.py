@@ -4,7 +4,8 @@ config that fits it (docs/DATA.md).
     python -m pfl_data.recipes list
     python -m pfl_data.recipes build NAME --source SRC --out PATH
 
-``build`` writes a parquet file in the Hugging Face image schema (an image column,
+``fed-heart-disease`` writes a table (pfl_data/fed_heart_disease.py); the others
+write a parquet file in the Hugging Face image schema (an image column,
 ``label`` with its class names, and the id columns a natural partition needs) that
 ``dataset=PATH`` reads offline. SRC is the recipe's hub name (needs the internet),
 a local parquet file or folder or image folder in the hub's schema, or the data
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from pfl_data import fed_heart_disease
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,17 @@ RECIPES = {
             "MedMNIST PathMNIST (colon pathology), 9 classes, 3x28x28",
             release="pathmnist.npz (MedMNIST's own file: `pip install medmnist` "
             "downloads it to ~/.medmnist)",
+        ),
+        Recipe(
+            "fed-heart-disease",
+            "",
+            "label",
+            fed_heart_disease.RUN_CONFIG,
+            "Fed-Heart-Disease (FLamby): UCI Heart Disease of four hospitals, a table of 740 "
+            "records, 10 features (13 with cp and restecg one-hot), binary label, "
+            "FLamby's train/test split (pfl_data/fed_heart_disease.py)",
+            release="a folder with the four UCI processed.*.data files (the folder "
+            "FLamby's download script fills)",
         ),
     )
 }
@@ -208,6 +222,11 @@ def build(
 ) -> list[Path]:
     """Write the recipe's file(s) from ``source``; returns their paths."""
     recipe = RECIPES[name]
+    if name == "fed-heart-disease":
+        try:
+            return [fed_heart_disease.build(Path(source).expanduser(), out)]
+        except FileNotFoundError as err:
+            raise RecipeError(str(err)) from None
     ds = load(recipe, source)
     if name == "cifar10-dev-check":
         if "split" in ds.column_names:  # the training split only (hub copies carry test)

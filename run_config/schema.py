@@ -76,13 +76,26 @@ class RunConfig(BaseModel):
     # every site checks its own data against them
     input_shape: str = _field("", alias="input-shape")  # "C,H,W" (images) or "D" (vectors)
     num_classes: int = _field(0, alias="num-classes", ge=0)  # 0: len(class-names), or the data
-    model: Literal["mlp", "cnn4", "resnet8", "resnet10", "resnet18"] = "mlp"
+    # tabular data (a parquet or CSV file, or one per site): the label column (default:
+    # label / fine_label / labels), the column marking rows train / test, the feature
+    # columns (default: every other numeric column), and the categorical ones, one-hot
+    # encoded from their declared levels ("cp:1/2/3/4,restecg:0/1/2"; the first level
+    # is the reference and gets no column). Each site standardises its features with
+    # its own training rows' mean and standard deviation.
+    label_column: str = _field("", alias="label-column")
+    split_column: str = _field("split", alias="split-column")
+    feature_columns: str = _field("", alias="feature-columns")
+    categorical_columns: str = _field("", alias="categorical-columns")
+    model: Literal["logreg", "mlp", "cnn4", "resnet8", "resnet10", "resnet18"] = "mlp"
     hidden_dim: int = _field(200, alias="hidden-dim", ge=1)
     pretrained_weights: str = _field("", alias="pretrained-weights")
 
     # schedule
     num_server_rounds: int = _field(10, alias="num-server-rounds", ge=1)
     local_epochs: int = _field(1, alias="local-epochs", ge=1)
+    # > 0: an epoch is this many batches (the data reshuffled as often as needed), so
+    # every site takes the same number of steps whatever its size (FLamby's budget)
+    local_steps: int = _field(0, alias="local-steps", ge=0)
     batch_size: int = _field(32, alias="batch-size", ge=1)
     optimizer: Literal["sgd", "adam"] = "sgd"
     lr: float = _field(0.05, gt=0)

@@ -24,6 +24,13 @@ log = logging.getLogger("flwr.pflower")
 RECORDED_METRICS = ("accuracy-", "logit-norm-", "confidence-")
 
 
+def per_client_auc(evals: list[Evaluation]) -> dict[str, Any]:
+    """``per_client_auc`` (two-class tasks: each client's ROC AUC where its test split
+    holds both classes), or nothing."""
+    auc = {str(e.client_key): float(e.metrics["auc"]) for e in evals if "auc" in e.metrics}
+    return {"per_client_auc": dict(sorted(auc.items()))} if auc else {}
+
+
 @dataclass
 class RoundLog:
     """What the strategy measured in one round, before evaluation completes it."""
@@ -189,6 +196,7 @@ class Rounds(dict[int, RoundLog]):
             "loss_mean": float(np.mean(losses)) if losses else None,
             "train_loss_mean": float(np.mean(rl.train_losses)) if rl.train_losses else None,
             "per_client_accuracy": {k: per_client[k] for k in keys},
+            **per_client_auc(evals),
             "per_client_loss": {k: client_losses[k] for k in keys},
             "per_client_train_loss": dict(sorted(rl.train_loss_by_client.items())),
             "per_client_samples": {

@@ -12,6 +12,7 @@ import torch
 from benchmarks.presets import subset_parquet
 from methods import parse_run_config
 from pfl_data import DataInfo, data_info, load_client_data
+from pfl_data.hf import Tabular
 
 
 @pytest.fixture()
@@ -81,9 +82,9 @@ def test_data_info_is_kept_on_site_and_follows_the_data(
     decoded = []
     real = pfl_data.hf.hf_data_info
 
-    def counting(source: str) -> DataInfo:
+    def counting(source: str, tabular: Tabular) -> DataInfo:
         decoded.append(source)
-        return real(source)
+        return real(source, tabular)
 
     monkeypatch.setattr(pfl_data.hf, "hf_data_info", counting)
     first = data_info(cfg, site, state)

@@ -23,7 +23,7 @@ PER_BACKBONE = {
 
 def baseline_schedule(raw: dict[str, Any]) -> dict[str, Any]:
     model = str(raw.get("model", "mlp"))
-    family = "resnet" if model.startswith("resnet") else model
+    family = "resnet" if model.startswith("resnet") else {"logreg": "mlp"}.get(model, model)
     return {"local-epochs": 1, "optimizer": "sgd", "weight-decay": 0.0, **PER_BACKBONE[family]}
 
 

@@ -43,6 +43,7 @@ class FedAvgFTClient(PFLClient):
             self.cfg,
             generator,
         )
-        loss, acc = evaluate(tuned, self.x_test, self.y_test)
+        extra: dict[str, float] = {}
+        loss, acc = evaluate(tuned, self.x_test, self.y_test, extra=extra)
         _, acc_global = evaluate(self.model, self.x_test, self.y_test)
-        return loss, {"accuracy": acc, "accuracy-global": acc_global}
+        return loss, {"accuracy": acc, "accuracy-global": acc_global, **extra}

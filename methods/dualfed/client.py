@@ -168,11 +168,15 @@ class DualFedClient(PFLClient):
             personal, glob = m.personal_logits(z), m.head(z)
             combined = self._combine(personal, glob)
 
-        def score_of(logits: torch.Tensor) -> tuple[float, float]:
-            return evaluate(m, logits, self.y_test, predict=lambda t: t)
+        def score_of(
+            logits: torch.Tensor, extra: dict[str, float] | None = None
+        ) -> tuple[float, float]:
+            return evaluate(m, logits, self.y_test, predict=lambda t: t, extra=extra)
 
-        loss, acc = score_of(combined)
+        auc: dict[str, float] = {}
+        loss, acc = score_of(combined, auc)
         metrics: dict[str, Scalar] = {
+            **auc,
             "accuracy": acc,
             "accuracy-global": score_of(glob)[1],
             "accuracy-personal": score_of(personal)[1],

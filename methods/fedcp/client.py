@@ -80,6 +80,7 @@ class FedCPClient(PFLClient):
             pm_sum += pm.sum()
             return logits
 
-        loss, acc = evaluate(self.model, self.x_test, self.y_test, predict=predict)
+        extra: dict[str, float] = {}
+        loss, acc = evaluate(self.model, self.x_test, self.y_test, predict=predict, extra=extra)
         cells = int(self.y_test.shape[0]) * self.model.feature_dim
-        return loss, {"accuracy": acc, "pir": float(pm_sum) / max(cells, 1)}
+        return loss, {"accuracy": acc, "pir": float(pm_sum) / max(cells, 1), **extra}

@@ -1,0 +1,174 @@
+"""Tabular data as a user brings it (pfl_data/hf.py) and the Fed-Heart-Disease recipe
+(pfl_data/fed_heart_disease.py): label, split, feature and categorical columns, missing
+values refused, each site standardised with its own training rows, FLamby's split."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from methods import parse_run_config
+from pfl_data import data_info, load_client_data
+from run_config.schema import ConfigError
+
+HEART = Path(__file__).resolve().parents[2] / "shared" / "data" / "fed-heart-disease"
+TABLE = {
+    "partitioner": "natural",
+    "partition-by": "hospital",
+    "label-column": "outcome",
+    "split-column": "part",
+    "categorical-columns": "ward:a/b/c",
+}
+
+
+def _hospitals(path: Path, rows: int = 40, **change: object) -> Path:
+    """Three hospitals' records with a fixed train/test column, as a CSV."""
+    rng = np.random.default_rng(0)
+    frames = []
+    for h, shift in (("north", 0.0), ("south", 5.0), ("west", -3.0)):
+        x = rng.normal(shift, 1.0 + abs(shift), size=(rows, 2))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "hospital": h,
+                    "age": x[:, 0] * 10 + 50,
+                    "dose": x[:, 1],
+                    "ward": rng.choice(["a", "b", "c"], size=rows),
+                    "outcome": (x[:, 0] + x[:, 1] > 2 * shift).astype(int),
+                    "part": ["test" if i % 4 == 0 else "train" for i in range(rows)],
+                }
+            )
+        )
+    df = pd.concat(frames, ignore_index=True)
+    for column, value in change.items():
+        if value is None:
+            df = df.drop(columns=[column])
+        elif value == "":  # a missing cell: empty in the CSV
+            df[column] = df[column].astype(float)
+            df.loc[3, column] = np.nan
+        else:
+            df.loc[3, column] = value
+    df.to_csv(path, index=False)
+    return path
+
+
+def _cfg(path: Path, **extra: object):  # noqa: ANN202
+    return parse_run_config({"dataset": str(path), "model": "logreg", **TABLE, **extra})
+
+
+def test_a_sites_features_are_standardised_with_its_own_training_rows(tmp_path) -> None:
+    path = _hospitals(tmp_path / "h.csv")
+    cfg = _cfg(path)
+    assert data_info(cfg).input_shape == (4,)  # age, dose, ward=b, ward=c
+    df = pd.read_csv(path)
+    for i, name in enumerate(("north", "south", "west")):  # sorted: one client each
+        data = load_client_data(cfg, i, 3)
+        mine = df[df.hospital == name]
+        assert data.num_train == (mine.part == "train").sum()
+        assert data.y_test.shape[0] == (mine.part == "test").sum()  # the fixed test set
+        x = data.x_train.numpy()
+        assert np.allclose(x.mean(axis=0), 0, atol=1e-5) and np.allclose(
+            x.std(axis=0), 1, atol=1e-4
+        )
+        train = mine[mine.part == "train"]
+        test = mine[mine.part == "test"]
+        expected = (test.age - train.age.mean()) / train.age.std(ddof=0)
+        assert np.allclose(data.x_test[:, 0].numpy(), expected.to_numpy(), atol=1e-4)
+        assert torch.equal(data.y_test, torch.tensor(test.outcome.to_numpy()))
+
+
+def test_a_table_runs_end_to_end_with_one_client_per_hospital(tmp_path) -> None:
+    from server_app.inprocess import run_inprocess
+
+    path = _hospitals(tmp_path / "h.csv")
+    raw = {"dataset": str(path), "model": "logreg", **TABLE, "local-steps": 5}
+    raw |= {"batch-size": 4, "num-server-rounds": 2, "output-dir": str(tmp_path)}
+    res = run_inprocess({**raw, "run-name": "t"}, 3)
+    last = res["rounds"][-1]
+    assert last["per_client_samples"]["client-1"] == {"train": 30, "test": 10}
+    assert 0.0 <= last["accuracy_mean"] <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("change", "key", "says"),
+    [
+        ({"dose": ""}, "feature-columns", "'dose' .* 1 missing"),
+        ({"ward": "d"}, "categorical-columns", r"'ward' .*\['d'\] outside"),
+        ({"ward": None}, "categorical-columns", "'ward' is not in"),
+        ({"outcome": ""}, "label-column", "'outcome' .* 1 missing"),
+        ({"part": "validation"}, "split-column", "'train' or 'test'"),
+    ],
+)
+def test_a_table_that_does_not_fit_the_run_is_refused_naming_the_key(
+    tmp_path, change: dict, key: str, says: str
+) -> None:
+    path = _hospitals(tmp_path / "h.csv", **change)
+    with pytest.raises(ConfigError, match=f"config key '{key}'.*{says}|'{key}'.*{says}"):
+        load_client_data(_cfg(path), 0, 3)
+
+
+def test_categorical_levels_must_be_declared_and_distinct() -> None:
+    with pytest.raises(ConfigError, match="'categorical-columns'"):
+        from pfl_data.hf import parse_categorical
+
+        parse_categorical("ward:a")
+
+
+def test_local_steps_take_exactly_that_many_batches_whatever_the_site_size() -> None:
+    from client_app.train import epoch_batches
+
+    cfg = parse_run_config({"local-steps": 7, "batch-size": 4})
+    g = torch.Generator().manual_seed(0)
+    for n in (3, 10, 100):
+        x, y = torch.zeros(n, 2), torch.zeros(n, dtype=torch.int64)
+        assert len(list(epoch_batches(x, y, cfg, g))) == 7
+    one_pass = parse_run_config({"batch-size": 4})
+    assert len(list(epoch_batches(torch.zeros(10, 2), torch.zeros(10), one_pass, g))) == 3
+
+
+@pytest.mark.skipif(not HEART.is_dir(), reason="needs ../shared/data/fed-heart-disease")
+def test_the_recipe_reproduces_flambys_split_row_by_row(tmp_path) -> None:
+    from pfl_data.recipes import main
+
+    assert main(["build", "fed-heart-disease", "--source", str(HEART), "--out", str(tmp_path)]) == 0
+    built = pd.read_parquet(tmp_path / "fed-heart-disease.parquet")
+    ref = pd.read_csv(HEART / "flamby_split.csv")
+    kept = ref[ref.split != "dropped"]
+    assert len(built) == len(kept) == 740
+    got = built.set_index(["centre", "record_id"])[["split", "label"]]
+    want = kept.set_index(["centre", "file_row"])[["split", "label"]]
+    want.index.names = got.index.names
+    assert got.sort_index().equals(want.sort_index().astype(got.dtypes.to_dict()))
+    sizes = built.groupby(["centre", "split"]).size().unstack()
+    assert sizes.loc["switzerland"].tolist() == [16, 30]  # test, train
+    cfg = parse_run_config(
+        {"dataset": str(tmp_path / "fed-heart-disease.parquet"), "model": "logreg"}
+        | {"partitioner": "natural", "partition-by": "centre", "label-column": "label"}
+        | {"categorical-columns": "cp:1/2/3/4,restecg:0/1/2"}
+    )
+    assert data_info(cfg).input_shape == (13,)  # FLamby's 13 inputs
+    assert load_client_data(cfg, 2, 4).num_train == 30  # Switzerland
+
+
+def test_the_recipe_says_which_file_is_missing(tmp_path) -> None:
+    from pfl_data.recipes import main
+
+    assert (
+        main(["build", "fed-heart-disease", "--source", str(tmp_path), "--out", str(tmp_path)]) == 2
+    )
+
+
+def test_the_report_interval_is_honest_about_few_and_equal_seeds() -> None:
+    from benchmarks.fed_heart_disease import interval
+
+    assert interval([50.0, 50.0])[1] == "all 2 seeds equal"
+    assert interval([70.0])[1] == "one seed"
+    mean, text = interval([0.0, 100.0])  # a t-interval of two seeds spans past 0-100
+    assert mean == 50.0 and text == "[0.0, 100.0]*"
+    _, text = interval([70.0, 72.0, 74.0, 71.0, 73.0])
+    lo, hi = (float(v) for v in text.strip("[]").split(","))
+    assert 69.0 < lo < 72.0 < hi < 75.0
