@@ -741,7 +741,8 @@ def _client_path(cfg: RunConfig, partition_id: int, num_partitions: int) -> str:
     if len(paths) < num_partitions:
         raise ConfigError(
             f"config key 'client-data-paths': {len(paths)} paths for {num_partitions} clients "
-            "(give one per client, comma-separated)"
+            "(give one per client, comma-separated, or run as many clients as paths: "
+            f'--federation-config "num-supernodes={len(paths)}")'
         )
     return paths[partition_id]
 

@@ -228,10 +228,24 @@ def run(argv: list[str]) -> int:
     return code or EXIT_FAILED
 
 
+USAGE = """usage: bash scripts/dev.sh check|run [--run-config "KEY=VALUE ..."]
+                                     [--federation-config "KEY=VALUE ..."] [flwr run options]
+
+  check  validate the run config and pre-flight the data (no training), exit 0 or 2
+  run    check, then `flwr run` the app on the local simulation (scripts/federation.toml:
+         num-supernodes=100 ...; override with --federation-config "num-supernodes=10")
+
+Every run-config key, its default and meaning: docs/USAGE.md. Exit status: 0 done,
+2 a bad config (one line naming the key), 1 the run failed."""
+
+
 def main() -> int:
     if len(sys.argv) < 2 or sys.argv[1] not in ("check", "run"):
-        print("usage: python -m pflower_cli check|run [flwr run options]", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return EXIT_CONFIG
+    if {"-h", "--help"} & set(sys.argv[2:]):
+        print(USAGE)
+        return 0
     os.chdir(PROJECT)
     command, argv = sys.argv[1], sys.argv[2:]
     return check(argv) if command == "check" else run(argv)

@@ -263,3 +263,15 @@ def test_run_gives_flwr_the_checkpoint_the_preflight_read(tmp_path: Path, monkey
     cli.run(["--run-config", f"{given} resume-from='runs/a' output-dir='{tmp_path / 'out'}'"])
     (cmd,) = calls
     assert any(f'resume-from="{tmp_path / "runs" / "a"}"' in arg for arg in cmd)
+
+
+@pytest.mark.parametrize("command", ["check", "run"])
+def test_help_shows_the_usage_and_runs_nothing(command: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "pflower_cli", command, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0 and "usage: bash scripts/dev.sh check|run" in out.stdout
+    assert "num-supernodes" in out.stdout and "pre-flight" not in out.stderr
