@@ -68,7 +68,8 @@ def load_row(folder: Path, slug: str) -> list[dict[str, Any]]:
     for path in sorted(folder.glob(f"{slug}-seed*/results.json")):
         res = json.loads(path.read_text())
         rounds = res.get("rounds", [])
-        if rounds and len(rounds) == int(res["config"]["num-server-rounds"]):
+        # a resumed run's config counts the rounds left, its record every round
+        if rounds and int(rounds[-1]["round"]) >= int(res["config"]["num-server-rounds"]):
             out.append(rounds[-1])
     return out
 
@@ -88,8 +89,11 @@ def row_cells(finals: list[dict[str, Any]]) -> dict[str, Any]:
     return cells
 
 
-def table(runs: Path, setting: str, rows: list[str]) -> tuple[list[str], dict[str, float]]:
-    """Markdown lines of one setting, and each row's mean accuracy."""
+def table(
+    runs: Path, setting: str, rows: list[str], backbone: dict[str, str] | None = None
+) -> tuple[list[str], dict[str, float]]:
+    """Markdown lines of one setting, and each row's mean accuracy; ``backbone``
+    names the model a row runs on where it is not the setting's."""
     head = " | ".join(f"{HOSPITALS[c]} (n={TEST_SIZES[c]})" for c, _ in CENTRES)
     lines = [
         f"| row | seeds | {head} | mean of the centres | AUC, mean of the centres |",
@@ -103,6 +107,7 @@ def table(runs: Path, setting: str, rows: list[str]) -> tuple[list[str], dict[st
             continue
         c = row_cells(finals)
         means[label] = c["mean"][0]
+        label = label + (f" (on {backbone[label]})" if backbone and label in backbone else "")
         parts = [f"{c[centre][0]:.1f} {c[centre][1]}" for centre, _ in CENTRES]
         auc = f"{c['auc'][0]:.1f} {c['auc'][1]}" if c["auc"] else ""
         lines.append(
@@ -152,8 +157,13 @@ def report(runs: Path, out: Path) -> Path:
         (__doc__ or "").split("\n\n")[2].replace("\n", " "),
     ]
     means: dict[str, dict[str, float]] = {}
-    for setting in preset.settings:
-        lines, means[setting] = table(runs, setting, rows)
+    for setting, keys in preset.settings.items():
+        own = {
+            label: preset.method_config[m]["model"]
+            for label, m, _ in preset.rows()
+            if preset.method_config.get(m, {}).get("model", keys.get("model")) != keys.get("model")
+        }
+        lines, means[setting] = table(runs, setting, rows, own)
         text += ["", f"## {setting}", "", *lines]
     text += [
         "",

@@ -172,3 +172,39 @@ def test_the_report_interval_is_honest_about_few_and_equal_seeds() -> None:
     _, text = interval([70.0, 72.0, 74.0, 71.0, 73.0])
     lo, hi = (float(v) for v in text.strip("[]").split(","))
     assert 69.0 < lo < 72.0 < hi < 75.0
+
+
+@pytest.mark.parametrize(("drop", "ready"), [(None, True), ("ward", False)])
+def test_a_sites_own_csv_passes_or_fails_the_site_check_in_one_line(
+    tmp_path, capsys, drop: str | None, ready: bool
+) -> None:
+    from tests.test_site_check import check
+
+    site = tmp_path / "north.csv"
+    df = pd.read_csv(_hospitals(tmp_path / "all.csv"))
+    df = df[df.hospital == "north"].drop(columns=["hospital"])
+    (df if drop is None else df.drop(columns=[drop])).to_csv(site, index=False)
+    run = "method='fedavg' model='logreg' label-column='outcome' split-column='part' "
+    run += "categorical-columns='ward:a/b/c' input-shape='4' num-classes=2"
+    assert check(tmp_path, site, run) == (0 if ready else 2)
+    if not ready:
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(err) == 1 and "config key 'categorical-columns'" in err[0], err
+        assert "'ward' is not in" in err[0]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HEART.is_dir(), reason="needs ../shared/data/fed-heart-disease")
+def test_the_fed_heart_disease_preset_and_report_reduced(tmp_path) -> None:
+    """The preset's CI variant: two rows, one seed, two rounds; the report names the
+    hospitals, their test-set sizes and FLamby's published rows."""
+    from benchmarks.__main__ import main
+    from benchmarks.fed_heart_disease import report
+
+    argv = ["run", "fed-heart-disease", "--rows", "fedavg", "fedper", "--seeds", "0"]
+    assert main([*argv, "--rounds", "2", "--settings", "logreg", "--out", str(tmp_path)]) == 0
+    text = report(tmp_path / "runs" / "fed-heart-disease", tmp_path).read_text()
+    line = next(x for x in text.splitlines() if x.startswith("| `fedper` | 1 |"))
+    assert "Cleveland Clinic (n=104)" in text and "Univ. Hospitals Zurich and Basel (n=16)" in text
+    assert line.count("one seed") == 6  # four centres, their mean and the AUC
+    assert "| FLamby FedAvg | 68.5 |" in text and (tmp_path / "fed-heart-disease.png").exists()
