@@ -125,7 +125,7 @@ def plot(means: dict[str, dict[str, float]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     labels = sorted({r for m in means.values() for r in m})
-    fig, ax = plt.subplots(figsize=(8, 0.3 * len(labels) + 1.6))
+    fig, ax = plt.subplots(figsize=(9.5, 0.3 * len(labels) + 1.6))
     y = np.arange(len(labels))
     for k, (setting, m) in enumerate(means.items()):
         ax.barh(y + 0.4 * k, [m.get(r, 0.0) for r in labels], 0.4, label=setting)
@@ -134,7 +134,7 @@ def plot(means: dict[str, dict[str, float]], path: Path) -> None:
     ax.set_yticks(y + 0.2, labels, fontsize=8)
     ax.set_xlim(40, 90)
     ax.set_xlabel("mean of the four centres' test accuracy (%), 5 seeds")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
