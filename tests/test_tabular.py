@@ -208,3 +208,27 @@ def test_the_fed_heart_disease_preset_and_report_reduced(tmp_path) -> None:
     assert "Cleveland Clinic (n=104)" in text and "Univ. Hospitals Zurich and Basel (n=16)" in text
     assert line.count("one seed") == 6  # four centres, their mean and the AUC
     assert "| FLamby FedAvg | 68.5 |" in text and (tmp_path / "fed-heart-disease.png").exists()
+
+
+@pytest.mark.skipif(not HEART.is_dir(), reason="needs ../shared/data/fed-heart-disease")
+def test_the_flamby_replica_reads_the_same_inputs_as_the_engine(tmp_path) -> None:
+    """benchmarks/flamby_fedavg.py (the replica outside our engine) and our loader
+    give every centre the same standardised 13 inputs and labels, in the same order."""
+    from benchmarks.flamby_fedavg import centres, fedavg
+    from pfl_data.recipes import main
+
+    main(["build", "fed-heart-disease", "--source", str(HEART), "--out", str(tmp_path)])
+    cfg = parse_run_config(
+        {"dataset": str(tmp_path / "fed-heart-disease.parquet"), "model": "logreg"}
+        | {"partitioner": "natural", "partition-by": "centre", "label-column": "label"}
+        | {"categorical-columns": "cp:1/2/3/4,restecg:0/1/2"}
+    )
+    replica = centres(HEART, standardise=True)
+    for i, (x_tr, y_tr, x_te, y_te) in enumerate(replica):
+        ours = load_client_data(cfg, i, 4)
+        assert torch.allclose(ours.x_train, x_tr, atol=1e-5)
+        assert torch.allclose(ours.x_test, x_te, atol=1e-5)
+        assert torch.equal(ours.y_train, y_tr.long()) and torch.equal(ours.y_test, y_te.long())
+    accs = fedavg(replica, seed=0, rounds=1, steps=2)
+    assert len(accs) == 4 and all(0.0 <= a <= 1.0 for a in accs)
+    assert accs == fedavg(replica, seed=0, rounds=1, steps=2)  # seeded
