@@ -65,13 +65,14 @@ def test_the_pages_hold_the_commands_this_test_runs() -> None:
     assert any("dev.sh check" in c.values[0] for c in CASES)
 
 
-def _user_data(path: str, tmp_path: Path) -> str:
+def _user_data(path: str, tmp_path: Path, classes: tuple[str, ...] = ("a", "b")) -> str:
     """A stand-in for the data at ``path`` (the user's own, or ../shared's): a small
-    image folder, or, for a parquet file (CIFAR-10 on every page), one in the Hugging
+    image folder (of the command's ``class-names`` where it names them), or, for a parquet file (CIFAR-10 on every page), one in the Hugging
     Face schema with CIFAR-10's shape, 10 classes and 700 rows a class: enough for
     the default federation's 100 clients and the per-client partitioners."""
     if not path.endswith(".parquet"):
-        return str(image_folder(tmp_path / "data" / Path(path).stem, per_class=120, side=32))
+        root = tmp_path / "data" / Path(path).stem
+        return str(image_folder(root, classes, per_class=120, side=32))
     import datasets
     from PIL import Image
 
@@ -102,10 +103,13 @@ def check_args(argv: list[str]) -> list[str]:
 def local_argv(command: str, tmp_path: Path) -> list[str]:
     """The command's words, the user's own data in it made here."""
     argv = shlex.split(command)
+    named = re.search(r"class-names=['\"]([^'\"]+)['\"]", command)
+    classes = tuple(named[1].split(",")) if named else ("a", "b")
     for i, arg in enumerate(argv):
         for key, value in re.findall(r"(dataset|client-data-paths)=['\"]([^'\"]+)['\"]", arg):
             paths = [
-                _user_data(p, tmp_path) if USER_PATH.fullmatch(p) else p for p in value.split(",")
+                _user_data(p, tmp_path, classes) if USER_PATH.fullmatch(p) else p
+                for p in value.split(",")
             ]
             arg = arg.replace(f"{key}='{value}'", f"{key}='{','.join(paths)}'")
         argv[i] = arg
@@ -172,7 +176,8 @@ def test_every_documented_local_command_runs(command, tmp_path, flwr_home) -> No
     argv = check_args(local_argv(command, tmp_path))
     if argv[:1] == ["run"]:  # `flwr run . ...`: what dev.sh run gives flwr run
         argv = argv[1:]
-    short = "dataset=" not in command  # the embedded default: as written
+    # the embedded default: as written; the user's own data: one short round
+    short = "dataset=" not in command and "client-data-paths=" not in command
     rounds = [] if short else ["--run-config", "num-server-rounds=1 fraction-fit=0.1"]
     out = tmp_path / "out"
     pinned = ["--run-config", f"output-dir='{out}' run-name='doc'"]
