@@ -36,6 +36,11 @@ SHARED_DATA = Path(os.environ.get("PFLOWER_DATA_DIR") or REPO.parent / "shared" 
 CIFAR10_DEV = SHARED_DATA / "cifar10-dev-12k.parquet"
 FASHION_IDX = Path("/usr/share/datasets/fashion-mnist")
 RESERVED = ("engine", "clients", "rounds", "num-cpus", "num-gpus", "paper")
+TOP_LEVEL = (
+    *("description", "methods", "seeds", "settings", "variants", "config", "method-config"),
+    *("report", "probe", "gpu", "equal-budget", "base-row", "engine", "clients", "rounds"),
+    *("num-cpus", "num-gpus"),
+)
 ENGINES = ("inprocess", "simulation", "plain", "deployment", "deployment-warm")
 
 
@@ -152,6 +157,16 @@ def load(name: str) -> Preset:
     if not path.exists():
         raise SystemExit(f"no preset {name!r}; known: {', '.join(names())}")
     raw = tomllib.loads(path.read_text())
+    unknown = [k for k in raw if k not in TOP_LEVEL]
+    if unknown:
+        import difflib
+
+        hints = [
+            f"{k!r}"
+            + "".join(f" (did you mean {c!r}?)" for c in difflib.get_close_matches(k, TOP_LEVEL, 1))
+            for k in unknown
+        ]
+        raise SystemExit(f"{path.name}: unknown top-level key(s) {', '.join(hints)}")
     from methods import method_names
 
     METHODS = method_names()

@@ -10,7 +10,8 @@ process resolves a config once).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -303,12 +304,33 @@ def _name_key(loc: tuple[Any, ...], model: type[BaseModel], prefix: str = "") ->
     return prefix + ((info.alias or name) if info else name)
 
 
-def _problems(err: ValidationError, model: type[BaseModel], prefix: str = "") -> list[str]:
+def unknown_key(key: str, known: Iterable[str] = ()) -> str:
+    """ "unknown config key", with the closest valid key where one is close (a method's
+    key without its namespace finds it: mmd-lambda -> fedcp.mmd-lambda)."""
+    known = sorted(known)
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+    close = close or [k for k in known if k.partition(".")[2] == key][:1]
+    return f"unknown config key '{key}'" + (f" (did you mean '{close[0]}'?)" if close else "")
+
+
+def known_keys(methods: Mapping[str, MethodSpec]) -> set[str]:
+    """Every valid key: the common ones and each method's ``namespace.key``."""
+    common = {(f.alias or n) for n, f in RunConfig.model_fields.items() if n not in _INTERNAL}
+    own = {f"{m.params.namespace}.{k}" for m in methods.values() for k in m.params.keys()}
+    return common | own
+
+
+_INTERNAL = ("params", "auto_resolved")
+
+
+def _problems(
+    err: ValidationError, model: type[BaseModel], prefix: str = "", known: Iterable[str] = ()
+) -> list[str]:
     problems = []
     for e in err.errors():
         key = _name_key(tuple(e["loc"]), model, prefix)
         if e["type"] == "extra_forbidden":
-            problems.append(f"unknown config key '{key}'")
+            problems.append(unknown_key(key, known))
         elif not e["loc"]:  # a cross-key check: its message names the keys
             problems.append(str(e["msg"]).removeprefix("Value error, "))
         else:
@@ -329,10 +351,11 @@ def parse_run_config(raw: Mapping[str, Any], methods: Mapping[str, MethodSpec]) 
         )
     problems = []
     namespaces = {m.params.namespace: m.params for m in methods.values()}
+    known = known_keys(methods)
     for key in [k for k in data if "." in k]:
         ns, _, name = key.partition(".")
         if ns not in namespaces or name not in namespaces[ns].keys():
-            problems.append(f"unknown config key '{key}'")
+            problems.append(unknown_key(key, known))
     if problems:
         raise ConfigError("invalid run config: " + "; ".join(problems))
     try:
@@ -346,7 +369,7 @@ def parse_run_config(raw: Mapping[str, Any], methods: Mapping[str, MethodSpec]) 
                 {k: v for k, v in unresolved.items() if "." not in k}, context={"spec": spec}
             )
         except ValidationError as bad:
-            problems = _problems(bad, RunConfig)
+            problems = _problems(bad, RunConfig, known=known)
             raise ConfigError("invalid run config: " + "; ".join(problems)) from None
         raise ConfigError(f"invalid run config: {err}") from None
     ns = spec.params.namespace
@@ -363,7 +386,7 @@ def parse_run_config(raw: Mapping[str, Any], methods: Mapping[str, MethodSpec]) 
             context={"spec": spec},
         )
     except ValidationError as err:
-        problems += _problems(err, RunConfig)
+        problems += _problems(err, RunConfig, known=known)
         cfg = None
     if cfg is not None and params is not None:
         try:

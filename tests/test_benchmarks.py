@@ -496,3 +496,10 @@ def test_attack_grid_ci_variant_writes_its_tables_and_plot(tmp_path: Path) -> No
         assert f"## {title}" in text
     assert (tmp_path / "attacks-grid.png").stat().st_size > 1000
     assert "| factorized-fl-alpha | 4 | 1 | match-magnet | defaults |" in text
+
+
+def test_an_unknown_top_level_preset_key_stops_with_the_closest_one(tmp_path: Path) -> None:
+    path = tmp_path / "typo.toml"
+    path.write_text('description = "x"\nmethods = ["fedavg"]\nequal_budget = "fedavg"\n')
+    with pytest.raises(SystemExit, match="'equal_budget' \\(did you mean 'equal-budget'\\?\\)"):
+        presets.load(str(path))

@@ -280,3 +280,22 @@ def test_a_run_resolves_its_config_once_per_process(monkeypatch, tmp_path) -> No
     res = run_inprocess({**raw, "output-dir": str(tmp_path), "run-name": "once"}, num_clients=2)
     assert [r["round"] for r in res["rounds"]] == [1, 2]
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize(
+    ("raw", "hint"),
+    [
+        ({"mmd-lambda": 5}, "'fedcp.mmd-lambda'"),  # a method's key without its namespace
+        ({"local-epoch": 2}, "'local-epochs'"),
+        ({"method": "fedcp", "fedcp.mmd-lamda": 1}, "'fedcp.mmd-lambda'"),
+    ],
+)
+def test_an_unknown_key_suggests_the_closest_valid_one(raw: dict, hint: str) -> None:
+    with pytest.raises(ConfigError, match=f"did you mean {hint}"):
+        parse_run_config(raw)
+
+
+def test_an_unknown_key_with_nothing_close_gets_no_suggestion() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_run_config({"zzz-qqq": 1})
+    assert "unknown config key 'zzz-qqq'" in str(err.value) and "did you mean" not in str(err.value)
