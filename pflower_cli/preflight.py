@@ -24,13 +24,36 @@ def flwr_run_config(project_dir: Path, overrides: list[str]) -> dict[str, Any]:
     try:
         parsed = parse_config_args(overrides or None)
     except Exception as err:  # noqa: BLE001 - click's exception carries the message
-        message = getattr(err, "message", None) or str(err)
+        message = override_problem(overrides) or getattr(err, "message", None) or str(err)
         raise ConfigError(f"--run-config: {message}") from None
     try:
         return get_fused_config_from_dir(project_dir, parsed)
     except ValueError as err:  # a key the app does not define
         key = str(err).split("'")[1] if "'" in str(err) else str(err)
         raise ConfigError(f"unknown config key '{key}'") from None
+
+
+def override_problem(overrides: list[str]) -> str | None:
+    """What Flower's "invalid format" means, naming the key: a key given twice in
+    one --run-config, or a value that is not a TOML value (an unquoted string)."""
+    import re
+    import tomllib
+
+    pair = re.compile(r"(\S+?)=(\'[^\']*\'|\"[^\"]*\"|\S+)")  # Flower's own pattern
+    for line in overrides:
+        seen: set[str] = set()
+        for key, value in pair.findall(line):
+            if key in seen:
+                return f"config key '{key}' is given twice in one --run-config: give it once"
+            seen.add(key)
+            try:
+                tomllib.loads(f"{key} = {value}")
+            except tomllib.TOMLDecodeError:
+                return (
+                    f"config key '{key}': {value} is not a number, true/false or a quoted "
+                    f"string: quote it, {key}='{value}'"
+                )
+    return None
 
 
 def _first_line(err: BaseException) -> str:

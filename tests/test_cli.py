@@ -275,3 +275,18 @@ def test_help_shows_the_usage_and_runs_nothing(command: str) -> None:
     )
     assert out.returncode == 0 and "usage: bash scripts/dev.sh check|run" in out.stdout
     assert "num-supernodes" in out.stdout and "pre-flight" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("override", "says"),
+    [
+        ("method=fedavg", "config key 'method': fedavg is not .* quote it, method='fedavg'"),
+        ("lr=0.1 seed=1 lr=0.2", "config key 'lr' is given twice"),
+    ],
+)
+def test_a_malformed_run_config_string_names_the_key_and_the_fix(override: str, says: str) -> None:
+    from pflower_cli.preflight import flwr_run_config
+    from run_config.schema import ConfigError
+
+    with pytest.raises(ConfigError, match=says):
+        flwr_run_config(Path(__file__).resolve().parents[1], [override])
