@@ -12,7 +12,8 @@
 
 Builds the ``flower-supernode`` command line (the site's identity, data, device
 and state directory go into the node config, which the ClientApp reads), prints
-it, and replaces this process with it (``--dry-run`` only prints). A thin
+it, and replaces this process with it (``--dry-run`` only prints, and exits 2 if a
+path, key or device would stop the site). A thin
 wrapper on purpose: every flag maps one-to-one to a ``flower-supernode`` flag.
 The SuperNode runs with ``--isolation process`` beside the site's own SuperExec
 (deploy/warm_superexec.py), which checks each run's app against the builds the
@@ -329,7 +330,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     superexec = superexec_command(args, os.getpid())
     print(shlex.join(superexec) + " &", flush=True)
     print(shlex.join(cmd), flush=True)
-    if args.dry_run:
+    if args.dry_run:  # the command as it would run, then what would stop it
+        for problem in problems:
+            print(f"deploy.site: {problem}", file=sys.stderr, flush=True)
+        if problems:
+            sys.exit(2)
         return
     lock_state_dir(args.state_dir)
     secret = secret_file(args)

@@ -193,20 +193,25 @@ def test_only_the_shared_spec_leaves_the_client(method: str, tmp_path: Path) -> 
 
 
 def test_site_launcher_builds_the_supernode_command(capsys: pytest.CaptureFixture[str]) -> None:
-    site_main(
-        [
-            "--superlink=10.1.2.3:9092",
-            "--site=hospital-a",
-            "--data-path=/data/site",
-            "--device=cuda:0",
-            "--state-dir=/var/lib/pflower",
-            "--root-certificates=ca.crt",
-            "--auth-key=keys/hospital-a",
-            "--roster=roster.toml",
-            "--dry-run",
-        ]
-    )
-    superexec, line = capsys.readouterr().out.strip().splitlines()
+    with pytest.raises(SystemExit) as stop:  # it prints the command, then what would stop it
+        site_main(
+            [
+                "--superlink=10.1.2.3:9092",
+                "--site=hospital-a",
+                "--data-path=/data/site",
+                "--device=cuda:0",
+                "--state-dir=/var/lib/pflower",
+                "--root-certificates=ca.crt",
+                "--auth-key=keys/hospital-a",
+                "--roster=roster.toml",
+                "--dry-run",
+            ]
+        )
+    assert stop.value.code == 2
+    out, err = capsys.readouterr()
+    assert "--root-certificates ca.crt: not a readable PEM certificate" in err
+    assert "--data-path /data/site: does not exist" in err
+    superexec, line = out.strip().splitlines()
     # warm by default: Flower's SuperNode (idle poll backing off) with process isolation,
     # and the warm SuperExec beside it on the site-local Runtime API, sharing a secret
     assert "-m deploy.fast_supernode --superlink 10.1.2.3:9092" in line
