@@ -47,8 +47,9 @@ FL4HEALTH_BEST = 80.5
 
 
 def interval(values: list[float]) -> tuple[float, str]:
-    """(mean, '[lo, hi]' 95% Student-t over seeds) in %, clipped to [0, 100]."""
-    from scipy import stats
+    """(mean, '[lo, hi]' 95% Student-t over seeds, report.ci95) in %, clipped to
+    [0, 100] and marked when clipped; one seed or equal seeds said as such."""
+    from benchmarks.report import ci95
 
     v = np.asarray(values, dtype=float)
     mean = float(v.mean())
@@ -56,8 +57,7 @@ def interval(values: list[float]) -> tuple[float, str]:
         return mean, "one seed"
     if np.allclose(v, v[0]):
         return mean, f"all {len(v)} seeds equal"
-    half = float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v)))
-    lo, hi = mean - half, mean + half
+    lo, hi = ci95(list(v))  # type: ignore[misc]
     clipped = "*" if lo < 0 or hi > 100 else ""
     return mean, f"[{max(lo, 0.0):.1f}, {min(hi, 100.0):.1f}]{clipped}"
 

@@ -170,8 +170,8 @@ def evaluate(
         if extra is not None and logits.shape[1] == 2:
             positive.append(F.softmax(logits, dim=1)[:, 1].cpu())
     n = y.shape[0]
-    labels = y.cpu().numpy()
-    if positive and len(set(labels.tolist())) == 2:
+    labels = y.cpu().numpy() if positive else None  # only for AUC: no copy otherwise
+    if labels is not None and len(set(labels.tolist())) == 2:
         from sklearn.metrics import roc_auc_score  # the standard definition, ties averaged
 
         extra["auc"] = float(roc_auc_score(labels, torch.cat(positive).numpy()))
