@@ -123,7 +123,14 @@ def check_data(cfg: Any, site: str, data_path: str) -> str:
     """Load the site's data as its ClientApp will, build the model, pass a batch."""
     import torch
 
-    from pfl_data import check_site_data, data_info, load_client_data
+    from pfl_data import (
+        check_site_data,
+        class_ids,
+        data_info,
+        load_client_data,
+        run_class_names,
+        site_class_names,
+    )
     from pflower_cli.preflight import model_checks
     from run_config.schema import ConfigError
 
@@ -145,7 +152,13 @@ def check_data(cfg: Any, site: str, data_path: str) -> str:
         raise SiteCheckFailed(line) from None
     shape = "x".join(map(str, data.x_train.shape[1:]))
     classes = sorted(set(torch.cat([data.y_train, data.y_test]).tolist()))
+    # which of this site's class names gets which id: without class-names, the other
+    # sites must number theirs the same (the server compares them before round 1)
+    ids = class_ids(cfg, site_class_names(cfg, 0, 1, data_path))
+    named = " ".join(f"{n}->{i}" for n, i in ids.items())
+    unnamed = "" if run_class_names(cfg) or not ids else " (by this site's folder order)"
     return (
         f"data: {data.num_train} training and {len(data.y_test)} test samples of {shape}, "
         f"label ids {classes} of the run's {info.num_classes}; model '{cfg.model}' takes them"
+        + (f"; classes {named}{unnamed}" if named else "")
     )

@@ -152,6 +152,44 @@ def run_class_names(cfg: RunConfig) -> tuple[str, ...]:
     return tuple(n.strip() for n in cfg.class_names.split(",") if n.strip())
 
 
+def class_ids(cfg: RunConfig, names: tuple[str, ...]) -> dict[str, int]:
+    """A site's class name -> the label id the run gives it: by ``class-names`` when
+    the run lists them, else the site's own order (image folders: sorted names)."""
+    listed = {n: i for i, n in enumerate(run_class_names(cfg))}
+    return {n: listed.get(n, -1) if listed else i for i, n in enumerate(names)}
+
+
+def compare_site_classes(cfg: RunConfig, sites: list[tuple[str, tuple[str, ...]]]) -> None:
+    """ConfigError naming ``class-names`` when the sites' class names (``(site, its
+    names)``) would give one class two ids: one class spelled two ways (case or spaces
+    only), or, without ``class-names``, sites whose class lists differ (each numbers
+    its own in order, so an id would mean different classes at different sites)."""
+    from run_config.schema import ConfigError
+
+    spellings: dict[str, dict[str, list[str]]] = {}
+    for site, names in sites:
+        for n in names:
+            spellings.setdefault(" ".join(n.split()).casefold(), {}).setdefault(n, []).append(site)
+    for ways in spellings.values():
+        if len(ways) > 1:
+            shown = "; ".join(f"{n!r} at {', '.join(at)}" for n, at in ways.items())
+            raise ConfigError(
+                f"config key 'class-names': one class is spelled {len(ways)} ways ({shown}); "
+                "class names are compared exactly: rename the folders (or label values) "
+                "to one spelling"
+            )
+    named = [(site, names) for site, names in sites if names]
+    if run_class_names(cfg) or len({names for _, names in named}) < 2:
+        return
+    union = sorted({n for _, names in named for n in names})
+    shown = "; ".join(f"{site}: {', '.join(names)}" for site, names in named)
+    raise ConfigError(
+        f"config key 'class-names': the sites' classes differ ({shown}); without "
+        "class-names each site numbers its own classes in order, so one id would mean "
+        f"different classes at different sites: set class-names='{','.join(union)}'"
+    )
+
+
 def class_fingerprint(names: tuple[str, ...]) -> str:
     """A short digest of a class list (names only, in label order)."""
     return hashlib.sha256("\n".join(names).encode()).hexdigest()[:16] if names else ""

@@ -440,9 +440,12 @@ def to_run_classes(src: _Source, names: tuple[str, ...], where: str) -> np.ndarr
     known = {n: i for i, n in enumerate(names)}
     unknown = [n for n in src.class_names if n not in known]
     if unknown:
+        folded = {" ".join(n.split()).casefold(): n for n in names}
+        near = [folded[k] for k in (" ".join(n.split()).casefold() for n in unknown) if k in folded]
+        hint = f"; the run lists {near}: one class spelled two ways, rename to one" if near else ""
         raise ValueError(
             f"config key 'class-names': {where} has class(es) {unknown} that the run does "
-            f"not list ({', '.join(names)})"
+            f"not list ({', '.join(names)}){hint}"
         )
     return np.array([known[n] for n in src.class_names], dtype=np.int64)
 

@@ -140,8 +140,10 @@ def data_checks(cfg: RunConfig, clients: int | None) -> tuple[str, Any]:
         for path in paths:  # each site's own data
             Path(path).expanduser().resolve(strict=True)
         info = data_info(cfg)
-        data = load_client_data(cfg, 0, max(clients or 1, len(paths), 1))
+        n = max(clients or 1, len(paths), 1)
+        data = load_client_data(cfg, 0, n)
         check_site_data(cfg, data, "the first client")
+        site_lines = every_site(cfg, paths, n) if len(paths) > 1 else []
     except ConfigError:
         raise
     except MemoryError as err:  # the generated study's teachers, or a decoded data set
@@ -153,7 +155,49 @@ def data_checks(cfg: RunConfig, clients: int | None) -> tuple[str, Any]:
         raise _as_config_error(err, key) from None
     source = ", ".join(paths) if paths else cfg.dataset
     shape = "x".join(map(str, info.input_shape))
-    return f"{source} ({info.num_classes} classes, {shape})", (info, data)
+    sites = "".join(f"\n  {line}" for line in site_lines)
+    return f"{source} ({info.num_classes} classes, {shape}){sites}", (info, data)
+
+
+def every_site(cfg: RunConfig, paths: list[str], clients: int) -> list[str]:
+    """Every site of ``client-data-paths`` loaded as its client will (in parallel
+    threads) and checked against the run, then the sites' class names compared
+    (pfl_data.compare_site_classes). Each site is read whole, as its client reads it:
+    a sample would pass a site whose other files fail. One line per site: its sample
+    counts and class name -> label id (a class it lacks is listed as such)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pfl_data import (
+        check_site_data,
+        class_ids,
+        compare_site_classes,
+        load_client_data,
+        run_class_names,
+        site_class_names,
+    )
+
+    def one(i: int) -> tuple[str, Any, tuple[str, ...]]:
+        where = f"site {i} ({Path(paths[i]).name})"
+        try:
+            data = load_client_data(cfg, i, clients)
+            check_site_data(cfg, data, where)
+            return where, data, site_class_names(cfg, i, clients)
+        except ConfigError as err:
+            raise ConfigError(f"{where}: {err}") from None
+        except (FileNotFoundError, OSError, ValueError, RuntimeError, KeyError) as err:
+            raise ConfigError(f"{where}: {_as_config_error(err, 'client-data-paths')}") from None
+
+    with ThreadPoolExecutor(max_workers=min(4, len(paths))) as pool:
+        sites = list(pool.map(one, range(len(paths))))
+    compare_site_classes(cfg, [(where, names) for where, _, names in sites])
+    lines = []
+    for where, data, names in sites:
+        ids = " ".join(f"{n}->{i}" for n, i in class_ids(cfg, names).items())
+        lacks = [n for n in run_class_names(cfg) if n not in names]
+        missing = f" (lacks {', '.join(lacks)})" if lacks else ""
+        counts = f"{data.num_train} train / {len(data.y_test)} test"
+        lines.append(f"{where}: {counts}; classes {ids or 'integer labels'}{missing}")
+    return lines
 
 
 def model_checks(cfg: RunConfig, info: Any, data: Any) -> None:

@@ -34,7 +34,16 @@ def test_a_site_whose_data_fit_the_run_is_ready(tmp_path, capsys) -> None:
     assert check(tmp_path, data) == 0
     out = capsys.readouterr().out
     assert "label ids [0, 1] of the run's 2" in out and "site 'site-a': ready for this run" in out
+    assert "classes bright->0 dark->1\n" in out  # the run's ids by name
     assert not (tmp_path / "state").exists()  # a check writes nothing on the site
+
+
+def test_without_class_names_the_site_sees_which_folder_got_which_id(tmp_path, capsys) -> None:
+    """#46: with num-classes only, the upper-case folder sorts first; the check says so."""
+    data = folder(tmp_path / "data", ("Malignant", "benign"))
+    run = RUN.replace("class-names='bright,dark'", "num-classes=2")
+    assert check(tmp_path, data, run) == 0
+    assert "classes Malignant->0 benign->1 (by this site's folder order)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
