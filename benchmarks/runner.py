@@ -49,10 +49,12 @@ NOT_COMPARED = (
 
 def same_experiment(cell: Cell, stored: dict[str, Any]) -> bool:
     """Whether a run's stored config is this cell's experiment."""
-    if any(stored.get(k) != v for k, v in cell.config.items() if k not in NOT_COMPARED):
+    given = {k: v for k, v in cell.config.items() if k not in NOT_COMPARED and v != "auto"}
+    if any(stored.get(k) != v for k, v in given.items()):
         return False
-    # and an ``auto`` key must still resolve to what the run used, so a run made before
-    # a default changed is redone (a key the run predates is not compared)
+    # an ``auto`` key (left out, or set to "auto" as a setting may) must still resolve to
+    # what the run used, so a run made before a default changed is redone (a key the run
+    # predates is not compared)
     from methods import parse_run_config
 
     wanted = parse_run_config(cell.config)

@@ -204,6 +204,24 @@ def test_a_run_made_before_an_auto_default_changed_is_redone(tmp_path):
         assert runner.is_complete(cell) is complete, stored
 
 
+def test_a_key_set_to_auto_compares_as_resolved(tmp_path):
+    """A setting may put a schedule key back to 'auto' (the preset's [config] set it):
+    the run stores the resolved value, and the cell is complete with it."""
+    from methods import parse_run_config
+
+    cell = _preset(tmp_path, GRID).cells(seeds=[0], runs=tmp_path)[0]
+    cell = presets.Cell(**{**cell.__dict__, "config": {**cell.config, "lr": "auto"}})
+    resolved = parse_run_config(cell.config).as_dict()
+    _fake(cell, [0.5, 0.6], 10, [1.0, 2.0])
+    res = json.loads((cell.dir / "results.json").read_text())
+    (cell.dir / "results.json").write_text(json.dumps({**res, "config": resolved}))
+    assert runner.is_complete(cell)
+    (cell.dir / "results.json").write_text(
+        json.dumps({**res, "config": {**resolved, "lr": resolved["lr"] * 3}})
+    )
+    assert not runner.is_complete(cell)  # an auto that now resolves otherwise reruns
+
+
 def test_summary_statistics_and_extras(tmp_path):
     preset = _preset(tmp_path, GRID)
     c0, c1 = [c for c in preset.cells(seeds=[0, 1], runs=tmp_path) if c.label == "fedavg"][:2]
