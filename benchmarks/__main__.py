@@ -54,9 +54,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from benchmarks import report, runner
 
-    preset = presets.load(args.preset)
-    if args.equal_budget is not None:
-        presets.check_budget_method(args.equal_budget, "--equal-budget")
+    try:
+        preset = presets.load(args.preset)
+        if args.equal_budget is not None:
+            presets.check_budget_method(args.equal_budget, "--equal-budget")
+    except SystemExit as err:  # a preset that cannot run: one line, the config-error status
+        print(f"preset error: {err.code}", file=sys.stderr)
+        return 2
+    problems = preset.problems(
+        preset.cells(args.seeds, args.rounds, equal_budget=args.equal_budget)
+    )
+    if problems:  # every cell checked before any runs
+        print("\n".join(f"preset error: {p}" for p in problems), file=sys.stderr)
+        return 2
     out = args.out.expanduser().resolve() if args.out else None
     args.runs = args.runs or (out / "runs" if out else presets.RUNS)
     manifest_path = args.runs / preset.name / "manifest.json"

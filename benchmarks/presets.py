@@ -147,6 +147,37 @@ class Preset:
                     )
         return out
 
+    def problems(self, cells: list[Cell]) -> list[str]:
+        """What would fail or do nothing, found before any cell runs: each cell's
+        config validated as its run will validate it (an unknown key gets the closest
+        valid one), and method keys that no row they apply to reads. One line each,
+        a problem shared by many cells once."""
+        from methods import ConfigError, foreign_keys, parse_run_config
+
+        found: dict[str, list[str]] = {}
+        every = [m for _, m, _ in self.rows()]
+        groups = [("[config]", every, self.config)]
+        groups += [(f"[settings.{n}]", every, k) for n, k in self.settings.items()]
+        groups += [(f"[method-config.{m}]", [m], k) for m, k in self.method_config.items()]
+        for v, keys in self.variants.items():
+            groups.append(
+                (f"[variants.{v!r}]", [keys.get("method")] if "method" in keys else every, keys)
+            )
+        for where, methods, keys in groups:
+            for problem in foreign_keys(methods, keys):
+                found.setdefault(f"{where}: {problem}", [])
+        for cell in cells:
+            try:
+                parse_run_config(cell.config)
+            except ConfigError as err:
+                text = str(err).removeprefix("invalid run config: ")
+                found.setdefault(text, []).append(f"{cell.setting} / {cell.label}")
+        out = []
+        for text, where in found.items():
+            more = f" and {len(where) - 1} more cells" if len(where) > 1 else ""
+            out.append(f"{self.name}: {text}" + (f" ({where[0]}{more})" if where else ""))
+        return out
+
     def paper(self, setting: str) -> dict[str, str]:
         return {k: str(v) for k, v in self.settings[setting].get("paper", {}).items()}
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from typing import TYPE_CHECKING, Any
@@ -164,6 +164,27 @@ def get_method(name: str) -> Method:
     return methods[name]
 
 
+def foreign_keys(methods: Iterable[str], keys: Iterable[str]) -> list[str]:
+    """One message for each namespaced key (``fedcp.mmd-lambda``) that none of
+    ``methods`` reads: it would be accepted and do nothing. The message names the
+    methods that own it."""
+    reg, methods = registry(), list(methods)
+    owners: dict[str, list[str]] = {}
+    for name, m in reg.items():
+        owners.setdefault(m.params.namespace, []).append(name)
+    wanted = {reg[m].params.namespace for m in methods if m in reg}
+    out = []
+    for key in keys:
+        ns = key.partition(".")[0] if "." in key else ""
+        if ns and ns in owners and ns not in wanted:
+            runs = ", ".join(f"'{m}'" for m in methods)
+            out.append(
+                f"config key '{key}' belongs to {' / '.join(owners[ns])}, not to {runs}: "
+                f"it would do nothing (remove it, or set method='{owners[ns][0]}')"
+            )
+    return out
+
+
 def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
     """The validated run config for a registered method (ConfigError naming every bad
     key), parsed once per distinct config in a process: a ClientApp's mods and its
@@ -181,4 +202,11 @@ def _parse_cached(items: tuple[tuple[str, Any], ...]) -> RunConfig:
     return _parse(dict(items), registry())
 
 
-__all__ = ["ConfigError", "Method", "get_method", "method_names", "parse_run_config"]
+__all__ = [
+    "ConfigError",
+    "Method",
+    "foreign_keys",
+    "get_method",
+    "method_names",
+    "parse_run_config",
+]

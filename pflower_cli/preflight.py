@@ -12,7 +12,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from methods import parse_run_config
+from methods import foreign_keys, parse_run_config
 from run_config.schema import ConfigError, RunConfig, check_against_data
 
 
@@ -31,6 +31,13 @@ def flwr_run_config(project_dir: Path, overrides: list[str]) -> dict[str, Any]:
     except ValueError as err:  # a key the app does not define
         key = str(err).split("'")[1] if "'" in str(err) else str(err)
         raise ConfigError(f"unknown config key '{key}'") from None
+
+
+def user_keys(overrides: list[str]) -> list[str]:
+    """The keys the ``--run-config`` overrides set (a TOML file's or strings')."""
+    from flwr.common.config import parse_config_args
+
+    return list(parse_config_args(overrides or None)) if overrides else []
 
 
 def override_problem(overrides: list[str]) -> str | None:
@@ -253,6 +260,10 @@ def preflight(
         raise ConfigError(str(err)) from None
     raw = flwr_run_config(project_dir, overrides)
     cfg = parse_run_config(raw)
+    # flwr run sends every method's keys with their defaults: judge the ones the user set
+    problems = foreign_keys([cfg.method], user_keys(overrides))
+    if problems:
+        raise ConfigError(problems[0])
     if cfg.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise ConfigError(
             "config key 'tensorboard': true needs the tensorboard package "

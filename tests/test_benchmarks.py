@@ -521,3 +521,38 @@ def test_an_unknown_top_level_preset_key_stops_with_the_closest_one(tmp_path: Pa
     path.write_text('description = "x"\nmethods = ["fedavg"]\nequal_budget = "fedavg"\n')
     with pytest.raises(SystemExit, match="'equal_budget' \\(did you mean 'equal-budget'\\?\\)"):
         presets.load(str(path))
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        # a [config] typo: every cell would fail alone (exit 1) after the first ran
+        (("lr = 0.1", "lr = 0.1\nmmd-lambda = 5"), "did you mean 'fedcp.mmd-lambda'"),
+        # a method key no row reads: accepted, and it would do nothing
+        (("lr = 0.1", "lr = 0.1\nfedcp.mmd-lambda = 2"), "'fedcp.mmd-lambda' belongs to fedcp"),
+        (
+            ("[method-config.local]", "[method-config.local]\nditto.lambda = 2"),
+            "method-config.local",
+        ),
+        (("hidden-dim = 16", "hidden-dim = -3"), "'hidden-dim'"),
+    ],
+)
+def test_a_preset_that_cannot_run_stops_before_any_cell(tmp_path: Path, capsys, edit, named):
+    from benchmarks.__main__ import main
+
+    path = tmp_path / "bad.toml"
+    path.write_text(GRID.replace(*edit))
+    runs = tmp_path / "runs"
+    assert main(["run", str(path), "--runs", str(runs), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("preset error: bad: ") and named in err, err
+    assert not runs.exists()  # nothing ran, nothing written
+
+
+def test_a_preset_load_error_is_exit_2(tmp_path: Path, capsys) -> None:
+    from benchmarks.__main__ import main
+
+    path = tmp_path / "typo.toml"
+    path.write_text('description = "x"\nmethods = ["fedavg"]\nequal_budget = "fedavg"\n')
+    assert main(["run", str(path), "--runs", str(tmp_path / "r")]) == 2
+    assert "did you mean 'equal-budget'" in capsys.readouterr().err

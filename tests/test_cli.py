@@ -51,6 +51,9 @@ def dev_sh(
         ("check", "alpha=-1", "'alpha'"),
         ("check", "num-server-rounds='x'", "'num-server-rounds'"),
         ("check", "no-such-key=1", "'no-such-key'"),
+        # #46: accepted before, and it did nothing (flwr sends every method's defaults:
+        # only the keys the user sets are judged)
+        ("check", "method='fedavg' fedcp.mmd-lambda=5", "'fedcp.mmd-lambda' belongs to fedcp"),
         ("check", "dataset='../no/such.parquet'", "'dataset'"),
         ("check", "method='feddecomp' local-epochs=1", "'local-epochs'"),
         ("check", "method='fedfac-static' fedfac.fa-layers='features.0'", "'fedfac.fa-layers'"),
