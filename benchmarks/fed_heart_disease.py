@@ -47,19 +47,10 @@ FL4HEALTH_BEST = 80.5
 
 
 def interval(values: list[float]) -> tuple[float, str]:
-    """(mean, '[lo, hi]' 95% Student-t over seeds, report.ci95) in %, clipped to
-    [0, 100] and marked when clipped; one seed or equal seeds said as such."""
-    from benchmarks.report import ci95
+    """(mean, its 95% interval over seeds as report.interval_text writes it) in %."""
+    from benchmarks.report import interval_text
 
-    v = np.asarray(values, dtype=float)
-    mean = float(v.mean())
-    if len(v) < 2:
-        return mean, "one seed"
-    if np.allclose(v, v[0]):
-        return mean, f"all {len(v)} seeds equal"
-    lo, hi = ci95(list(v))  # type: ignore[misc]
-    clipped = "*" if lo < 0 or hi > 100 else ""
-    return mean, f"[{max(lo, 0.0):.1f}, {min(hi, 100.0):.1f}]{clipped}"
+    return float(np.mean(values)), interval_text(values)
 
 
 def load_row(folder: Path, slug: str) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ String values may name data: ``{dev}`` (the CIFAR-10 dev set),
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -145,7 +146,7 @@ class Preset:
                             self.probe,
                         )
                     )
-        return out
+        return [_found_elsewhere(c, runs) for c in out]
 
     def problems(self, cells: list[Cell]) -> list[str]:
         """What would fail or do nothing, found before any cell runs: each cell's
@@ -180,6 +181,24 @@ class Preset:
 
     def paper(self, setting: str) -> dict[str, str]:
         return {k: str(v) for k, v in self.settings[setting].get("paper", {}).items()}
+
+
+def _found_elsewhere(cell: Cell, runs: Path) -> Cell:
+    """A cell with no run of its own, pointed at a complete run of the same
+    experiment under another preset's folder (a renamed or copied preset file): runs
+    are matched by their content, the cell's config (runner.is_complete), not by the
+    file name."""
+    from benchmarks.runner import is_complete
+
+    if (cell.dir / "results.json").exists() or not runs.is_dir():
+        return cell
+    for found in sorted(runs.glob(f"*/*/{cell.config['run-name']}/results.json")):
+        there = dataclasses.replace(
+            cell, config={**cell.config, "output-dir": str(found.parent.parent)}
+        )
+        if is_complete(there):
+            return there
+    return cell
 
 
 def load(name: str) -> Preset:

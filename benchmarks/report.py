@@ -84,10 +84,49 @@ def summarise(cells: list[Cell]) -> dict[str, Any]:
         "curve": curves.mean(axis=0),
         "curve_std": curves.std(axis=0),
         "cum_mb": np.cumsum(np.mean([t[:n_rounds] for t in traffic], axis=0)) / 1e6,
-        "per_client": list(results[0]["rounds"][-1].get("per_client_accuracy", {}).values()),
+        # each seed's final per-client accuracy, and each client's test-set size
+        "per_client": [r["rounds"][-1].get("per_client_accuracy", {}) for r in results],
+        "test_sizes": {
+            k: v.get("test", 0)
+            for k, v in results[0]["rounds"][-1].get("per_client_samples", {}).items()
+        },
+        "sites": site_names(results[0].get("config", {})),
         "rounds": [r["rounds"][:n_rounds] for r in results],
         "results": results,
     }
+
+
+def site_names(config: dict[str, Any]) -> dict[str, str]:
+    """Client key -> the site's name: its folder under ``client-data-paths`` (the
+    clients take the paths in order); other clients keep their key."""
+    paths = [p.strip() for p in str(config.get("client-data-paths", "")).split(",") if p.strip()]
+    return {f"client-{i}": Path(p).name or p for i, p in enumerate(paths)}
+
+
+MAX_SITES_TABLE = 20  # more clients than this: no per-site table (the plot shows them)
+
+
+def per_site_table(rows: dict[str, dict[str, Any]]) -> list[str]:
+    """Each row's final accuracy at each site (mean over seeds, 95% interval), the
+    columns named by the site and its test-set size: a site of 6 test samples moves
+    in steps of 16.7 points."""
+    done = {k: v for k, v in rows.items() if v["n"] and v["per_client"] and v["per_client"][0]}
+    if not done:
+        return []
+    first = next(iter(done.values()))
+    keys = sorted(first["per_client"][0], key=lambda k: (len(k), k))
+    if len(keys) > MAX_SITES_TABLE:
+        return []
+    names = [f"{first['sites'].get(k, k)} (n={first['test_sizes'].get(k, '?')})" for k in keys]
+    lines = ["", "Per site (final accuracy %, mean over seeds and its 95% interval):", ""]
+    lines += ["| row | " + " | ".join(names) + " |", "|---" * (len(keys) + 1) + "|"]
+    for label, row in done.items():
+        cells = []
+        for k in keys:
+            v = [100 * pc[k] for pc in row["per_client"] if k in pc]
+            cells.append(f"{np.mean(v):.1f} {interval_text(v)}" if v else "")
+        lines.append(f"| `{label}` | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _pct(values: list[float]) -> str:
@@ -107,9 +146,22 @@ def ci95(values: list[float]) -> tuple[float, float] | None:
     return float(arr.mean() - half), float(arr.mean() + half)
 
 
+def interval_text(percents: list[float]) -> str:
+    """The 95% interval over seeds of values in %, as a reader should take it: clipped
+    to [0, 100] and marked ``*`` when clipped, flagged as not meaningful below 3 seeds,
+    and said to be a point (not certainty) when every seed scored the same."""
+    v = np.asarray(percents, dtype=float)
+    if len(v) < 2:
+        return "one seed"
+    if np.allclose(v, v[0]):
+        return f"all {len(v)} seeds equal"
+    lo, hi = ci95(list(v))  # type: ignore[misc]
+    text = f"[{max(lo, 0.0):.1f}, {min(hi, 100.0):.1f}]" + ("*" if lo < 0 or hi > 100 else "")
+    return text + (f" (n={len(v)}: not meaningful)" if len(v) < 3 else "")
+
+
 def _ci(values: list[float]) -> str:
-    interval = ci95(values)
-    return "" if interval is None else f"[{100 * interval[0]:.1f}, {100 * interval[1]:.1f}]"
+    return interval_text([100 * x for x in values])
 
 
 def _seeds(row: dict[str, Any]) -> str:
@@ -211,9 +263,23 @@ def plot(preset: Preset, setting: str, rows: dict[str, dict[str, Any]], path: Pa
             if series:
                 ax.plot(x, np.mean(series, axis=0), marker="o", ms=3, color=color)
             ax.set(xlabel="round", title=key)
-        if per_client and row["per_client"]:
-            pc = 100 * np.asarray(row["per_client"])
-            axes[2 + len(curves)].scatter(np.full(len(pc), i), pc, s=12, color=color)
+        if per_client and row["per_client"]:  # every seed's clients, a marker per site
+            ax = axes[2 + len(curves)]
+            keys = sorted({k for pc in row["per_client"] for k in pc}, key=lambda k: (len(k), k))
+            for j, k in enumerate(keys):
+                pc = [100 * p[k] for p in row["per_client"] if k in p]
+                offset = (j - (len(keys) - 1) / 2) * min(0.6 / max(len(keys), 1), 0.15)
+                marker = "os^Dvp<>h*"[j % 10] if len(keys) <= 10 else "o"
+                label_k = row["sites"].get(k, k) if i == 0 and len(keys) <= 10 else None
+                ax.scatter(
+                    np.full(len(pc), i + offset),
+                    pc,
+                    s=14,
+                    color=color,
+                    marker=marker,
+                    alpha=0.7,
+                    label=label_k,
+                )
     axes[0].set(xlabel="round", ylabel="accuracy, mean over clients (%)")
     axes[0].set_title(f"{preset.name}: {setting}")
     axes[1].set(xlabel="cumulative MB sent (up + down)", ylabel="accuracy (%)")
@@ -224,7 +290,10 @@ def plot(preset: Preset, setting: str, rows: dict[str, dict[str, Any]], path: Pa
     if per_client:
         ax = axes[2 + len(curves)]
         ax.set_xticks(range(len(done)), list(done), rotation=45, ha="right", fontsize=7)
-        ax.set(ylabel="final accuracy (%)", title="each client (seed 0)")
+        seeds = max(r["n"] for r in done.values()) if done else 0
+        ax.set(ylabel="final accuracy (%)", title=f"each client, every seed ({seeds})")
+        if ax.get_legend_handles_labels()[1]:
+            ax.legend(fontsize=6, title="site", title_fontsize=6)
     for ax, (label, record) in zip(axes[panels - len(heat) :], heat.items()):
         image = ax.imshow(np.asarray(record["matrix"]), vmin=0, vmax=1, cmap="viridis")
         ax.set(xlabel="from client", ylabel="client", title=f"{label}: {key}, last round")
@@ -309,7 +378,9 @@ def write(
     lines += [
         "Accuracy: mean over clients of each client's accuracy on its own test split, "
         "after the round (mean ± sample std over seeds, the 95% confidence interval of "
-        "that mean (Student's t), and each seed's value in seed order); *pooled*: over all "
+        "that mean (Student's t, clipped to 0-100 and marked * where clipped; below 3 "
+        "seeds not meaningful; equal seeds said as such), and each seed's value in seed "
+        "order); *pooled*: over all "
         "test samples. MB/client/round: serialized payloads, down and up. s/round: the "
         "median round after the first. Peak RSS: the run's process tree. Every run's "
         f"figures: [{preset.name}.csv]({preset.name}.csv). Generated by "
@@ -337,6 +408,7 @@ def write(
         engines = ", ".join(dict.fromkeys(c.engine for c in mine))
         lines += [f"{engines}; {first.clients} clients, {first.rounds} rounds; {shown}", ""]
         lines += table(preset, setting, rows)
+        lines += per_site_table(rows)
         lines += phases_table(rows)
         image = out / f"{preset.name}-{setting}.png"
         plot(preset, setting, rows, image)

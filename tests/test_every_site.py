@@ -77,3 +77,49 @@ def test_a_later_site_that_breaks_the_run_is_named(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("config error: site 2 (hospital-c): config key 'class-names'"), err
     assert "['tumour']" in err
+
+
+NEWCOMER = """
+description = "three hospitals"
+methods = ["fedavg", "local", "fedper"]
+seeds = [0, 1]
+clients = 3
+rounds = 2
+[config]
+client-data-paths = "{paths}"
+class-names = "benign,malignant,normal"
+model = "mlp"
+hidden-dim = 8
+[report]
+per-client = true
+"""
+
+
+@pytest.mark.slow
+def test_the_newcomers_comparison_reports_what_a_paper_needs(tmp_path) -> None:
+    """#46's comparison: 3 methods on 3 hospitals' folders with 2, then 3 seeds. The
+    report names each site by its folder with its test-set size, flags intervals of
+    2 seeds, and a renamed copy of the preset finds the same runs by their content."""
+    from benchmarks.__main__ import main
+
+    paths = _hospitals(tmp_path / "data", ("benign", "normal"))
+    preset = tmp_path / "hospitals.toml"
+    preset.write_text(NEWCOMER.replace("{paths}", paths))
+    runs, out = tmp_path / "runs", tmp_path / "report"
+    assert main(["run", str(preset), "--runs", str(runs), "--out", str(out)]) == 0
+    md = (out / "hospitals.md").read_text()
+    head = next(line for line in md.splitlines() if line.startswith("| row | hospital-a (n="))
+    assert "hospital-b (n=" in head and "hospital-c (n=" in head
+    assert "(n=2: not meaningful)" in md or "all 2 seeds equal" in md
+    assert (out / "hospitals-default.png").stat().st_size > 10_000
+
+    assert main(["run", str(preset), "--runs", str(runs), "--out", str(out), "--seeds", "2"]) == 0
+    md = (out / "hospitals.md").read_text()
+    assert "| `fedavg` | 3 |" in md and "(n=2: not meaningful)" not in md  # 3 seeds now
+
+    copy = tmp_path / "renamed.toml"
+    copy.write_text(preset.read_text())
+    again = ["--runs", str(runs), "--out", str(out), "--report-only", "--seeds", "0", "1", "2"]
+    assert main(["run", str(copy), *again]) == 0
+    renamed = (out / "renamed.md").read_text()
+    assert "| `fedavg` | 3 |" in renamed and "| `fedper` | 3 |" in renamed

@@ -170,7 +170,7 @@ def test_the_report_interval_is_honest_about_few_and_equal_seeds() -> None:
     assert interval([50.0, 50.0])[1] == "all 2 seeds equal"
     assert interval([70.0])[1] == "one seed"
     mean, text = interval([0.0, 100.0])  # a t-interval of two seeds spans past 0-100
-    assert mean == 50.0 and text == "[0.0, 100.0]*"
+    assert mean == 50.0 and text == "[0.0, 100.0]* (n=2: not meaningful)"
     _, text = interval([70.0, 72.0, 74.0, 71.0, 73.0])
     lo, hi = (float(v) for v in text.strip("[]").split(","))
     assert 69.0 < lo < 72.0 < hi < 75.0
