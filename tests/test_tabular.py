@@ -232,3 +232,33 @@ def test_the_flamby_replica_reads_the_same_inputs_as_the_engine(tmp_path) -> Non
     accs = fedavg(replica, seed=0, rounds=1, steps=2)
     assert len(accs) == 4 and all(0.0 <= a <= 1.0 for a in accs)
     assert accs == fedavg(replica, seed=0, rounds=1, steps=2)  # seeded
+
+
+def test_check_passes_a_users_csv_and_names_the_site_whose_csv_lacks_a_column(
+    tmp_path, capsys
+) -> None:
+    """``dev.sh check`` (pflower_cli) on a user's table: one CSV split by a column in
+    simulation passes; one CSV per hospital, the last without a declared column, is
+    refused in one line naming the key and that hospital (#45, #46: every site)."""
+    from pflower_cli.__main__ import check
+
+    whole = _hospitals(tmp_path / "all.csv")
+    keys = " ".join(f"{k}='{v}'" for k, v in TABLE.items())
+    run = f"dataset='{whole}' model='logreg' method='fedavg' {keys}"
+    assert check(["--run-config", run, "--federation-config", "num-supernodes=3"]) == 0
+    assert "(2 classes, 4)" in capsys.readouterr().out
+
+    df = pd.read_csv(whole)
+    paths = []
+    for name in ("north", "south", "west"):
+        mine = df[df.hospital == name].drop(columns=["hospital"])
+        if name == "west":
+            mine = mine.drop(columns=["ward"])
+        mine.to_csv(tmp_path / f"{name}.csv", index=False)
+        paths.append(str(tmp_path / f"{name}.csv"))
+    keys = "label-column='outcome' split-column='part' categorical-columns='ward:a/b/c'"
+    run = f"client-data-paths='{','.join(paths)}' model='logreg' method='fedavg' {keys}"
+    assert check(["--run-config", run, "--federation-config", "num-supernodes=3"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "site 2 (west.csv)" in err[0], err
+    assert "'categorical-columns'" in err[0] and "'ward' is not in" in err[0], err
