@@ -183,6 +183,10 @@ class Preset:
         return {k: str(v) for k, v in self.settings[setting].get("paper", {}).items()}
 
 
+# what benchmarks/report.py reads from a preset's [report] table
+REPORT_KEYS = ("extras", "curves", "per-client", "heatmap", "ratio-to", "per-client-round", "out")
+
+
 def _found_elsewhere(cell: Cell, runs: Path) -> Cell:
     """A cell with no run of its own, pointed at a complete run of the same
     experiment under another preset's folder (a renamed or copied preset file): runs
@@ -201,22 +205,30 @@ def _found_elsewhere(cell: Cell, runs: Path) -> Cell:
     return cell
 
 
+def _with_hints(unknown: list[str], known: tuple[str, ...]) -> str:
+    """The unknown keys, each with the closest known one where there is one."""
+    import difflib
+
+    return ", ".join(
+        f"{k!r}"
+        + "".join(f" (did you mean {c!r}?)" for c in difflib.get_close_matches(k, known, 1))
+        for k in unknown
+    )
+
+
 def load(name: str) -> Preset:
     """A preset by name (a file under benchmarks/presets) or by path."""
     path = Path(name) if name.endswith(".toml") else PRESET_DIR / f"{name}.toml"
     if not path.exists():
         raise SystemExit(f"no preset {name!r}; known: {', '.join(names())}")
     raw = tomllib.loads(path.read_text())
-    unknown = [k for k in raw if k not in TOP_LEVEL]
-    if unknown:
-        import difflib
-
-        hints = [
-            f"{k!r}"
-            + "".join(f" (did you mean {c!r}?)" for c in difflib.get_close_matches(k, TOP_LEVEL, 1))
-            for k in unknown
-        ]
-        raise SystemExit(f"{path.name}: unknown top-level key(s) {', '.join(hints)}")
+    for where, table, known in (
+        ("top-level", raw, TOP_LEVEL),
+        ("[report]", raw.get("report", {}), REPORT_KEYS),
+    ):
+        unknown = [k for k in table if k not in known]
+        if unknown:
+            raise SystemExit(f"{path.name}: unknown {where} key(s) {_with_hints(unknown, known)}")
     from methods import method_names
 
     METHODS = method_names()

@@ -556,3 +556,10 @@ def test_a_preset_load_error_is_exit_2(tmp_path: Path, capsys) -> None:
     path.write_text('description = "x"\nmethods = ["fedavg"]\nequal_budget = "fedavg"\n')
     assert main(["run", str(path), "--runs", str(tmp_path / "r")]) == 2
     assert "did you mean 'equal-budget'" in capsys.readouterr().err
+
+
+def test_an_unknown_report_key_stops_with_the_closest_one(tmp_path: Path) -> None:
+    path = tmp_path / "typo.toml"
+    path.write_text('description = "x"\nmethods = ["fedavg"]\n[report]\nper_client = true\n')
+    with pytest.raises(SystemExit, match="'per_client' \\(did you mean 'per-client'\\?\\)"):
+        presets.load(str(path))
