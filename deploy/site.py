@@ -152,6 +152,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "given with --run-config (deploy/site_check.py), exit 0 or 2",
     )
     p.add_argument(
+        "--connect",
+        action="store_true",
+        help="with --check: also resolve --superlink, complete the TLS handshake with "
+        "--root-certificates and wait for its gRPC endpoint, without joining",
+    )
+    p.add_argument(
         "--run-config",
         dest="check_run_config",
         default="",
@@ -179,7 +185,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("the following arguments are required: --superlink")
     if args.check_run_config and not args.check:
         p.error("--run-config goes with --check (a joining site gets the run from the server)")
-    if args.insecure == bool(args.root_certificates) and not args.check:
+    if args.connect and not (args.check and args.superlink):
+        p.error("--connect goes with --check and --superlink HOST:PORT")
+    if args.insecure == bool(args.root_certificates) and (args.connect or not args.check):
         p.error("give exactly one of --root-certificates (TLS) or --insecure")
     if args.auth_key and args.insecure:
         p.error("--auth-key needs TLS (--root-certificates), Flower refuses it over --insecure")

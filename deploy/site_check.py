@@ -117,6 +117,70 @@ def check_site(args: argparse.Namespace, say: Any = print) -> None:
         raise SiteCheckFailed(refusal)
     say(f"ok: run config (method {cfg.method}) and this site's policy allows it")
     say(f"ok: {check_data(cfg, args.site, args.data_path)}")
+    if args.connect:
+        say(f"ok: {check_connection(args.superlink, args.root_certificates or None)}")
+
+
+def check_connection(superlink: str, root_certificates: str | None, timeout: float = 10.0) -> str:
+    """Reach the SuperLink's Fleet API without joining: resolve its name, open TCP,
+    complete the TLS handshake against ``root_certificates`` (None: --insecure), then
+    wait until its gRPC endpoint is ready (HTTP/2 up; no RPC is called, so the site
+    registers nothing). SiteCheckFailed names the step that failed."""
+    import socket
+    import ssl
+
+    import grpc
+
+    host, _, port_text = superlink.rpartition(":")
+    host = host.strip("[]")
+    where = f"--superlink {superlink}"
+    if not host or not port_text.isdigit():
+        raise SiteCheckFailed(f"{where}: give HOST:PORT (the Fleet API, 9092 by default)")
+    port = int(port_text)
+    try:
+        address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][4][0]
+    except socket.gaierror as err:
+        raise SiteCheckFailed(f"{where}: cannot resolve {host!r} ({err.strerror})") from None
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as err:
+        why = err.strerror or type(err).__name__
+        raise SiteCheckFailed(f"{where}: {address} port {port} not reachable ({why})") from None
+    tls = "no TLS (--insecure)"
+    with sock:
+        if root_certificates:
+            context = ssl.create_default_context(cafile=root_certificates)
+            context.set_alpn_protocols(["h2"])  # what gRPC speaks
+            try:
+                with context.wrap_socket(sock, server_hostname=host) as conn:
+                    subject = dict(x[0] for x in conn.getpeercert().get("subject", ()))
+                    tls = (
+                        f"{conn.version()} with {Path(root_certificates).name}, the "
+                        f"certificate of {subject.get('commonName', host)!r} valid until "
+                        f"{conn.getpeercert().get('notAfter')}"
+                    )
+            except ssl.SSLCertVerificationError as err:
+                raise SiteCheckFailed(
+                    f"{where}: TLS: the server's certificate does not verify against "
+                    f"{root_certificates} ({err.verify_message})"
+                ) from None
+            except (ssl.SSLError, OSError) as err:
+                raise SiteCheckFailed(f"{where}: TLS handshake failed ({err})") from None
+    if root_certificates:
+        creds = grpc.ssl_channel_credentials(Path(root_certificates).read_bytes())
+        channel = grpc.secure_channel(superlink, creds)
+    else:
+        channel = grpc.insecure_channel(superlink)
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout)
+    except grpc.FutureTimeoutError:
+        raise SiteCheckFailed(
+            f"{where}: TCP{' and TLS' if root_certificates else ''} work, but no gRPC endpoint "
+            f"answered within {timeout:.0f}s (is this the SuperLink's Fleet API port?)"
+        ) from None
+    finally:
+        channel.close()
+    return f"SuperLink {superlink} ({address}) reachable: {tls}; its gRPC endpoint is up"
 
 
 def check_data(cfg: Any, site: str, data_path: str) -> str:

@@ -80,3 +80,77 @@ def test_a_missing_data_path_stops_the_site_before_it_joins(tmp_path, capsys) ->
         main(argv)
     assert stop.value.code == 2
     assert "--data-path" in capsys.readouterr().err and not (tmp_path / "s").exists()
+
+
+# ---- --check --connect: reach the SuperLink without joining (#46) ----------------------
+
+
+@pytest.fixture(scope="module")
+def tls_endpoint(tmp_path_factory):
+    """A gRPC endpoint with TLS (no services: readiness is all --connect asks for),
+    its certificates from deploy/make_certs.sh, and a second CA that did not sign it."""
+    import subprocess
+    from concurrent import futures
+
+    import grpc
+
+    root = tmp_path_factory.mktemp("pki")
+    make = Path(__file__).resolve().parents[1] / "deploy" / "make_certs.sh"
+    for name in ("ours", "other"):
+        done = subprocess.run(["bash", str(make), str(root / name)], capture_output=True)
+        assert done.returncode == 0, done.stderr
+    creds = grpc.ssl_server_credentials(
+        [((root / "ours/server.key").read_bytes(), (root / "ours/server.pem").read_bytes())]
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    port = server.add_secure_port("127.0.0.1:0", creds)
+    server.start()
+    yield f"127.0.0.1:{port}", root / "ours/ca.crt", root / "other/ca.crt"
+    server.stop(None)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_connect_completes_tls_and_reaches_the_endpoint(tmp_path, capsys, tls_endpoint) -> None:
+    address, ca, _ = tls_endpoint
+    data = folder(tmp_path / "data", ("bright", "dark"))
+    link = ["--connect", "--superlink", address, "--root-certificates", str(ca)]
+    assert check(tmp_path, data, RUN, *link) == 0
+    out = capsys.readouterr().out
+    assert f"ok: SuperLink {address} (127.0.0.1) reachable: TLS" in out
+    assert "with ca.crt" in out and "its gRPC endpoint is up" in out
+
+
+@pytest.mark.parametrize("case", ["wrong CA", "closed port", "unresolvable"])
+def test_connect_names_the_step_that_fails_in_one_line(tmp_path, capsys, tls_endpoint, case):
+    address, ca, other = tls_endpoint
+    data = folder(tmp_path / "data", ("bright", "dark"))
+    superlink, cert, says = {
+        "wrong CA": (address, other, "does not verify against"),
+        "closed port": (f"127.0.0.1:{_free_port()}", ca, "not reachable"),
+        "unresolvable": ("no-such-superlink.invalid:9092", ca, "cannot resolve"),
+    }[case]
+    link = ["--connect", "--superlink", superlink, "--root-certificates", str(cert)]
+    assert check(tmp_path, data, RUN, *link) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("site check FAILED: --superlink") and says in err[0]
+
+
+def test_connect_says_when_tcp_works_but_no_grpc_answers() -> None:
+    """A port that accepts and stays silent (not the Fleet API)."""
+    import socket
+
+    from deploy.site_check import SiteCheckFailed, check_connection
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        with pytest.raises(SiteCheckFailed, match="no gRPC endpoint answered"):
+            check_connection(f"127.0.0.1:{port}", None, timeout=1.0)
