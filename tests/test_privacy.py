@@ -10,7 +10,7 @@ import pytest
 from flwr.common import parameters_to_ndarrays
 
 from methods import parse_run_config
-from pfl_privacy import PrivacyAccountant, add_noise, clip_update, noise_share_std
+from pfl_privacy import PrivacyAccountant, clip_update
 from run_config.schema import ConfigError
 from server_app.inprocess import run_inprocess
 from tests.helpers import FakeProxy, config, fit_res, make_client, make_strategy
@@ -178,29 +178,32 @@ def test_the_sampling_rate_is_the_clients_asked_over_those_available(tmp_path) -
 
 
 def test_distributed_dp_noise_on_the_aggregate_has_the_stated_std() -> None:
-    """Each of n clients adds N(0, (z C)^2 / n) to its clipped update; SecAgg+ unmasks
-    their mean; the server adds nothing, and the aggregate's noise has the std of
-    central DP-FedAvg's, z C / n."""
+    """Each of n clients adds N(0, (z C)^2 / n) to its clipped update (the client's own
+    fit adds it); SecAgg+ unmasks their mean; the server adds nothing, and the
+    aggregate's noise has the std of central DP-FedAvg's, z C / n."""
+    from models.roles import DP_PARTICIPANTS
+
     z, c, n = 2.0, 0.5, 8
-    cfg = config(
-        method="fedavg",
-        **{
-            "dp-mode": "distributed",
-            "secure-aggregation": True,
-            "dp-noise-multiplier": z,
-            "dp-clipping-norm": c,
-            "hidden-dim": 256,
-            "secagg-clipping-range": 100.0,
-        },
-    )
+    keys = {
+        "dp-noise-multiplier": z,
+        "dp-clipping-norm": c,
+        "hidden-dim": 256,
+        "secagg-clipping-range": 100.0,
+    }
+    cfg = config(method="fedavg", **{"dp-mode": "distributed", "secure-aggregation": True}, **keys)
+    clipped_only = config(method="fedavg", **{"dp-mode": "client"}, **keys)  # the same, no noise
     strategy = make_strategy(cfg)
     start = [a.copy() for a in strategy.global_arrays]
-    rng = np.random.default_rng(1)
-    uploads = []
-    for _ in range(n):
-        upload = [a.copy() for a in start]
-        add_noise(upload, noise_share_std(z, c, n), rng)  # what each client adds
+    sent = parameters_to_ndarrays(strategy.global_payload())
+    instruction = {"server-round": 1, DP_PARTICIPANTS: n}
+    uploads, shares = [], []
+    for k in range(n):  # each client's own fit, and its twin that adds no noise
+        upload, _, _ = make_client(cfg, k, n)[0].fit(sent, instruction)
+        twin, _, _ = make_client(clipped_only, k, n)[0].fit(sent, instruction)
         uploads.append(upload)
+        shares.append(np.concatenate([(u - t).ravel() for u, t in zip(upload, twin)]))
+    share = np.concatenate(shares)
+    assert share.std() == pytest.approx(z * c / np.sqrt(n), rel=0.05)  # each client's share
     unmasked = [np.mean([u[i] for u in uploads], axis=0) for i in range(len(start))]
     replies = [(FakeProxy(k), fit_res(unmasked, f"c{k}", 1)) for k in range(n)]
     strategy.aggregate_fit(1, replies, [])
@@ -210,7 +213,7 @@ def test_distributed_dp_noise_on_the_aggregate_has_the_stated_std() -> None:
         np.concatenate([(u - s).ravel() for u, s in zip(unmasked, start)]),
         atol=1e-6,
     )
-    noise = np.concatenate([m.ravel() for m in moved])
+    noise = np.mean(np.reshape(share, (n, -1)), axis=0)  # the noise in the aggregate
     assert noise.std() == pytest.approx(z * c / n, rel=0.05)
     assert strategy.rounds[1].extra["dp_noise_std"] == pytest.approx(z * c / n)
 

@@ -23,20 +23,37 @@ from server_app.inprocess import build_inprocess, run_inprocess
 from strategies.base import RunRefused
 
 SMALL = {"num-server-rounds": 2, "sim-samples": 60, "hidden-dim": 16, "run-name": "policy"}
+# every registered method whose default config declares a disclosure (from the
+# registry: a new disclosing method joins these tests by itself), and Ensemble's
 DISCLOSING = {
-    "fedcp": ({"method": "fedcp"}, "head-blend"),
-    "factorized-fl-alpha": ({"method": "factorized-fl-alpha"}, "matching-vector"),
-    "fedfac-dynamic": ({"method": "fedfac-dynamic"}, "personal-rows"),
-    "ensemble": (
-        {
-            "method": "fedfac-static",
-            "fedfac.new-clients": 1,
-            "fedfac.new-client-mode": "ensemble",
-            "fedfac.ensemble-share-models": True,
-        },
-        "whole-model",
-    ),
+    name: ({"method": name}, kinds[0])
+    for name in method_names()
+    if (kinds := [d.kind for d in get_method(name).disclosures(parse_run_config({"method": name}))])
 }
+DISCLOSING["ensemble"] = (
+    {
+        "method": "fedfac-static",
+        "fedfac.new-clients": 1,
+        "fedfac.new-client-mode": "ensemble",
+        "fedfac.ensemble-share-models": True,
+    },
+    "whole-model",
+)
+SHARED_ONLY = [name for name in method_names() if name not in DISCLOSING]
+
+
+def _completed_by_every_site(
+    res: dict[str, Any], sites: int, rounds: int = 2, held_out: int = 0
+) -> None:
+    """The run went through: every round, every training site replied and was scored
+    (a site whose policy refused would be a failure, missing from the scores);
+    ``held_out`` new clients (FedFac's) train only at the end."""
+    assert [r["round"] for r in res["rounds"]] == list(range(1, rounds + 1))
+    sites -= held_out
+    everyone = [f"client-{i}" for i in range(sites)]
+    for record in res["rounds"]:
+        assert record["failures"] == 0 and record["replies"] == sites, record["round"]
+        assert sorted(record["per_client_accuracy"]) == everyone, record["round"]
 
 
 def _sites(n: int, **policy: Any) -> list[dict[str, Any]]:
@@ -74,7 +91,28 @@ def test_a_site_that_accepts_the_disclosure_runs(name: str, tmp_path) -> None:
         3,
         node_configs=_sites(3, **{"accept-disclosures": kind}),
     )
-    assert len(res["rounds"]) == 2
+    held_out = int(config.get("fedfac.new-clients", 0))
+    _completed_by_every_site(res, 3, held_out=held_out)
+    if held_out:  # the new client got the accepted whole models at the end
+        assert res["rounds"][-1]["ensemble_models_from"] == ["client-0", "client-1"]
+
+
+def test_the_registry_finds_the_disclosing_methods() -> None:
+    assert {"fedcp", "factorized-fl-alpha", "fedfac-dynamic"} <= set(DISCLOSING)
+    assert {"fedavg", "ditto", "feddecomp", "fedfac-static"} <= set(SHARED_ONLY)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SHARED_ONLY)
+def test_the_default_policy_lets_a_shared_tensors_only_method_run(name: str, tmp_path) -> None:
+    """Every method that declares nothing (Ditto included) runs at sites with the
+    default policy, shared tensors only."""
+    res = run_inprocess(
+        {**SMALL, "method": name, "num-server-rounds": 1, "output-dir": str(tmp_path)},
+        2,
+        node_configs=_sites(2),
+    )
+    _completed_by_every_site(res, 2, rounds=1)
 
 
 def test_a_site_requiring_secure_aggregation_refuses_a_plain_run(tmp_path) -> None:
@@ -95,7 +133,7 @@ def test_sites_that_refuse_are_left_out_and_the_others_train(tmp_path) -> None:
 
 def test_simulation_without_a_policy_keeps_todays_behaviour(tmp_path) -> None:
     res = run_inprocess({**SMALL, "method": "fedcp", "output-dir": str(tmp_path)}, 2)
-    assert len(res["rounds"]) == 2
+    _completed_by_every_site(res, 2)
 
 
 def test_allowed_methods_and_a_malformed_policy(tmp_path) -> None:

@@ -163,11 +163,24 @@ def test_the_round_record_is_built_from_the_clients_evaluations() -> None:
 
 
 def test_the_first_round_waits_for_registrations_to_settle() -> None:
+    """Nodes register one by one while the first round waits: it waits until the
+    count stops changing, so all five are there (without the wait: one)."""
+    import threading
+    import time
+
     manager = SimpleClientManager()
-    for node in range(5):
-        manager.register(FakeProxy(node))
+    manager.register(FakeProxy(0))
+
+    def arrive() -> None:
+        for node in range(1, 5):
+            time.sleep(0.3)
+            manager.register(FakeProxy(node))
+
+    late = threading.Thread(target=arrive)
+    late.start()
     sampler = Sampler(min_available_clients=1)
     assert sampler.wait_for_federation(manager) == 5
+    late.join()
     assert len(sampler.sample(manager, 0.5)) == 3  # ceil(0.5 x 5)
     assert len(sampler.sample(manager, 0.01)) == 1  # at least one
 
