@@ -16,6 +16,7 @@ from methods.fedfac.factor_analysis import (
     principal_factors,
     shared_elements,
 )
+from methods.fedfac.imposed_split import imposed_split
 from methods.fedfac.model import HELD_OUT, element_entries
 from methods.fedfac.strategy import FedFacStrategy
 from pfl_data import data_info, load_client_data
@@ -313,11 +314,11 @@ def test_fixed_splits_true_oracle_random():
     from pfl_data import simulation_study
 
     truth = simulation_study(cfg, 10).shared_neurons
-    np.testing.assert_array_equal(strategy.fixed_split()["features.1"], truth)
+    np.testing.assert_array_equal(imposed_split(strategy)["features.1"], truth)
     cfg, m, model, roles, strategy = make(fa_split="oracle", num=10)
-    assert (strategy.fixed_split()["features.1"] == truth).mean() > 0.95
+    assert (imposed_split(strategy)["features.1"] == truth).mean() > 0.95
     cfg, m, model, roles, strategy = make(fa_split="random", num=10)
-    r = strategy.fixed_split()["features.1"]
+    r = imposed_split(strategy)["features.1"]
     assert r.sum() == 100 and 0.3 < (r == truth).mean() < 0.7
 
 
@@ -361,7 +362,7 @@ def test_end_to_end(tmp_path, method):
 
 def test_fixed_split_is_never_reestimated_and_updates_input_runs():
     cfg, m, model, roles, strategy = make("fedfac-dynamic", fa_split="random", num=4)
-    strategy.set_split(strategy.fixed_split())
+    strategy.set_split(imposed_split(strategy))
     assert not strategy.wire.full_upload()  # personal rows never leave under a fixed split
     cfg, m, model, roles, strategy = make("fedfac-dynamic", fa_input="updates")
     assert strategy.wire.full_upload()

@@ -240,7 +240,9 @@ def test_a_site_posing_as_a_held_out_client_is_sent_no_model(tmp_path, monkeypat
     server, rounds = build_inprocess(config, 3, record, nodes)
     with pytest.MonkeyPatch.context() as m:
         warnings: list[str] = []
-        m.setattr("methods.fedfac.strategy.log.warning", lambda *a: warnings.append(a[0] % a[1:]))
+        m.setattr(
+            "methods.fedfac.new_clients.log.warning", lambda *a: warnings.append(a[0] % a[1:])
+        )
         server.fit(rounds, timeout=None)
     assert "share-model" not in phases and "ensemble" not in phases
     assert any("rejected held-out claim from 'client-0'" in w for w in warnings)

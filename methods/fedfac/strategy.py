@@ -16,7 +16,7 @@ what the client started from: the global rows where they were shared, the
 client's own rows where they were personal; clients upload the start values of
 those personal rows after the shared tensors (the server knows the rest).
 
-New clients (paper Section 3.2): the last ``fedfac.new-clients`` partitions
+New clients (paper Section 3.2, new_clients.py): the last ``fedfac.new-clients`` partitions
 (``client-<i>``) or, in a deployment, the sites named in ``fedfac.new-client-sites``
 never train. LocalTrain: shared params in, personal elements trained locally
 and kept. Ensemble (needs ``fedfac.ensemble-share-models=true``: the sites agree to
@@ -29,26 +29,22 @@ No input, label or prediction travels.
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 from flwr.common import (
-    EvaluateIns,
     EvaluateRes,
     FitIns,
     FitRes,
-    NDArrays,
     Parameters,
     Scalar,
-    ndarrays_to_parameters,
-    parameters_to_ndarrays,
 )
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from threadpoolctl import threadpool_limits
 from torch import nn
 
+from methods.fedfac import new_clients
 from methods.fedfac.factor_analysis import (
     FactorResult,
     layer_matrix,
@@ -56,10 +52,11 @@ from methods.fedfac.factor_analysis import (
     shared_elements,
     site_median_correlation,
 )
-from methods.fedfac.model import HELD_OUT, PHASE, FedFacWire
-from models.roles import CLIENT_KEY, wire_spec
+from methods.fedfac.imposed_split import imposed_split
+from methods.fedfac.model import HELD_OUT, FedFacWire
+from models.roles import wire_spec
 from run_config.schema import RunConfig
-from strategies.base import PFLStrategy, Reply, RoundLog, payload_bytes
+from strategies.base import PFLStrategy, Reply
 
 log = logging.getLogger("flwr.pflower")
 
@@ -86,37 +83,6 @@ class FedFacStrategy(PFLStrategy):
         return self.wire.sizes
 
     # ---- the split --------------------------------------------------------------------------
-
-    def fixed_split(self) -> dict[str, np.ndarray]:
-        """``fa-split`` = true | oracle | random: a split imposed from round 1."""
-        cfg = self.cfg
-        if cfg.params.fa_split == "random":
-            rng = np.random.default_rng(cfg.seed + 7)
-            out = {}
-            for layer, size in self.sizes.items():
-                mask = np.zeros(size, dtype=bool)
-                mask[rng.permutation(size)[: int(round((1 - cfg.params.fa_quantile) * size))]] = (
-                    True
-                )
-                out[layer] = mask
-            return out
-        from pfl_data import simulation_study
-
-        if cfg.dataset != "synthetic" or list(self.sizes.values()) != [cfg.hidden_dim]:
-            raise ValueError(
-                f"fedfac.fa-split={cfg.params.fa_split} needs the simulation study: "
-                "dataset=synthetic, an MLP and fedfac.fa-layers naming its hidden layer only"
-            )
-        study = simulation_study(cfg, self.num_clients, teachers=True)
-        layer = next(iter(self.sizes))
-        if cfg.params.fa_split == "true":
-            return {layer: study.shared_neurons.copy()}
-        # oracle: FA on the teacher's true incoming weights of the training clients
-        trained = [
-            w for i, w in enumerate(study.teacher_weights) if f"client-{i}" not in self.held_out
-        ]
-        fit = self.factor_analysis(trained)
-        return {layer: shared_elements(fit.communalities, cfg.params.fa_quantile)}
 
     def factor_analysis(self, per_client: list[np.ndarray]) -> FactorResult:
         # one BLAS thread: the simulated clients share the machine's cores. Iterated
@@ -209,7 +175,7 @@ class FedFacStrategy(PFLStrategy):
         if self.num_clients:
             return
         self.num_clients = self.sampler.wait_for_federation(client_manager)
-        self.held_out = self.new_client_keys()
+        self.held_out = new_clients.held_out_keys(self.cfg, self.num_clients)
         if len(self.held_out) >= self.num_clients:
             sites = self.cfg.params.new_client_sites.strip()
             key = "fedfac.new-client-sites" if sites else "fedfac.new-clients"
@@ -218,28 +184,14 @@ class FedFacStrategy(PFLStrategy):
                 "clients leaves none to train"
             )
         if self.cfg.params.fa_split != "fa":
-            self.set_split(self.fixed_split())
-
-    def new_client_keys(self) -> set[str]:
-        """The held-out clients' keys: named sites, else the last partitions."""
-        sites = {k.strip() for k in self.cfg.params.new_client_sites.split(",") if k.strip()}
-        if sites:
-            return sites
-        n = self.cfg.params.new_clients
-        return {f"client-{i}" for i in range(self.num_clients - n, self.num_clients)}
+            self.set_split(imposed_split(self))
 
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
         self._start(client_manager)
         pairs = super().configure_fit(server_round, parameters, client_manager)
-        kept = []
-        for proxy, ins in pairs:
-            if self.clients.key_of(proxy) in self.held_out:  # known new client: no training
-                self.rounds.of(server_round).bytes_down -= payload_bytes(ins.parameters)
-            else:
-                kept.append((proxy, ins))
-        return kept
+        return new_clients.without_held_out(self, server_round, pairs)
 
     def aggregate_fit(
         self,
@@ -247,30 +199,8 @@ class FedFacStrategy(PFLStrategy):
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        trained = []
-        for proxy, res in results:
-            if res.metrics.get(HELD_OUT):  # a new client declined to train (first round)
-                self.held_out_claim(server_round, proxy, res.metrics)
-            else:
-                trained.append((proxy, res))
+        trained = new_clients.trained_replies(self, server_round, results)
         return super().aggregate_fit(server_round, trained, failures)
-
-    def held_out_claim(self, server_round: int, proxy: ClientProxy, metrics: dict) -> bool:
-        """Whether a reply's held-out claim stands: its key is one the run config lists
-        and is bound to this node. Any other claim is rejected (logged): a trained
-        site posing as new would be sent every other site's model by Ensemble."""
-        key = str(metrics.get(CLIENT_KEY))
-        problem = None if key in self.held_out else "it is not a held-out client of this run"
-        problem = problem or self.clients.bind(proxy.node_id, key)
-        if problem is not None:
-            log.warning(
-                "round %d: rejected held-out claim from %r (node %d): %s",
-                server_round,
-                key,
-                proxy.node_id,
-                problem,
-            )
-        return problem is None
 
     # ---- aggregation ------------------------------------------------------------------------
 
@@ -317,78 +247,5 @@ class FedFacStrategy(PFLStrategy):
         results: list[tuple[ClientProxy, EvaluateRes]],
         failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
     ) -> tuple[float | None, dict[str, Scalar]]:
-        claims = [(p, r) for p, r in results if r.metrics.get(HELD_OUT)]
-        new = [(p, r) for p, r in claims if self.held_out_claim(server_round, p, r.metrics)]
-        trained = [(p, r) for p, r in results if not r.metrics.get(HELD_OUT)]
-        extra = self.rounds.setdefault(server_round, RoundLog()).extra
-        if new and self.cfg.params.new_client_mode == "localtrain":
-            accs = [float(r.metrics["accuracy"]) for _, r in new]
-            extra["accuracy_new_clients"] = float(np.mean(accs))
-        last = server_round == self.cfg.num_server_rounds
-        if new and trained and self.cfg.params.new_client_mode == "ensemble" and last:
-            accs = self.ensemble_round(server_round, [p for p, _ in new], [p for p, _ in trained])
-            if accs:
-                extra["accuracy_new_clients"] = float(np.mean(accs))
-        if new:
-            extra["new_client_mode"] = self.cfg.params.new_client_mode
+        trained = new_clients.evaluate_new_clients(self, server_round, results)
         return super().aggregate_evaluate(server_round, trained, failures)
-
-    def ensemble_round(
-        self, server_round: int, new: list[ClientProxy], trained: list[ClientProxy]
-    ) -> list[float]:
-        """Ensemble for new clients (the sites consented: ensemble-share-models):
-        each trained client sends its personalised model; each new client gets them
-        all and scores the mean of their predictions on its own test split."""
-        extra = self.rounds[server_round].extra
-
-        def share(proxy: ClientProxy) -> FitRes | None:
-            key = self.clients.key_of(proxy)
-            config = {**self.client_config(key, server_round), PHASE: "share-model"}
-            ins = FitIns(self.payload_for(key, server_round), config)
-            try:
-                return proxy.fit(ins, None, server_round)
-            except Exception as err:  # noqa: BLE001 - a vanished client: go on without it
-                log.warning(
-                    "round %d: ensemble: no model from node %d (%s)",
-                    server_round,
-                    proxy.node_id,
-                    err,
-                )
-                return None
-
-        with ThreadPoolExecutor() as pool:
-            replies = list(pool.map(share, trained))
-        models: NDArrays = []
-        shared_by = []
-        for proxy, res in zip(trained, replies):
-            if res is None:
-                continue
-            arrays = parameters_to_ndarrays(res.parameters)
-            problem = next(
-                (p for s, a in zip(self.model_spec, arrays) if (p := s.matches(a))), None
-            )
-            if len(arrays) != len(self.model_spec) or problem:
-                log.warning(
-                    "round %d: ensemble: rejected model from node %d: %s",
-                    server_round,
-                    proxy.node_id,
-                    problem or "wrong tensor count",
-                )
-                continue
-            models += arrays
-            shared_by.append(str(res.metrics.get(CLIENT_KEY)))
-        if not shared_by:
-            log.error("round %d: ensemble: no trained client shared its model", server_round)
-            return []
-        payload = ndarrays_to_parameters(models)
-        config = {**self.client_config(None, server_round), PHASE: "ensemble"}
-        accs = []
-        for proxy in new:
-            res = proxy.evaluate(EvaluateIns(payload, config), None, server_round)
-            extra["bytes_ensemble_down"] = extra.get("bytes_ensemble_down", 0) + payload_bytes(
-                payload
-            )
-            accs.append(float(res.metrics["accuracy"]))
-        extra["ensemble_models_from"] = sorted(shared_by)
-        log.info("round %d: ensemble accuracy of new clients %s", server_round, accs)
-        return accs

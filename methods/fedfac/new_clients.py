@@ -1,0 +1,172 @@
+"""FedFac's new clients (paper Section 3.2), apart from its aggregation: which
+clients are held out, the fit instructions they are not sent, the held-out claims
+checked against the run config and the node, their evaluation (LocalTrain), and
+Ensemble's final round. The strategy (strategy.py) calls these from its hooks.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+import numpy as np
+from flwr.common import (
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    NDArrays,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.server.client_proxy import ClientProxy
+
+from methods.fedfac.model import HELD_OUT, PHASE
+from models.roles import CLIENT_KEY
+from run_config.schema import RunConfig
+from strategies.base import RoundLog, payload_bytes
+
+if TYPE_CHECKING:
+    from methods.fedfac.strategy import FedFacStrategy
+
+log = logging.getLogger("flwr.pflower")
+
+
+def held_out_keys(cfg: RunConfig, num_clients: int) -> set[str]:
+    """The held-out clients' keys: named sites, else the last partitions."""
+    sites = {k.strip() for k in cfg.params.new_client_sites.split(",") if k.strip()}
+    if sites:
+        return sites
+    n = cfg.params.new_clients
+    return {f"client-{i}" for i in range(num_clients - n, num_clients)}
+
+
+def without_held_out(
+    strategy: FedFacStrategy, server_round: int, pairs: list[tuple[ClientProxy, FitIns]]
+) -> list[tuple[ClientProxy, FitIns]]:
+    """The fit instructions less those to known new clients (they never train)."""
+    kept = []
+    for proxy, ins in pairs:
+        if strategy.clients.key_of(proxy) in strategy.held_out:
+            strategy.rounds.of(server_round).bytes_down -= payload_bytes(ins.parameters)
+        else:
+            kept.append((proxy, ins))
+    return kept
+
+
+def trained_replies(
+    strategy: FedFacStrategy, server_round: int, results: list[tuple[ClientProxy, FitRes]]
+) -> list[tuple[ClientProxy, FitRes]]:
+    """The fit replies of trained clients; a new client's decline (first round, before
+    its key was known) is checked as a claim and left out."""
+    trained = []
+    for proxy, res in results:
+        if res.metrics.get(HELD_OUT):
+            held_out_claim(strategy, server_round, proxy, res.metrics)
+        else:
+            trained.append((proxy, res))
+    return trained
+
+
+def held_out_claim(
+    strategy: FedFacStrategy, server_round: int, proxy: ClientProxy, metrics: dict
+) -> bool:
+    """Whether a reply's held-out claim stands: its key is one the run config lists
+    and is bound to this node. Any other claim is rejected (logged): a trained
+    site posing as new would be sent every other site's model by Ensemble."""
+    key = str(metrics.get(CLIENT_KEY))
+    problem = None if key in strategy.held_out else "it is not a held-out client of this run"
+    problem = problem or strategy.clients.bind(proxy.node_id, key)
+    if problem is not None:
+        log.warning(
+            "round %d: rejected held-out claim from %r (node %d): %s",
+            server_round,
+            key,
+            proxy.node_id,
+            problem,
+        )
+    return problem is None
+
+
+def evaluate_new_clients(
+    strategy: FedFacStrategy, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]]
+) -> list[tuple[ClientProxy, EvaluateRes]]:
+    """Record the new clients' accuracy (LocalTrain: their own evaluation; Ensemble:
+    the final round's), return the trained clients' evaluations."""
+    cfg = strategy.cfg
+    claims = [(p, r) for p, r in results if r.metrics.get(HELD_OUT)]
+    new = [(p, r) for p, r in claims if held_out_claim(strategy, server_round, p, r.metrics)]
+    trained = [(p, r) for p, r in results if not r.metrics.get(HELD_OUT)]
+    extra = strategy.rounds.setdefault(server_round, RoundLog()).extra
+    if new and cfg.params.new_client_mode == "localtrain":
+        extra["accuracy_new_clients"] = float(
+            np.mean([float(r.metrics["accuracy"]) for _, r in new])
+        )
+    last = server_round == cfg.num_server_rounds
+    if new and trained and cfg.params.new_client_mode == "ensemble" and last:
+        accs = ensemble_round(strategy, server_round, [p for p, _ in new], [p for p, _ in trained])
+        if accs:
+            extra["accuracy_new_clients"] = float(np.mean(accs))
+    if new:
+        extra["new_client_mode"] = cfg.params.new_client_mode
+    return trained
+
+
+def ensemble_round(
+    strategy: FedFacStrategy, server_round: int, new: list[ClientProxy], trained: list[ClientProxy]
+) -> list[float]:
+    """Ensemble for new clients (the sites consented: ensemble-share-models):
+    each trained client sends its personalised model; each new client gets them
+    all and scores the mean of their predictions on its own test split."""
+    extra = strategy.rounds[server_round].extra
+
+    def share(proxy: ClientProxy) -> FitRes | None:
+        key = strategy.clients.key_of(proxy)
+        config = {**strategy.client_config(key, server_round), PHASE: "share-model"}
+        ins = FitIns(strategy.payload_for(key, server_round), config)
+        try:
+            return proxy.fit(ins, None, server_round)
+        except Exception as err:  # noqa: BLE001 - a vanished client: go on without it
+            log.warning(
+                "round %d: ensemble: no model from node %d (%s)",
+                server_round,
+                proxy.node_id,
+                err,
+            )
+            return None
+
+    with ThreadPoolExecutor() as pool:
+        replies = list(pool.map(share, trained))
+    models: NDArrays = []
+    shared_by = []
+    for proxy, res in zip(trained, replies):
+        if res is None:
+            continue
+        arrays = parameters_to_ndarrays(res.parameters)
+        problem = next(
+            (p for s, a in zip(strategy.model_spec, arrays) if (p := s.matches(a))), None
+        )
+        if len(arrays) != len(strategy.model_spec) or problem:
+            log.warning(
+                "round %d: ensemble: rejected model from node %d: %s",
+                server_round,
+                proxy.node_id,
+                problem or "wrong tensor count",
+            )
+            continue
+        models += arrays
+        shared_by.append(str(res.metrics.get(CLIENT_KEY)))
+    if not shared_by:
+        log.error("round %d: ensemble: no trained client shared its model", server_round)
+        return []
+    payload = ndarrays_to_parameters(models)
+    config = {**strategy.client_config(None, server_round), PHASE: "ensemble"}
+    accs = []
+    for proxy in new:
+        res = proxy.evaluate(EvaluateIns(payload, config), None, server_round)
+        extra["bytes_ensemble_down"] = extra.get("bytes_ensemble_down", 0) + payload_bytes(payload)
+        accs.append(float(res.metrics["accuracy"]))
+    extra["ensemble_models_from"] = sorted(shared_by)
+    log.info("round %d: ensemble accuracy of new clients %s", server_round, accs)
+    return accs
