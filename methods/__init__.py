@@ -76,6 +76,10 @@ class Method:
     disclosures: Disclosures = shared_tensors_only
     # why the method has no mean of one global state (so no SecAgg+, DP or robust rule)
     per_client: str = ""
+    # the attacks on its own machinery (run_config.schema.METHOD_ATTACKS) it may be run with
+    attacks: tuple[str, ...] = ()
+    # configs beyond its defaults that change what it discloses (the PRIVACY.md table's rows)
+    disclosure_modes: tuple[dict[str, Any], ...] = ()
 
     # ---- the config's view (run_config.params.MethodSpec) ------------------------------------
 

@@ -86,12 +86,9 @@ def federation_checks(cfg: RunConfig, clients: int | None) -> None:
             f"federation has {clients} clients (num-supernodes): every round would wait "
             "10 minutes, then go on without them"
         )
-    held_out = getattr(cfg.params, "new_clients", 0)
-    if held_out and held_out >= clients:
-        raise ConfigError(
-            f"config key 'fedfac.new-clients': {held_out} held out of {clients} clients "
-            "leaves none to train"
-        )
+    problem = cfg.params.federation_problem(cfg, clients)
+    if problem:
+        raise ConfigError(problem)
 
 
 def resume_checks(cfg: RunConfig) -> None:

@@ -39,6 +39,12 @@ class MethodParams(BaseModel):
         """Checks across this method's keys and the common ones: ValueError naming the
         keys (the namespaced ones as ``<namespace>.<key>``)."""
 
+    def federation_problem(self, cfg: RunConfig, clients: int) -> str | None:
+        """What of this method's keys cannot work with ``clients`` clients (the
+        pre-flight knows the federation's size; the config alone does not): one line
+        naming the key, or None."""
+        return None
+
     @classmethod
     def keys(cls) -> dict[str, str]:
         """Key (alias) -> field name."""
@@ -55,6 +61,7 @@ class MethodSpec(Protocol):
     name: str
     params: type[MethodParams]
     per_client: str  # why it has no mean of one global state to protect ("": it has)
+    attacks: tuple[str, ...]  # the attacks on its own machinery it may be run with
 
     def defaults(self, raw: dict[str, Any]) -> dict[str, Any]:
         """The method's values for the common ``auto`` keys (its paper's local

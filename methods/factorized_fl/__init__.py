@@ -82,6 +82,7 @@ METHODS = (
         "factorized-fl-alpha",
         "methods.factorized_fl.model:alpha_personal",
         disclosures=alpha_disclosures,
+        attacks=("match-magnet",),
         **_COMMON,
     ),
     Method("factorized-fl-beta", "methods.factorized_fl.model:beta_personal", **_COMMON),

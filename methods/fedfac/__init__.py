@@ -87,6 +87,14 @@ class FedFacParams(MethodParams):
     def has_new_clients(self) -> bool:
         return bool(self.new_clients or self.new_client_sites.strip())
 
+    def federation_problem(self, cfg: RunConfig, clients: int) -> str | None:
+        if self.new_clients and self.new_clients >= clients:
+            return (
+                f"config key 'fedfac.new-clients': {self.new_clients} held out of {clients} "
+                "clients leaves none to train"
+            )
+        return None
+
 
 def fedfac_schedule(raw: dict[str, Any]) -> dict[str, Any]:
     held_out = bool(raw.get("fedfac.new-clients")) or bool(
@@ -119,6 +127,19 @@ def fedfac_disclosures(cfg: RunConfig) -> tuple[Disclosure, ...]:
     return tuple(out)
 
 
+# the configs beyond the defaults that change what FedFac discloses (PRIVACY.md's rows)
+DISCLOSURE_MODES: dict[str, tuple[dict[str, Any], ...]] = {
+    "fedfac-dynamic": ({"fedfac.fa-input": "updates"},),
+    "fedfac-static": (
+        {
+            "fedfac.new-clients": 1,
+            "fedfac.new-client-mode": "ensemble",
+            "fedfac.ensemble-share-models": True,
+        },
+        {"fedfac.new-clients": 1, "fedfac.new-client-mode": "localtrain"},
+    ),
+}
+
 METHODS = tuple(
     Method(
         name,
@@ -131,6 +152,8 @@ METHODS = tuple(
         schedule=fedfac_schedule,
         disclosures=fedfac_disclosures,
         per_client="its aggregation runs factor analysis on the individual uploads",
+        attacks=("fa-steer",),
+        disclosure_modes=DISCLOSURE_MODES[name],
     )
     for name in ("fedfac-static", "fedfac-dynamic")
 )
