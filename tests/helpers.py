@@ -149,3 +149,16 @@ def fit_res(
 ) -> FitRes:
     params = arrays if isinstance(arrays, Parameters) else ndarrays_to_parameters(arrays)
     return FitRes(Status(Code.OK, ""), params, num_examples, {"client-key": key, **(metrics or {})})
+
+
+def short_federation(method: str, out: Path, clients: int = 3) -> dict[str, Any]:
+    """Two in-process rounds of ``method`` on the small generated study; asserts that
+    both rounds ran and scored every client, and returns the results."""
+    from server_app.inprocess import run_inprocess
+
+    raw = {"method": method, "num-server-rounds": 2, "sim-samples": 60, "hidden-dim": 16}
+    res = run_inprocess({**raw, "output-dir": str(out), "run-name": method}, clients)
+    assert [r["round"] for r in res["rounds"]] == [1, 2]
+    everyone = [f"client-{i}" for i in range(clients)]
+    assert sorted(res["rounds"][-1]["per_client_accuracy"]) == everyone
+    return res

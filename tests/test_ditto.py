@@ -14,8 +14,7 @@ from flwr.common import parameters_to_ndarrays
 
 from methods import get_method, method_names, parse_run_config
 from run_config.schema import ConfigError
-from server_app.inprocess import run_inprocess
-from tests.helpers import config, make_client, make_strategy
+from tests.helpers import config, make_client, make_strategy, short_federation
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -93,18 +92,5 @@ def test_its_keys_are_namespaced_validated_and_follow_the_schedule() -> None:
 
 
 def test_a_short_federation_trains_and_records_every_client(tmp_path) -> None:
-    res = run_inprocess(
-        {
-            "method": "ditto",
-            "num-server-rounds": 2,
-            "sim-samples": 60,
-            "hidden-dim": 16,
-            "output-dir": str(tmp_path),
-            "run-name": "ditto",
-        },
-        num_clients=3,
-    )
-    assert [r["round"] for r in res["rounds"]] == [1, 2]
-    last = res["rounds"][-1]
-    assert sorted(last["per_client_accuracy"]) == ["client-0", "client-1", "client-2"]
+    last = short_federation("ditto", tmp_path)["rounds"][-1]
     assert last["bytes_up"] > 0 and not last["rejected"]
