@@ -311,11 +311,16 @@ ratio-to = "plain"
     assert capsys.readouterr().out.count("complete, reused") == 3
     assert {c.label: os.stat(c.dir / "results.json").st_mtime_ns for c in cells} == mtimes
 
-    # a crashing cell (an invalid config) fails alone, the exit code says so
+    # an invalid config stops the preset before any cell runs (#46: exit 2, one line)
     path.write_text(text + '[variants.broken]\nmethod = "fedavg"\nalpha = -1.0\n')
+    assert main(args) == 2
+    assert "preset error: tiny: config key 'alpha'" in capsys.readouterr().err
+    # a cell that crashes at run time (its data are missing) fails alone, the exit code
+    # says so
+    path.write_text(text + '[variants.broken]\nmethod = "fedavg"\ndataset = "/no/such.parquet"\n')
     assert main(args) == 1
     md = (out / "tiny.md").read_text()
-    assert "| `broken` | 0 | failed: exit code" in md and "alpha" in md
+    assert "| `broken` | 0 | failed: exit code" in md and "dataset" in md
     # a row the commands left out says so, without calling it a failure
     path.write_text(text + '[variants.later]\nmethod = "local"\n')
     assert main([*args, "--rows", "plain"]) == 0
@@ -417,8 +422,9 @@ def test_a_user_preset_on_an_image_folder_reports_seeds_intervals_and_csv(tmp_pa
     mine = [x for x in lines if x["row"] == "feddecomp" and x["setting"] == "skewed"]
     seeds = ", ".join(f"{100 * float(x['final_accuracy_mean']):.1f}" for x in mine)
     assert seeds in line  # the table's per-seed values are the CSV's
-    low, high = report.ci95([float(x["final_accuracy_mean"]) for x in mine])
-    assert f"[{100 * low:.1f}, {100 * high:.1f}]" in line
+    # the interval as a reader should take it: clipped, 2 seeds flagged, equal seeds said
+    shown = report.interval_text([100 * float(x["final_accuracy_mean"]) for x in mine])
+    assert f"| {shown} |" in line and ("not meaningful" in shown or "seeds equal" in shown)
     assert not (presets.REPO / "docs/results/mine.md").exists()
 
 
