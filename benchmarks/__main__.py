@@ -61,14 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as err:  # a preset that cannot run: one line, the config-error status
         print(f"preset error: {err.code}", file=sys.stderr)
         return 2
-    problems = preset.problems(
-        preset.cells(args.seeds, args.rounds, equal_budget=args.equal_budget)
-    )
+    out = args.out.expanduser().resolve() if args.out else None
+    args.runs = args.runs or (out / "runs" if out else presets.RUNS)
+    problems = preset.problems(preset.cells(args.seeds, args.rounds, args.runs, args.equal_budget))
     if problems:  # every cell checked before any runs
         print("\n".join(f"preset error: {p}" for p in problems), file=sys.stderr)
         return 2
-    out = args.out.expanduser().resolve() if args.out else None
-    args.runs = args.runs or (out / "runs" if out else presets.RUNS)
     manifest_path = args.runs / preset.name / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     if manifest.get("rounds") != args.rounds:  # another round count: another experiment

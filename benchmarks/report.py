@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,11 @@ def site_names(config: dict[str, Any]) -> dict[str, str]:
     return {f"client-{i}": Path(p).name or p for i, p in enumerate(paths)}
 
 
+def client_order(keys: Iterable[str]) -> list[str]:
+    """Client keys in partition order (client-2 before client-10)."""
+    return sorted(keys, key=lambda k: (len(k), k))
+
+
 MAX_SITES_TABLE = 20  # more clients than this: no per-site table (the plot shows them)
 
 
@@ -114,7 +120,7 @@ def per_site_table(rows: dict[str, dict[str, Any]]) -> list[str]:
     if not done:
         return []
     first = next(iter(done.values()))
-    keys = sorted(first["per_client"][0], key=lambda k: (len(k), k))
+    keys = client_order(first["per_client"][0])
     if len(keys) > MAX_SITES_TABLE:
         return []
     names = [f"{first['sites'].get(k, k)} (n={first['test_sizes'].get(k, '?')})" for k in keys]
@@ -265,7 +271,7 @@ def plot(preset: Preset, setting: str, rows: dict[str, dict[str, Any]], path: Pa
             ax.set(xlabel="round", title=key)
         if per_client and row["per_client"]:  # every seed's clients, a marker per site
             ax = axes[2 + len(curves)]
-            keys = sorted({k for pc in row["per_client"] for k in pc}, key=lambda k: (len(k), k))
+            keys = client_order({k for pc in row["per_client"] for k in pc})
             for j, k in enumerate(keys):
                 pc = [100 * p[k] for p in row["per_client"] if k in p]
                 offset = (j - (len(keys) - 1) / 2) * min(0.6 / max(len(keys), 1), 0.15)

@@ -147,7 +147,7 @@ def data_checks(cfg: RunConfig, clients: int | None) -> tuple[str, Any]:
         n = max(clients or 1, len(paths), 1)
         data = load_client_data(cfg, 0, n)
         check_site_data(cfg, data, "the first client")
-        site_lines = every_site(cfg, paths, n) if len(paths) > 1 else []
+        site_lines = every_site(cfg, paths, n, data) if len(paths) > 1 else []
     except ConfigError:
         raise
     except MemoryError as err:  # the generated study's teachers, or a decoded data set
@@ -163,12 +163,13 @@ def data_checks(cfg: RunConfig, clients: int | None) -> tuple[str, Any]:
     return f"{source} ({info.num_classes} classes, {shape}){sites}", (info, data)
 
 
-def every_site(cfg: RunConfig, paths: list[str], clients: int) -> list[str]:
+def every_site(cfg: RunConfig, paths: list[str], clients: int, first: Any) -> list[str]:
     """Every site of ``client-data-paths`` loaded as its client will (in parallel
     threads) and checked against the run, then the sites' class names compared
     (pfl_data.compare_site_classes). Each site is read whole, as its client reads it:
     a sample would pass a site whose other files fail. One line per site: its sample
-    counts and class name -> label id (a class it lacks is listed as such)."""
+    counts and class name -> label id (a class it lacks is listed as such). ``first``:
+    site 0's data, already loaded and checked by the caller."""
     from concurrent.futures import ThreadPoolExecutor
 
     from pfl_data import (
@@ -183,7 +184,7 @@ def every_site(cfg: RunConfig, paths: list[str], clients: int) -> list[str]:
     def one(i: int) -> tuple[str, Any, tuple[str, ...]]:
         where = f"site {i} ({Path(paths[i]).name})"
         try:
-            data = load_client_data(cfg, i, clients)
+            data = first if i == 0 else load_client_data(cfg, i, clients)
             check_site_data(cfg, data, where)
             return where, data, site_class_names(cfg, i, clients)
         except ConfigError as err:

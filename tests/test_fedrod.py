@@ -24,8 +24,7 @@ def test_the_balanced_softmax_shifts_the_logits_by_the_label_prior() -> None:
     logits, y = torch.zeros(4, 3), torch.tensor([0, 0, 0, 1])
     prior = torch.log(torch.tensor([0.75, 0.25, 0.0]) + 1e-8)
     assert torch.isclose(balanced_softmax(logits, y, prior), F.cross_entropy(prior.expand(4, 3), y))
-    # at the prior's own logits the class-balanced classifier is indifferent: zero logits
-    # beat the prior-matching ones under the balanced loss, not under plain cross-entropy
+    # copying the site's prior helps plain cross-entropy and costs under the balanced loss
     matched = prior.expand(4, 3).clone()
     assert balanced_softmax(logits, y, prior) < balanced_softmax(matched, y, prior)
     assert F.cross_entropy(matched, y) < F.cross_entropy(logits, y)
