@@ -29,7 +29,7 @@ CONFIG = {
 
 def table(results: dict[str, Any], asked: int) -> list[str]:
     """One row per aggregated round of ``results`` (results.json)."""
-    from pfl_privacy import PrivacyAccountant
+    from pflower.privacy import PrivacyAccountant
 
     cfg = results["config"]
     as_asked = PrivacyAccountant(float(cfg["dp-noise-multiplier"]), float(cfg["dp-delta"]))

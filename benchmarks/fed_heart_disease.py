@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from pfl_data.fed_heart_disease import CENTRES, HOSPITALS
+from pflower.data.fed_heart_disease import CENTRES, HOSPITALS
 
 TEST_SIZES = {"cleveland": 104, "hungarian": 89, "switzerland": 16, "va": 45}
 # published means over the four centres (FLamby's raw benchmark results, heart_seed42-46.csv,

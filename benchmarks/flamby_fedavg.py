@@ -1,7 +1,7 @@
 """An independent replica of FLamby's FedAvg on Fed-Heart-Disease, outside our
 engine: one logit with binary cross-entropy (FLamby's ``Baseline``), batch 4, 100
 local steps a round, 15 rounds, sample-weighted averaging, every centre each round;
-the same table and split as the recipe (pfl_data/fed_heart_disease.py). It checks
+the same table and split as the recipe (pflower/data/fed_heart_disease.py). It checks
 whether a gap to FLamby's published FedAvg (68.5) lies in our data path or in the
 setting: docs/results/fed-heart-disease.md.
 
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pfl_data.fed_heart_disease import table
+from pflower.data.fed_heart_disease import table
 
 FEATURES_DROPPED = ("centre", "record_id", "split", "label")
 

@@ -32,7 +32,7 @@ PRESET_DIR = Path(__file__).resolve().parent / "presets"
 RUNS = REPO / "outputs" / "benchmarks"
 DATA_CACHE = REPO / "outputs" / "data"
 # the CIFAR-10 dev set: $PFLOWER_DATA_DIR, else ../shared/data beside the checkout; make
-# it with `python -m pfl_data.recipes build cifar10-dev-check --out <that folder>`
+# it with `python -m pflower.data.recipes build cifar10-dev-check --out <that folder>`
 SHARED_DATA = Path(os.environ.get("PFLOWER_DATA_DIR") or REPO.parent / "shared" / "data")
 CIFAR10_DEV = SHARED_DATA / "cifar10-dev-12k.parquet"
 FASHION_IDX = Path("/usr/share/datasets/fashion-mnist")
@@ -278,14 +278,14 @@ def check_budget_method(name: str, where: str) -> str:
 
 
 def budget_schedule(run_cfg: dict[str, Any], method: str) -> dict[str, Any]:
-    """The local schedule (run_config.defaults.SCHEDULE_KEYS) that ``method`` resolves
+    """The local schedule (pflower.config.defaults.SCHEDULE_KEYS) that ``method`` resolves
     to on this cell's data and model, for each key the cell leaves ``auto``: so every
     row trains as many epochs, with the same batch size, optimizer and step size.
     Method keys (FedDecomp's tau epochs, DualFed's global-head epochs) keep their own
     rules, which follow ``local-epochs`` where the paper ties them to it."""
     from methods import registry
-    from run_config.defaults import SCHEDULE_KEYS, resolve_auto
-    from run_config.params import AUTO
+    from pflower.config.defaults import SCHEDULE_KEYS, resolve_auto
+    from pflower.config.params import AUTO
 
     resolved, _ = resolve_auto({**run_cfg, "method": method}, registry()[method])
     return {
@@ -334,9 +334,9 @@ def resolve(value: Any) -> Any:
 
 
 def heart_parquet(out_dir: Path = DATA_CACHE) -> str:
-    """The Fed-Heart-Disease table (pfl_data/fed_heart_disease.py), made once from the
+    """The Fed-Heart-Disease table (pflower/data/fed_heart_disease.py), made once from the
     UCI files under ../shared/data/fed-heart-disease (or $PFLOWER_DATA_DIR)."""
-    from pfl_data import fed_heart_disease
+    from pflower.data import fed_heart_disease
 
     source = SHARED_DATA / "fed-heart-disease"
     path = out_dir / "fed-heart-disease.parquet"
@@ -357,7 +357,7 @@ def subset_parquet(rows: int, seed: int, out_dir: Path = DATA_CACHE) -> str:
     if not CIFAR10_DEV.exists():
         raise SystemExit(
             f"the CIFAR-10 dev set is missing: {CIFAR10_DEV}; make it with `python -m "
-            f"pfl_data.recipes build cifar10-dev-check --out {SHARED_DATA}` (docs/DATA.md), "
+            f"pflower.data.recipes build cifar10-dev-check --out {SHARED_DATA}` (docs/DATA.md), "
             "or set PFLOWER_DATA_DIR to the folder that holds it"
         )
     if rows <= 0:
@@ -383,7 +383,7 @@ def domain_folders(domains: int, out_dir: Path = DATA_CACHE, source: str = "") -
     ids. Made once."""
     from PIL import Image
 
-    from pfl_data.hf import apply_domain_shift, load_source
+    from pflower.data.hf import apply_domain_shift, load_source
 
     src_path = source or subset_parquet(0, seed=0)
     root = out_dir / f"{Path(source).stem if source else 'cifar10-dev'}-domains{domains}"
@@ -415,6 +415,6 @@ def fashion_parquet() -> str:
         if not FASHION_IDX.exists():
             raise SystemExit("Fashion-MNIST is missing: apt-get install -y dataset-fashion-mnist")
         path.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "pfl_data.convert_idx", str(FASHION_IDX), str(path)]
+        cmd = [sys.executable, "-m", "pflower.data.convert_idx", str(FASHION_IDX), str(path)]
         subprocess.run(cmd, cwd=REPO, check=True)
     return str(path)

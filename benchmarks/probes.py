@@ -15,7 +15,7 @@ def fedfac_recovery(results: dict[str, Any], clients: int) -> dict[str, float]:
     """FedFac's simulation study (paper Sec. 4.3): the share of hidden neurons whose
     final shared/personal label equals the generating teacher's."""
     from methods import parse_run_config
-    from pfl_data import simulation_study
+    from pflower.data import simulation_study
 
     masks = results["rounds"][-1].get("fa_shared_mask") or {}
     if len(masks) != 1:
@@ -34,7 +34,7 @@ def linear_probe(results: dict[str, Any], clients: int) -> dict[str, float]:
 
     from client_app.train import evaluate, train_epochs
     from methods import get_method, parse_run_config
-    from pfl_data import data_info, load_client_data
+    from pflower.data import data_info, load_client_data
     from strategies.checkpoint import SERVER_STATE, load_server_state
 
     cfg = parse_run_config(results["config"])

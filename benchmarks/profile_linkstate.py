@@ -1,6 +1,6 @@
 """Where a Ray simulation's time goes as clients grow: the time inside Flower's
 InMemoryLinkState.get_message_ins (the engine's per-node message lookup), with and
-without the linkstate-index patch (pfl_patches; docs/PERFORMANCE.md):
+without the linkstate-index patch (pflower.patches; docs/PERFORMANCE.md):
 
     python -m benchmarks.profile_linkstate 800            # Flower as it is
     python -m benchmarks.profile_linkstate 800 --patched  # with the index
@@ -26,10 +26,10 @@ def main(argv: list[str]) -> None:
     os.environ["PFLOWER_FLOWER_PATCHES"] = "1" if patched else "0"
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
 
-    import pfl_patches
+    import pflower.patches
 
     if patched:
-        assert pfl_patches.linkstate_index()
+        assert pflower.patches.linkstate_index()
     spent = {"seconds": 0.0, "calls": 0}
     lookup = InMemoryLinkState.get_message_ins
 

@@ -1,7 +1,7 @@
-"""``python -m benchmarks.reference PRESET SETTING``: write run_results/reference.json,
+"""``python -m benchmarks.reference PRESET SETTING``: write pflower/results/reference.json,
 FedAvg's and Local's final mean accuracy (mean, sample std and each seed) in one
 setting of a preset, from its complete runs: what the summary of a run on the same
-data shows beside the run's own figure (run_results/reference.py)."""
+data shows beside the run's own figure (pflower/results/reference.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import numpy as np
 
 from benchmarks import presets
 from benchmarks.runner import is_complete, load_results
-from run_results.reference import REFERENCE_FILE
+from pflower.results.reference import REFERENCE_FILE
 
 MATCH = ("dataset", "model", "hidden-dim", "sim-samples", "sim-dim", "sim-shared-neurons")
 MATCH += ("sim-shared-covariates", "sim-noise")
-ROWS = ("fedavg", "local")
+ROWS = {"fedavg": "FedAvg", "local": "Local"}  # method -> the label a summary shows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         finals = [load_results(c)["final_accuracy_mean"] for c in done]
         rows[label] = {
+            "label": ROWS[label],
             "mean": float(np.mean(finals)),
             "std": float(np.std(finals, ddof=1)),
             "seeds": {str(c.seed): f for c, f in zip(done, finals)},

@@ -3,7 +3,7 @@
 Engines (what one cell runs, all through the real Strategy and ClientApp):
 * ``inprocess``: server_app/inprocess.py (Flower's round loop, real Messages, no Ray);
 * ``simulation``: ``flwr``'s Ray simulation (server_app/simulate.py);
-* ``deployment``: a loopback SuperLink + one SuperNode per client (harness/loopback.py),
+* ``deployment``: a loopback SuperLink + one SuperNode per client (server_app/loopback.py),
   the run submitted with ``flwr run``; the wire bytes counted by a TCP relay;
 * ``plain``: the floor: the same clients' local training and evaluation in a plain
   PyTorch loop in one process, no Flower (a Local run without the framework).
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.presets import REPO, Cell, Preset
-from pfl_store import PERSONAL_STATE_DIR
+from pflower.store import PERSONAL_STATE_DIR
 
 # ----------------------------------------------------------------------------- resume
 
@@ -131,7 +131,7 @@ def _plain_loop(cell: Cell) -> None:
 
     from client_app.train import evaluate, train_epochs
     from methods import get_method, parse_run_config
-    from pfl_data import data_info, load_client_data
+    from pflower.data import data_info, load_client_data
 
     torch.set_num_threads(1)  # as each simulated client
     cfg = parse_run_config(cell.config)
@@ -185,7 +185,7 @@ def _deployment(cell: Cell, warm: bool) -> None:
     a byte-counting relay; the run's results.json gains the wire bytes. ``warm``: the
     sites' ClientApps are forked by deploy.warm_superexec."""
     from client_app.timing import median_phases
-    from harness.loopback import CountingRelay, LoopbackFederation
+    from server_app.loopback import CountingRelay, LoopbackFederation
 
     with tempfile.TemporaryDirectory(prefix="pflower-experiment-") as tmp:
         fed = LoopbackFederation(

@@ -1,4 +1,4 @@
-"""SecAgg+ mask cost: the PRF masks (pfl_patches.mask_arrays) against Flower 1.39's
+"""SecAgg+ mask cost: the PRF masks (pflower.patches.mask_arrays) against Flower 1.39's
 ``pseudo_rand_gen``, side by side in one process, for the masks one SecAgg+ round
 draws: each client one private mask and one pairwise mask per neighbour, the server
 one private mask per client (no drop-outs): n masks per party at n sites. Shapes: the model of the
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pfl_patches
+import pflower.patches
 
 MODELS = {  # name -> run config of the model whose shared tensors are masked
     "privacy-secagg (synthetic MLP)": {"dataset": "synthetic", "sim-samples": 400},
@@ -38,7 +38,7 @@ MODELS = {  # name -> run config of the model whose shared tensors are masked
 def shapes_of(config: dict[str, Any]) -> list[tuple[int, ...]]:
     """The shapes of a method's uploaded tensors for this run config (FedAvg: all)."""
     from methods import get_method, parse_run_config
-    from pfl_data import data_info
+    from pflower.data import data_info
 
     cfg = parse_run_config({"method": "fedavg", **config})
     model = get_method("fedavg").build_model(cfg, data_info(cfg))
@@ -53,9 +53,9 @@ def seconds(generator: Callable[..., Any], shapes: list[tuple[int, ...]], calls:
 
 
 SITECUSTOMIZE = """\
-import pfl_patches
+import pflower.patches
 from flwr.common.secure_aggregation import secaggplus_utils
-pfl_patches.mask_arrays = secaggplus_utils.pseudo_rand_gen  # benchmark only: Flower's masks
+pflower.patches.mask_arrays = secaggplus_utils.pseudo_rand_gen  # benchmark only: Flower's masks
 """
 ROUND_CONFIG = {  # the privacy-secagg preset's secure cell
     "method": "fedavg",
@@ -123,7 +123,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--rounds", action="store_true", help="also time whole secure rounds")
     parser.add_argument("--out", help="also write the table to this markdown file")
     args = parser.parse_args(argv)
-    pfl_patches.secagg_masks()
+    pflower.patches.secagg_masks()
     flower = sys.modules["flwr.common.secure_aggregation.secaggplus_utils"]._flower_pseudo_rand_gen
     rows = [
         "| model | values masked | sites n | Flower s per party-round | PRF s per party-round "
@@ -137,7 +137,9 @@ def main(argv: list[str]) -> None:
             # a client draws 1 private + (n - 1) pairwise masks, the server n private
             # ones (no drop-outs): n masks per party and round, interleaved best-of
             old = min(seconds(flower, shapes, sites) for _ in range(args.repeats))
-            new = min(seconds(pfl_patches.mask_arrays, shapes, sites) for _ in range(args.repeats))
+            new = min(
+                seconds(pflower.patches.mask_arrays, shapes, sites) for _ in range(args.repeats)
+            )
             rows.append(
                 f"| {name} | {values:,} | {sites} | {old:.4f} | {new:.4f} | {new / old:.2f}x |"
             )

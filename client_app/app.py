@@ -5,7 +5,7 @@ Node config keys (deployment, ``flower-supernode --node-config``):
 client identity), ``data-path`` (the site's own data), ``device`` (e.g. cuda:0),
 ``state-dir`` (persist personal state on disk; enables restart safety), and the
 site's policy (``accept-disclosures``, ``require-secure-aggregation``,
-``allowed-methods``: pfl_privacy/policy.py), checked before any work.
+``allowed-methods``: pflower/privacy/policy.py), checked before any work.
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ from torch import nn
 from client_app import timing
 from client_app.attacks import Attacker, flip_labels
 from client_app.state import ContextStore, DiskStore, PersonalStore, RoundStore
-from methods import get_method, method_names, parse_run_config
+from methods import disclosure_kinds, get_method, method_names, parse_run_config
 from models.roles import DP_PARTICIPANTS
-from pfl_data import (
+from pflower.config.schema import RunConfig
+from pflower.data import (
     check_site_data,
     class_fingerprint,
     data_info,
@@ -41,10 +42,9 @@ from pfl_data import (
     run_class_names,
     site_class_names,
 )
-from pfl_privacy.policy import DEFAULT_MIN_SECAGG_SITES, REFUSED, PolicyError, SitePolicy
-from pfl_privacy.secagg import ROSTER_KEY, sign_setup_reply, stage_refusal
-from pfl_store import PERSONAL_STATE_DIR
-from run_config.schema import RunConfig
+from pflower.privacy.policy import DEFAULT_MIN_SECAGG_SITES, REFUSED, PolicyError, SitePolicy
+from pflower.privacy.secagg import ROSTER_KEY, sign_setup_reply, stage_refusal
+from pflower.store import PERSONAL_STATE_DIR
 
 log = logging.getLogger("flwr.pflower")
 
@@ -177,7 +177,7 @@ def policy_refusal(
     """Why this site refuses this message of this run, or None."""
     site = str(node.get("site", "") or f"client-{node.get('partition-id', 0)}")
     try:
-        policy = SitePolicy.of_node(node, method_names())
+        policy = SitePolicy.of_node(node, method_names(), disclosure_kinds())
     except PolicyError as err:
         return f"site {site!r} {REFUSED}: {err}"
     why = None
@@ -205,7 +205,7 @@ def policy_refusal(
 def withholds_metrics(node: dict[str, Any], secure_aggregation: bool) -> bool:
     """Whether this site's policy sends its client key only beside a masked upload."""
     try:
-        policy = SitePolicy.of_node(node, method_names())
+        policy = SitePolicy.of_node(node, method_names(), disclosure_kinds())
     except PolicyError:
         return True  # a malformed policy refuses every message anyway
     return policy is not None and policy.withholds_metrics(secure_aggregation)
@@ -216,7 +216,7 @@ def secagg_min_sites(node: dict[str, Any]) -> int | None:
     None when it has no roster of its own to check them against (logged once for a
     site that requires SecAgg+)."""
     try:
-        policy = SitePolicy.of_node(node, method_names())
+        policy = SitePolicy.of_node(node, method_names(), disclosure_kinds())
     except PolicyError:
         policy = None  # a malformed policy refuses every message anyway
     if not node.get(ROSTER_KEY):

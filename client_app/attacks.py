@@ -31,7 +31,7 @@ import torch
 from flwr.client import NumPyClient
 from flwr.common import NDArrays, Scalar
 
-from pfl_data import ClientData
+from pflower.data import ClientData
 
 INFLATE = 1e5  # inflate-count: count x attack-scale x this
 HEADS = ("head.", "global_head.")  # the shared classifier heads head-flip targets

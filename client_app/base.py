@@ -37,9 +37,9 @@ from models.roles import (
     set_arrays,
 )
 from models.wire import Wire
-from pfl_data import ClientData
-from pfl_privacy import add_noise, clip_update, noise_share_std
-from run_config.schema import RunConfig
+from pflower.config.schema import RunConfig
+from pflower.data import ClientData
+from pflower.privacy import add_noise, clip_update, noise_share_std
 
 log = logging.getLogger("flwr.pflower")
 
@@ -47,6 +47,33 @@ log = logging.getLogger("flwr.pflower")
 def message_round(config: dict[str, Scalar]) -> int | None:
     """The round a fit or evaluate message belongs to (counted across resumes)."""
     return int(config["server-round"]) if "server-round" in config else None
+
+
+def privatize(
+    upload: NDArrays, received: NDArrays, cfg: RunConfig, config: dict[str, Scalar]
+) -> NDArrays:
+    """The upload under the run's DP mode: clipped to the clipping norm around what
+    was received (client, distributed), plus this client's share of the noise
+    (distributed), drawn from OS entropy."""
+    if cfg.dp_mode in ("client", "distributed"):
+        clip_update(upload, received, cfg.dp_clipping_norm)
+    if cfg.dp_mode == "distributed":
+        if DP_PARTICIPANTS not in config:  # a share sized for no one: refuse
+            raise ValueError(f"dp-mode=distributed, but the fit has no '{DP_PARTICIPANTS}'")
+        asked = int(config[DP_PARTICIPANTS])
+        std = noise_share_std(cfg.dp_noise_multiplier, cfg.dp_clipping_norm, asked)
+        add_noise(upload, std, np.random.default_rng())
+    return upload
+
+
+def misfits(
+    state: dict[str, np.ndarray], model: dict[str, Any], names: tuple[str, ...]
+) -> list[str]:
+    """The personal tensors a stored state lacks or holds in another shape."""
+    missing = [n for n in names if n not in state]
+    return missing + [
+        n for n in names if n in state and tuple(state[n].shape) != tuple(model[n].shape)
+    ]
 
 
 class PFLClient(NumPyClient):
@@ -61,7 +88,7 @@ class PFLClient(NumPyClient):
     # a digest of the client's data goes into results.json in simulation only: from a
     # deployed site it would let the server confirm which data the site holds
     report_data_digest = False
-    # a site that requires SecAgg+ and has not accepted 'metrics' (pfl_privacy/policy.py):
+    # a site that requires SecAgg+ and has not accepted 'metrics' (pflower/privacy/policy.py):
     # a fit reply carries its client key (and class digest) only
     withhold_metrics = False
 
@@ -126,15 +153,7 @@ class PFLClient(NumPyClient):
         metrics = self.local_train(config, self.round_generator(config))
         timing.mark("train")
         self.store_personal(config)
-        upload = self.upload(config)
-        if self.cfg.dp_mode in ("client", "distributed"):  # the shared update, clipped
-            clip_update(upload, parameters, self.cfg.dp_clipping_norm)
-        if self.cfg.dp_mode == "distributed":  # and this client's share of the noise
-            if DP_PARTICIPANTS not in config:  # a share sized for no one: refuse
-                raise ValueError(f"dp-mode=distributed, but the fit has no '{DP_PARTICIPANTS}'")
-            asked = int(config[DP_PARTICIPANTS])
-            std = noise_share_std(self.cfg.dp_noise_multiplier, self.cfg.dp_clipping_norm, asked)
-            add_noise(upload, std, np.random.default_rng())  # OS entropy
+        upload = privatize(self.upload(config), parameters, self.cfg, config)
         timing.mark("store + upload")
         facts = {DEVICE_KEY: self.device.type}
         if self.report_data_digest:
@@ -190,13 +209,7 @@ class PFLClient(NumPyClient):
         state = self.store.load(upto)
         if state is None:
             return  # first round, or unreadable state: keep the initial personal part
-        model = self.model.state_dict()
-        misfit = [n for n in self.roles.personal if n not in state]
-        misfit += [
-            n
-            for n in self.roles.personal
-            if n in state and tuple(state[n].shape) != tuple(model[n].shape)
-        ]
+        misfit = misfits(state, self.model.state_dict(), self.roles.personal)
         if misfit:  # a different model or method wrote it: keep it aside, start afresh
             self.store.set_aside(f"it does not fit this model ({', '.join(misfit[:3])})")
             return

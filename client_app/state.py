@@ -21,7 +21,7 @@ from typing import Protocol
 import numpy as np
 from flwr.common import Array, ArrayRecord, Context
 
-from pfl_store import read_checked_npz, write_checked_npz
+from pflower.store import read_checked_npz, write_checked_npz
 
 log = logging.getLogger("flwr.pflower")
 

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import pfl_patches
-from run_config.schema import RunConfig
+import pflower.patches
+from pflower.config.schema import RunConfig
 
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -104,8 +104,8 @@ def only_trainable(model: nn.Module, params: Iterable[nn.Parameter]) -> Iterator
             p.requires_grad_(before[id(p)])
 
 
-# torch's SGD and Adam, without their torch._dynamo wrappers (pfl_patches says why)
-SGD, Adam = pfl_patches.optimizers()
+# torch's SGD and Adam, without their torch._dynamo wrappers (pflower.patches says why)
+SGD, Adam = pflower.patches.optimizers()
 
 
 def make_optimizer(params: list[nn.Parameter], cfg: RunConfig) -> torch.optim.Optimizer:

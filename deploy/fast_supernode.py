@@ -4,7 +4,7 @@
 
 Flower 1.39's SuperNode asks the SuperLink for a message, and when there is none
 sleeps 3 s, so every round's message waits 1.5 s on average before a site sees
-it (docs/PERFORMANCE.md). Here (``pfl_patches``: supernode-backoff, object-retries)
+it (docs/PERFORMANCE.md). Here (``pflower.patches``: supernode-backoff, object-retries)
 the idle sleep starts at 0.1 s after each message
 and grows 1.5 times per empty pull up to Flower's 3 s: a site picks up the next
 round quickly while the federation is busy and costs the SuperLink no more than
@@ -16,12 +16,12 @@ flags, same protocol.
 
 from __future__ import annotations
 
-import pfl_patches
+import pflower.patches
 
 
 def main() -> None:
-    pfl_patches.supernode_backoff()
-    pfl_patches.object_retries()
+    pflower.patches.supernode_backoff()
+    pflower.patches.object_retries()
     from flwr.supernode.cli.flower_supernode import flower_supernode
 
     flower_supernode()

@@ -35,7 +35,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from pfl_privacy.policy import DEFAULT_MIN_SECAGG_SITES
+from pflower.privacy.policy import DEFAULT_MIN_SECAGG_SITES
 
 
 def node_config(values: dict[str, str | int]) -> str:
@@ -64,7 +64,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--partition-id", type=int, help="demo only: a partition of a shared data set")
     p.add_argument("--num-partitions", type=int, help="demo only: with --partition-id")
     pol = p.add_argument_group(
-        "site policy (pfl_privacy/policy.py): checked by the ClientApp before any work"
+        "site policy (pflower/privacy/policy.py): checked by the ClientApp before any work"
     )
     pol.add_argument(
         "--accept-disclosures",

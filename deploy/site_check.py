@@ -79,7 +79,7 @@ def run_config(text: str) -> dict[str, Any]:
     where this is a checkout) with ``text`` (``--run-config`` syntax) on top."""
     from flwr.common.config import parse_config_args
 
-    from pflower_cli.preflight import flwr_run_config
+    from pflower.cli.preflight import flwr_run_config
 
     if (PROJECT / "pyproject.toml").is_file():
         return flwr_run_config(PROJECT, [text] if text else [])
@@ -98,7 +98,7 @@ def node_config(args: argparse.Namespace) -> dict[str, Any]:
 
 def check_site(args: argparse.Namespace, say: Any = print) -> None:
     """Every check, one line each; SiteCheckFailed with one line on the first failure."""
-    from run_config.schema import ConfigError
+    from pflower.config.schema import ConfigError
 
     problems = path_problems(args)
     if problems:
@@ -187,7 +187,9 @@ def check_data(cfg: Any, site: str, data_path: str) -> str:
     """Load the site's data as its ClientApp will, build the model, pass a batch."""
     import torch
 
-    from pfl_data import (
+    from pflower.cli.preflight import model_checks
+    from pflower.config.schema import ConfigError
+    from pflower.data import (
         check_site_data,
         class_ids,
         data_info,
@@ -195,8 +197,6 @@ def check_data(cfg: Any, site: str, data_path: str) -> str:
         run_class_names,
         site_class_names,
     )
-    from pflower_cli.preflight import model_checks
-    from run_config.schema import ConfigError
 
     where = f"site '{site}'"
     import datasets

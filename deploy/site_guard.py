@@ -38,7 +38,9 @@ log = logging.getLogger("flwr")
 APPROVED_KEY = "approved-apps"  # node config: comma-separated sha256:<hex> builds
 LEDGER_FILE = "ledger.jsonl"
 ANY_APP = "any"  # --approved-apps any: no check (development only; the ledger says so)
-REFUSED = "refuses this run by its policy"  # as pfl_privacy.policy.REFUSED (the server reads it)
+REFUSED = (
+    "refuses this run by its policy"  # as pflower.privacy.policy.REFUSED (the server reads it)
+)
 
 
 class AppNotApproved(PermissionError):

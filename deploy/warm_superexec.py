@@ -9,7 +9,7 @@ message: seconds per message (docs/PERFORMANCE.md). This is Flower's own
 ``flower-superexec`` (same flags, same Runtime API, same authentication), except
 that it imports the ClientApp's libraries once, then forks a child per task, and
 the child runs Flower's ``run_clientapp`` exactly as ``flwr-clientapp`` would
-(asking again soon for message parts still on their way: pfl_patches).
+(asking again soon for message parts still on their way: pflower.patches).
 The app's own modules are not kept: each child imports them from the installed
 FAB, so a new app version is never served from a stale import.
 
@@ -46,13 +46,7 @@ PROJECT_PACKAGES = (
     "strategies",
     "models",
     "methods",
-    "pfl_data",
-    "run_config",
-    "run_results",
-    "pfl_store",
-    "pfl_privacy",
-    "pflower_cli",
-    "pfl_patches",
+    "pflower",
 )
 # Flower polls its Runtime API for new tasks once a second by default; the API
 # is on the site's own machine, so a tenth of a second costs nothing.
@@ -71,7 +65,7 @@ def preload() -> list[str]:
 
     try:
         import client_app.app  # noqa: F401 - pulls in torch, numpy, pydantic, ...
-        import pfl_data.hf  # noqa: F401 - the image decoders (pyarrow, datasets)
+        import pflower.data.hf  # noqa: F401 - the image decoders (pyarrow, datasets)
     except ImportError as err:  # the app is not installed here: Flower's imports only
         log.warning("warm superexec: the app's libraries are not preloaded (%s)", err)
     for name in [m for m in sys.modules if m.split(".")[0] in PROJECT_PACKAGES]:
@@ -221,7 +215,7 @@ def main() -> None:
     from flwr.supercore.constant import ExecutorType
     from flwr.supercore.superexec.executor import get_executor
 
-    import pfl_patches
+    import pflower.patches
 
     def fork_executor(executor_type: Any, **kw: Any) -> ForkExecutor:
         if executor_type != ExecutorType.SUBPROCESS:
@@ -229,9 +223,9 @@ def main() -> None:
         return ForkExecutor(get_executor(executor_type, **kw), ours.task_timeout, ours.max_tasks)
 
     # the change to Flower's SuperExec: its executor (looked up by this name), and
-    # children that ask again for a message part soon (pfl_patches)
-    pfl_patches.superexec_fork(fork_executor)
-    pfl_patches.object_retries()
+    # children that ask again for a message part soon (pflower.patches)
+    pflower.patches.superexec_fork(fork_executor)
+    pflower.patches.object_retries()
     log.info("warm superexec: %d libraries preloaded (torch: %s)", len(loaded), "torch" in loaded)
     flower_superexec()  # Flower's CLI: its flags, its task loop, its signal handling
 

@@ -9,13 +9,7 @@ COPY server_app ./server_app
 COPY strategies ./strategies
 COPY models ./models
 COPY methods ./methods
-COPY pfl_data ./pfl_data
-COPY run_config ./run_config
-COPY run_results ./run_results
-COPY pfl_store ./pfl_store
-COPY pfl_privacy ./pfl_privacy
-COPY pfl_patches ./pfl_patches
-COPY pflower_cli ./pflower_cli
+COPY pflower ./pflower
 COPY deploy ./deploy
 # flwr is in the base image already: install the app's other dependencies (torch from
 # PyPI ships its CUDA runtime) without replacing Flower.

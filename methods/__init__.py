@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from typing import TYPE_CHECKING, Any
 
-from pfl_privacy.disclosure import Disclosure
-from run_config.params import MethodParams, NoParams
-from run_config.schema import ConfigError, RunConfig
-from run_config.schema import parse_run_config as _parse
+from pflower.config.params import MethodParams, NoParams
+from pflower.config.schema import ConfigError, RunConfig
+from pflower.config.schema import parse_run_config as _parse
+from pflower.privacy.disclosure import METRICS, Disclosure, DisclosureKind
 
 if TYPE_CHECKING:
     from torch import nn
@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from client_app.base import PFLClient
     from models.roles import Roles
     from models.wire import Wire
-    from pfl_data import DataInfo
-    from run_results import RunRecorder
+    from pflower.data import DataInfo
+    from pflower.results import RunRecorder
     from strategies.base import PFLStrategy
 
 BASE_CLIENT = "client_app.base:PFLClient"
@@ -72,16 +72,18 @@ class Method:
     params: type[MethodParams] = NoParams  # its own run-config keys
     # its paper's local schedule and other common auto values (raw config -> values)
     schedule: Callable[[dict[str, Any]], dict[str, Any]] = field(default=lambda raw: {})
-    # what the protocol reveals beyond the shared tensors (pfl_privacy/disclosure.py)
+    # what the protocol reveals beyond the shared tensors (pflower/privacy/disclosure.py)
     disclosures: Disclosures = shared_tensors_only
+    # the kinds of those disclosures, declared here (a site's policy accepts them by name)
+    disclosure_kinds: tuple[DisclosureKind, ...] = ()
     # why the method has no mean of one global state (so no SecAgg+, DP or robust rule)
     per_client: str = ""
-    # the attacks on its own machinery (run_config.schema.METHOD_ATTACKS) it may be run with
+    # the attacks on its own machinery (pflower.config.schema.METHOD_ATTACKS) it may be run with
     attacks: tuple[str, ...] = ()
     # configs beyond its defaults that change what it discloses (the PRIVACY.md table's rows)
     disclosure_modes: tuple[dict[str, Any], ...] = ()
 
-    # ---- the config's view (run_config.params.MethodSpec) ------------------------------------
+    # ---- the config's view (pflower.config.params.MethodSpec) ------------------------------------
 
     def defaults(self, raw: dict[str, Any]) -> dict[str, Any]:
         return self.schedule(raw)
@@ -153,6 +155,17 @@ def registry() -> dict[str, Method]:
                 raise ValueError(f"method '{method.name}' is registered twice")
             out[method.name] = method
     return out
+
+
+def disclosure_kinds() -> dict[str, DisclosureKind]:
+    """Every disclosure kind a site's policy can accept, by name: the metadata every
+    reply carries, and the kinds the methods declare on their cards."""
+    kinds = {METRICS.name: METRICS}
+    for method in registry().values():
+        for kind in method.disclosure_kinds:
+            if kinds.setdefault(kind.name, kind) != kind:
+                raise ValueError(f"disclosure kind '{kind.name}' is declared twice, differently")
+    return kinds
 
 
 def method_names() -> tuple[str, ...]:

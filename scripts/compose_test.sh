@@ -238,7 +238,7 @@ import sys
 from pathlib import Path
 
 from client_app.timing import median_phases
-from harness.loopback import LoopbackFederation
+from server_app.loopback import LoopbackFederation
 
 w = Path(sys.argv[1])
 sites = ["site-a", "site-b"]

@@ -18,7 +18,7 @@ setup() {
     fi
     # find_spec, not import: importing torch alone takes seconds, and `check` must not
     if ! "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None \
-            for m in ('flwr', 'torch', 'torchvision', 'pfl_data', 'pflower_cli')))" 2>/dev/null \
+            for m in ('flwr', 'torch', 'torchvision', 'pflower.data', 'pflower.cli')))" 2>/dev/null \
         || [ pyproject.toml -nt "$VENV/.installed" ] || [ constraints.txt -nt "$VENV/.installed" ]; then
         "$VENV/bin/pip" install -q --upgrade pip
         "$VENV/bin/pip" install -q -e ".[dev]" -c constraints.txt  # the tested versions
@@ -50,12 +50,12 @@ case "${1:-}" in
         fi
         use_venv_path
         # pre-flight, `flwr run . --stream`, then the exit status from the run's results
-        exec "$VENV/bin/python" -m pflower_cli run "$@"
+        exec "$VENV/bin/python" -m pflower.cli run "$@"
         ;;
     check)
         shift
         setup
-        exec "$VENV/bin/python" -m pflower_cli check "$@"
+        exec "$VENV/bin/python" -m pflower.cli check "$@"
         ;;
     test)
         shift

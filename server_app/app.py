@@ -10,17 +10,17 @@ from flwr.server import Grid, LegacyContext, ServerApp, ServerAppComponents, Ser
 from flwr.server.compat import start_grid
 from flwr.server.workflow import DefaultWorkflow
 
-import pfl_patches
+import pflower.patches
 from methods import get_method, parse_run_config
-from pfl_data import data_info
-from pfl_privacy.secagg import SignedSecAggPlusWorkflow
-from run_config.schema import check_against_data, describe_settings
-from run_results import RunRecorder
+from pflower.config.schema import check_against_data, describe_settings
+from pflower.data import data_info
+from pflower.privacy.secagg import SignedSecAggPlusWorkflow
+from pflower.results import RunRecorder
 from server_app.grid import PollingGrid
 from strategies import checkpoint
 
 log = logging.getLogger("flwr.pflower")
-pfl_patches.linkstate_index()  # simulation: the engine runs in this process (pfl_patches)
+pflower.patches.linkstate_index()  # simulation: the engine runs in this process (pflower.patches)
 
 
 class _NoEvaluateEachRound(logging.Filter):
@@ -95,7 +95,7 @@ def make_server_app(overrides: dict[str, Any] | None = None) -> ServerApp:
         log.info(
             "secure aggregation (SecAgg+, %s): the server sees only the sum of the uploads; "
             "values clipped to +-%g, %d quantization levels",
-            pfl_patches.SECAGG_PROTOCOL,
+            pflower.patches.SECAGG_PROTOCOL,
             cfg.secagg_clipping_range,
             cfg.secagg_quantization_range,
         )

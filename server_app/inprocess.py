@@ -44,7 +44,7 @@ from flwr.server import Server, SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 
 from client_app.app import build_client, make_client_app
-from run_config.schema import ConfigError
+from pflower.config.schema import ConfigError
 from server_app.app import build_server
 
 Recorder = Callable[[str, str, Any, Any], None]  # (kind, client, instruction, reply)

@@ -9,7 +9,7 @@ from typing import Any
 from flwr.simulation import run_simulation
 
 from client_app.app import make_client_app
-from run_results import git_commit_once
+from pflower.results import git_commit_once
 from server_app.app import make_server_app
 
 

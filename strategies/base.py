@@ -32,8 +32,8 @@ from torch import nn
 
 from models.roles import DP_PARTICIPANTS, TensorSpec
 from models.wire import Wire
-from run_config.schema import RunConfig
-from run_results import RunRecorder
+from pflower.config.schema import RunConfig
+from pflower.results import RunRecorder
 from strategies import checkpoint, privacy
 from strategies.payloads import Payloads
 from strategies.recording import RoundLog, Rounds, evaluations_in_fit
@@ -248,14 +248,14 @@ class PFLStrategy(Strategy):
             server_round, accept_evaluations(server_round, results, self.clients)
         )
 
-    def round_extras(self, server_round: int, evals: list[Evaluation]) -> dict[str, Any]:
-        """Method-specific entries of a round's record (FedCP's PIR)."""
-        return {}
+    def note(self, server_round: int, **entries: Any) -> None:
+        """The one way a method adds entries to a round's record (results.json)."""
+        self.rounds.of(server_round).extra.update(entries)
 
     def record_round(
         self, server_round: int, evals: list[Evaluation]
     ) -> tuple[float | None, dict[str, Scalar]]:
-        return self.rounds.record(server_round, evals, self.round_extras)
+        return self.rounds.record(server_round, evals)
 
     def evaluate(
         self, server_round: int, parameters: Parameters

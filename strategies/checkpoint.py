@@ -3,7 +3,7 @@
 ``<run dir>/server-state.npz`` holds the global shared tensors (by wire-spec
 name), the method's own server state (Factorized-FL's per-client aggregates,
 FedFac's split) and the round it was taken after; it is checksummed and written
-atomically, like a client's personal state (both through ``pfl_store``). The run config
+atomically, like a client's personal state (both through ``pflower.store``). The run config
 key ``resume-from`` (the file or its run directory) starts a new run from it:
 rounds go on from the saved one, and the results so far are carried over.
 """
@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from pfl_store import PERSONAL_STATE_DIR, read_checked_npz, write_checked_npz
-from run_config.schema import ConfigError
+from pflower.config.schema import ConfigError
+from pflower.store import PERSONAL_STATE_DIR, read_checked_npz, write_checked_npz
 
 log = logging.getLogger("flwr.pflower")
 

@@ -1,5 +1,5 @@
 """Privacy of the shared update on the server: SecAgg+'s sum back to the wire's
-dtypes, and DP-FedAvg's release of a round (pfl_privacy does the arithmetic)."""
+dtypes, and DP-FedAvg's release of a round (pflower.privacy does the arithmetic)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import numpy as np
 from flwr.common import NDArrays
 
 from models.roles import TensorSpec
-from pfl_privacy import (
+from pflower.config.schema import RunConfig
+from pflower.privacy import (
     PrivacyAccountant,
     achieved_multiplier,
     add_noise,
     clip_update,
     noise_std,
 )
-from run_config.schema import RunConfig
 from strategies.replies import Reply
 
 log = logging.getLogger("flwr.pflower")

@@ -7,7 +7,6 @@ import hashlib
 import logging
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ import numpy as np
 from flwr.common import Scalar
 
 from models.roles import CHECKPOINT_ROUND, DATA_KEY, DEVICE_KEY, EVAL_PREFIX, EVALUATE_FIRST
-from run_results import RunRecorder
+from pflower.results import RunRecorder
 from strategies.replies import Evaluation, Reply
 
 log = logging.getLogger("flwr.pflower")
@@ -166,13 +165,10 @@ class Rounds(dict[int, RoundLog]):
         self.facts.add(replies)
 
     def record(
-        self,
-        server_round: int,
-        evals: list[Evaluation],
-        extras: Callable[[int, list[Evaluation]], dict[str, Any]],
+        self, server_round: int, evals: list[Evaluation]
     ) -> tuple[float | None, dict[str, Scalar]]:
-        """One round's record in results.json, from its clients' evaluations;
-        ``extras`` adds the method's own entries (FedCP's PIR)."""
+        """One round's record in results.json, from its clients' evaluations and
+        what the round noted (the robust bounds' counts, the method's own entries)."""
         rl = self.of(server_round)
         if not evals:
             log.error("round %d: no usable evaluation replies", server_round)
@@ -213,7 +209,6 @@ class Rounds(dict[int, RoundLog]):
         }
         for name, values in sorted(means.items()):
             record[name.replace("-", "_") + "_mean"] = float(np.mean(values))
-        record.update(extras(server_round, evals))
         record.update(rl.extra)
         if self.recorder is not None:
             self.recorder.extra.update(self.facts.summary())

@@ -21,7 +21,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
 from models.roles import CLASSES_KEY, CLIENT_KEY, TensorSpec
-from pfl_privacy.policy import REFUSED
+from pflower.privacy.policy import REFUSED
 
 log = logging.getLogger("flwr.pflower")
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from run_config.schema import ConfigError
+from pflower.config.schema import ConfigError
 
 
 def load_roster(path: str) -> dict[str, int]:

@@ -22,8 +22,8 @@ from client_app.app import pick_device
 from client_app.base import PFLClient
 from client_app.state import ContextStore
 from methods import get_method, parse_run_config
-from pfl_data import data_info, load_client_data
-from run_config.schema import RunConfig
+from pflower.config.schema import RunConfig
+from pflower.data import data_info, load_client_data
 from strategies.base import PFLStrategy
 
 SMALL = {"sim-samples": 120, "hidden-dim": 32, "sim-dim": 20}

@@ -113,7 +113,7 @@ def test_domain_placeholder_writes_disjoint_per_site_image_folders(tmp_path):
     import datasets
     from PIL import Image
 
-    from pfl_data.hf import load_source
+    from pflower.data.hf import load_source
 
     rng = np.random.default_rng(0)
     pngs = []
@@ -245,7 +245,7 @@ def test_summary_statistics_and_extras(tmp_path):
 
 def test_the_recovery_probe_compares_the_final_split_with_the_teacher():
     from methods import parse_run_config
-    from pfl_data import simulation_study
+    from pflower.data import simulation_study
 
     config = {"dataset": "synthetic", "method": "fedfac-static", "sim-samples": 40}
     truth = simulation_study(parse_run_config(config), 3).shared_neurons
@@ -256,7 +256,7 @@ def test_the_recovery_probe_compares_the_final_split_with_the_teacher():
 
 
 def test_the_linear_probe_reads_the_run_checkpoint_encoder(tmp_path):
-    from run_config.schema import ConfigError
+    from pflower.config.schema import ConfigError
     from server_app.inprocess import run_inprocess
 
     cfg = {"method": "fedavg", "num-server-rounds": 3, "sim-samples": 200, "hidden-dim": 32}
@@ -455,7 +455,7 @@ def test_secagg_masks_benchmark_compares_the_two_generators(
     (hook / "sitecustomize.py").write_text(secagg_masks.SITECUSTOMIZE)
     repo = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hook), repo])}
-    probe = "import pfl_patches; print(pfl_patches.mask_arrays.__name__)"
+    probe = "import pflower.patches; print(pflower.patches.mask_arrays.__name__)"
     got = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
     assert got.stdout.strip() == "pseudo_rand_gen", got.stderr
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from flwr.common import parameters_to_ndarrays
 
-from run_config.schema import ConfigError, RunConfig
-from run_results import RunRecorder
+from pflower.config.schema import ConfigError, RunConfig
+from pflower.results import RunRecorder
 from server_app.simulate import simulate
 from strategies.base import PFLStrategy
 from strategies.checkpoint import SERVER_STATE

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from methods import parse_run_config
-from pfl_data import load_client_data
+from pflower.data import load_client_data
 from server_app.inprocess import build_inprocess, run_inprocess
 from strategies.base import ClassListMismatch
 

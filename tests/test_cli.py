@@ -1,5 +1,5 @@
 """The command line a researcher scripts: pre-flight, exit status, the
-project's Flower config (scripts/dev.sh check|run, pflower_cli)."""
+project's Flower config (scripts/dev.sh check|run, pflower.cli)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pflower_cli.__main__ import (
+from pflower.cli.__main__ import (
     federation_config,
     federation_values,
     foreign_superlink,
@@ -251,7 +251,7 @@ def test_a_run_is_refused_before_flwr_when_another_checkouts_superlink_listens(
 def test_run_gives_flwr_the_checkpoint_the_preflight_read(tmp_path: Path, monkeypatch) -> None:
     """A relative resume-from is read by the pre-flight from the working directory;
     the apps run elsewhere (Ray workers, flwr's copy of the app): flwr gets it whole."""
-    from pflower_cli import __main__ as cli
+    from pflower.cli import __main__ as cli
     from server_app.inprocess import run_inprocess
 
     small = {"method": "fedavg", "sim-samples": 60, "hidden-dim": 16}
@@ -271,7 +271,7 @@ def test_run_gives_flwr_the_checkpoint_the_preflight_read(tmp_path: Path, monkey
 @pytest.mark.parametrize("command", ["check", "run"])
 def test_help_shows_the_usage_and_runs_nothing(command: str) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "pflower_cli", command, "--help"],
+        [sys.executable, "-m", "pflower.cli", command, "--help"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -288,8 +288,8 @@ def test_help_shows_the_usage_and_runs_nothing(command: str) -> None:
     ],
 )
 def test_a_malformed_run_config_string_names_the_key_and_the_fix(override: str, says: str) -> None:
-    from pflower_cli.preflight import flwr_run_config
-    from run_config.schema import ConfigError
+    from pflower.cli.preflight import flwr_run_config
+    from pflower.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match=says):
         flwr_run_config(Path(__file__).resolve().parents[1], [override])

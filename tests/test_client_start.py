@@ -125,13 +125,13 @@ def test_the_server_grid_polls_replies_with_a_short_backoff(monkeypatch):
 def test_the_site_idle_poll_backs_off_and_resets_on_a_message(monkeypatch):
     import flwr.supernode.start_client_internal as loop
 
-    import pfl_patches
+    import pflower.patches
 
     slept: list[float] = []
-    monkeypatch.setattr(pfl_patches.time, "sleep", slept.append)
+    monkeypatch.setattr(pflower.patches.time, "sleep", slept.append)
     monkeypatch.setattr(loop, "time", loop.time)  # undone after the test
     monkeypatch.setattr(loop, "_pull_and_store_message", lambda **kw: kw["run_id"])
-    backoff = pfl_patches.supernode_backoff()
+    backoff = pflower.patches.supernode_backoff()
     assert loop.time is backoff and loop.time.time() > 0  # the rest of `time` passes through
     for _ in range(12):
         loop.time.sleep(3)  # Flower's idle wait, as start_client_internal calls it
@@ -170,7 +170,7 @@ def test_the_warm_superexec_forgets_exactly_the_projects_packages():
 def test_a_missing_message_part_is_asked_for_again_soon(monkeypatch):
     from flwr.supercore.inflatable import inflatable_utils as objects
 
-    from pfl_patches import FIRST_OBJECT_RETRY, object_retries
+    from pflower.patches import FIRST_OBJECT_RETRY, object_retries
 
     for fn in (objects.pull_objects, objects.pull_and_inflate_object_from_tree):
         monkeypatch.setitem(fn.__kwdefaults__, "initial_backoff", 1)  # Flower's, restored after

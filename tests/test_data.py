@@ -11,8 +11,9 @@ import pytest
 from PIL import Image
 
 from methods import parse_run_config
-from pfl_data import data_info, load_client_data
-from pfl_data.hf import (
+from pflower.config.schema import ConfigError, RunConfig
+from pflower.data import data_info, load_client_data
+from pflower.data.hf import (
     DOMAIN_SHIFTS,
     apply_domain_shift,
     dirichlet_client_partitions,
@@ -28,7 +29,6 @@ from pfl_data.hf import (
     semantic_groups,
     source_from_dataset,
 )
-from run_config.schema import ConfigError, RunConfig
 
 CIFAR_DEV = (
     Path(__file__).resolve().parents[1].parent / "shared" / "data" / "cifar10-dev-12k.parquet"
@@ -317,7 +317,7 @@ def test_offline_hub_name_gives_clear_error(monkeypatch):
 
 
 def test_unreachable_hub_fails_fast(monkeypatch):
-    import pfl_data.hf as hf
+    import pflower.data.hf as hf
 
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(hf, "_hub_reachable", lambda: False)
@@ -363,7 +363,7 @@ def test_idx_converter(tmp_path):
     import gzip
     import struct
 
-    from pfl_data.convert_idx import convert
+    from pflower.data.convert_idx import convert
 
     rng = np.random.default_rng(0)
     for prefix, n in (("train", 30), ("t10k", 10)):
@@ -395,7 +395,7 @@ def test_the_shared_neurons_carry_the_label_only_when_most_of_the_teacher_is_sha
     """docs/main_job.md's measurement: with the paper's first setting (half the neurons,
     40% of the covariates shared) the shared neurons carry ~4% of the label's variance
     (a perfect shared model is near chance), with the main job's (80%, 80%) most of it."""
-    from pfl_data.synthetic import generate_simulation_study, label_share_of_shared_neurons
+    from pflower.data.synthetic import generate_simulation_study, label_share_of_shared_neurons
 
     def share(p: float, alpha: float) -> dict:
         study = generate_simulation_study(

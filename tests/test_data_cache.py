@@ -1,4 +1,4 @@
-"""The site-local data cache of a deployed ClientApp (pfl_data/cache.py)."""
+"""The site-local data cache of a deployed ClientApp (pflower/data/cache.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 
 from benchmarks.presets import subset_parquet
 from methods import parse_run_config
-from pfl_data import DataInfo, data_info, load_client_data
-from pfl_data.hf import Tabular
+from pflower.data import DataInfo, data_info, load_client_data
+from pflower.data.hf import Tabular
 
 
 @pytest.fixture()
@@ -75,18 +75,18 @@ def test_a_corrupt_cache_is_rebuilt_and_logged(site, tmp_path, caplog) -> None:
 def test_data_info_is_kept_on_site_and_follows_the_data(
     site, tmp_path, caplog, monkeypatch
 ) -> None:
-    import pfl_data.hf
+    import pflower.data.hf
 
     cfg = parse_run_config({"dataset": site})
     state = str(tmp_path / "state")
     decoded = []
-    real = pfl_data.hf.hf_data_info
+    real = pflower.data.hf.hf_data_info
 
     def counting(source: str, tabular: Tabular) -> DataInfo:
         decoded.append(source)
         return real(source, tabular)
 
-    monkeypatch.setattr(pfl_data.hf, "hf_data_info", counting)
+    monkeypatch.setattr(pflower.data.hf, "hf_data_info", counting)
     first = data_info(cfg, site, state)
     assert first == real(site) and decoded == [site]
     assert data_info(cfg, site, state) == first and decoded == [site]  # read, not decoded

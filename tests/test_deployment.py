@@ -49,11 +49,11 @@ from client_app.app import build_client
 from deploy.site import main as site_main
 from deploy.site_guard import fab_hash, installed_app_hash, ledger_table, read_ledger
 from deploy.warm_superexec import own_flags
-from harness.loopback import BIN, REPO, LoopbackFederation, descendants, free_ports
 from methods import parse_run_config
 from models.wire import Wire
-from pfl_data import data_info
+from pflower.data import data_info
 from server_app.app import build_server
+from server_app.loopback import BIN, REPO, LoopbackFederation, descendants, free_ports
 from server_app.simulate import simulate
 from tests.test_wire_audit import check_values
 
@@ -715,8 +715,8 @@ def test_the_site_compose_file_carries_the_sites_policy() -> None:
     default policy (shared tensors only); set, they are the site's own choice."""
     from flwr.common.config import parse_config_args
 
-    from methods import method_names
-    from pfl_privacy.policy import SitePolicy
+    from methods import disclosure_kinds, method_names
+    from pflower.privacy.policy import SitePolicy
 
     METHODS = method_names()
 
@@ -733,11 +733,11 @@ def test_the_site_compose_file_carries_the_sites_policy() -> None:
 
     default = node({"SITE": "hospital-a"})
     assert default["site"] == "hospital-a"
-    assert SitePolicy.of_node(default, METHODS) == SitePolicy()
+    assert SitePolicy.of_node(default, METHODS, disclosure_kinds()) == SitePolicy()
     chosen = node(
         {"SITE": "h", "ACCEPT_DISCLOSURES": "head-blend", "REQUIRE_SECURE_AGGREGATION": "true"}
     )
-    policy = SitePolicy.of_node(chosen, METHODS)
+    policy = SitePolicy.of_node(chosen, METHODS, disclosure_kinds())
     assert policy.accept == {"head-blend"} and policy.require_secure_aggregation
     # the site's SuperExec runs only the builds the operator approved: no default there
     superexec = doc["services"]["superexec-clientapp"]["command"]

@@ -13,7 +13,7 @@ import torch
 from flwr.common import parameters_to_ndarrays
 
 from methods import get_method, method_names, parse_run_config
-from run_config.schema import ConfigError
+from pflower.config.schema import ConfigError
 from tests.helpers import config, make_client, make_strategy, short_federation
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from pflower_cli.__main__ import check, deployment_named, split_args
+from pflower.cli.__main__ import check, deployment_named, split_args
 from tests.helpers import image_folder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,7 +90,7 @@ def _user_data(path: str, tmp_path: Path, classes: tuple[str, ...] = ("a", "b"))
 
 
 def check_args(argv: list[str]) -> list[str]:
-    """What ``check`` gets: after ``dev.sh check|run`` or ``pflower_cli check``;
+    """What ``check`` gets: after ``dev.sh check|run`` or ``pflower.cli check``;
     ``run . FEDERATION ...`` for ``flwr run``; a bare ``--run-config`` as it is."""
     if argv[:2] == ["flwr", "run"]:
         return argv[1:]

@@ -14,7 +14,7 @@ from methods import get_method, parse_run_config
 from methods.dualfed.client import DualFedClient, labels_skewed, supcon_loss
 from methods.dualfed.model import DualFedModel
 from models.roles import get_arrays, set_arrays
-from pfl_data import ClientData, DataInfo
+from pflower.data import ClientData, DataInfo
 from tests.helpers import MemoryStore
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pflower_cli.__main__ import check
+from pflower.cli.__main__ import check
 from tests.helpers import image_folder
 
 

@@ -26,8 +26,8 @@ from methods.factorized_fl.model import (
 )
 from methods.factorized_fl.strategy import FactorizedFLStrategy, cosine_matrix, matching_weights
 from models.roles import get_arrays
-from pfl_data import ClientData, DataInfo, data_info, load_client_data
-from run_config.schema import RunConfig
+from pflower.config.schema import RunConfig
+from pflower.data import ClientData, DataInfo, data_info, load_client_data
 from server_app.simulate import simulate
 from strategies.base import Reply, payload_bytes
 from tests.helpers import raw_config

@@ -15,8 +15,8 @@ from methods import get_method, parse_run_config
 from methods.fedcp.client import FedCPClient
 from methods.fedcp.model import FedCPModel, mmd_rbf
 from models.roles import CLIENT_KEY, get_arrays
-from pfl_data import DataInfo, load_client_data
-from run_config.schema import RunConfig
+from pflower.config.schema import RunConfig
+from pflower.data import DataInfo, load_client_data
 
 METHOD = get_method("fedcp")
 

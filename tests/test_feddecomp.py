@@ -14,8 +14,8 @@ from methods import get_method, parse_run_config
 from methods.feddecomp.model import LowRankTau, tau_entries
 from models.backbones import build_backbone
 from models.roles import Roles, get_arrays, nothing_personal
-from pfl_data import ClientData, DataInfo, data_info
-from run_config.schema import ConfigError, RunConfig
+from pflower.config.schema import ConfigError, RunConfig
+from pflower.data import ClientData, DataInfo, data_info
 from server_app.simulate import simulate
 from strategies.base import PFLStrategy, Reply
 from tests.helpers import MemoryStore

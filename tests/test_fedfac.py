@@ -19,7 +19,7 @@ from methods.fedfac.factor_analysis import (
 from methods.fedfac.imposed_split import imposed_split
 from methods.fedfac.model import HELD_OUT, element_entries
 from methods.fedfac.strategy import FedFacStrategy
-from pfl_data import data_info, load_client_data
+from pflower.data import data_info, load_client_data
 from strategies.base import Reply
 from tests.helpers import PAPER_STUDY, MemoryStore, raw_config
 
@@ -218,7 +218,7 @@ def test_new_client_localtrain_keeps_its_personal_rows_between_rounds():
 
 
 def test_ensemble_needs_consent_and_sends_models_not_data():
-    from run_config.schema import ConfigError
+    from pflower.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match="'fedfac.ensemble-share-models'"):
         parse_run_config({"method": "fedfac-static", "fedfac.new-client-mode": "ensemble"})
@@ -311,7 +311,7 @@ def test_update_based_fa_uses_each_clients_own_start():
 
 def test_fixed_splits_true_oracle_random():
     cfg, m, model, roles, strategy = make(fa_split="true", num=10)
-    from pfl_data import simulation_study
+    from pflower.data import simulation_study
 
     truth = simulation_study(cfg, 10).shared_neurons
     np.testing.assert_array_equal(imposed_split(strategy)["features.1"], truth)
@@ -387,7 +387,7 @@ def test_fixed_split_is_never_reestimated_and_updates_input_runs():
 def test_new_client_sites_hold_out_named_deployment_sites():
     from flwr.server.client_manager import SimpleClientManager
 
-    from run_config.schema import ConfigError
+    from pflower.config.schema import ConfigError
     from tests.helpers import FakeProxy
 
     manager = SimpleClientManager()

@@ -12,7 +12,7 @@ from flwr.common import parameters_to_ndarrays
 
 from methods import get_method, parse_run_config
 from models.backbones import build_backbone
-from run_config.schema import ConfigError, RunConfig, check_against_data
+from pflower.config.schema import ConfigError, RunConfig, check_against_data
 from server_app.simulate import simulate
 from tests.helpers import FakeProxy, config, fit_res, make_client, make_strategy
 
@@ -174,7 +174,7 @@ def test_more_classes_per_client_than_classes_names_the_key() -> None:
 def test_pyproject_config_matches_the_schema_defaults() -> None:
     """The app's defaults are the schema's, but for the main job's method (a
     personalised one, docs/main_job.md; the library's neutral default is FedAvg)
-    and the keys that say 'auto' (resolved per method, run_config/defaults.py). The
+    and the keys that say 'auto' (resolved per method, pflower/config/defaults.py). The
     methods' own tables (``[...config.fedcp]``) are checked in test_settings.py."""
     app = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     toml = {k: v for k, v in app.items() if not isinstance(v, dict)}

@@ -11,12 +11,16 @@ from pathlib import Path
 from methods import get_method, method_names
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = (
-    *("server_app", "client_app", "strategies", "models", "pfl_data", "pfl_privacy"),
-    *("pfl_store", "pfl_patches", "run_config", "pflower_cli", "deploy", "harness"),
-)
+# the design's parts (#47): what `ls` shows besides dotfiles, README, pyproject, constraints
+TOP_LEVEL = {
+    *("server_app", "client_app", "strategies", "models", "methods", "pflower"),
+    *("deploy", "docker", "benchmarks", "tests", "docs", "scripts"),
+}
+# the wheel: the product's packages, none a test or benchmark
+WHEEL = ["server_app", "client_app", "strategies", "models", "methods", "pflower", "deploy"]
+SHARED = (*("server_app", "client_app", "strategies", "models", "pflower", "deploy"),)
 # a config that names no method runs FedAvg: the one name a shared module needs
-ALLOWED = {("run_config/schema.py", "fedavg")}
+ALLOWED = {("pflower/config/schema.py", "fedavg")}
 ENGLISH = {"local"}  # method names that are also words: matched as a whole literal only
 WORD = re.compile(r"[a-z][a-z0-9-]*(?:\.[a-z][a-z0-9-]*)?")
 
@@ -82,3 +86,49 @@ def test_a_methods_own_attack_is_declared_on_its_card() -> None:
     assert parse_run_config({"method": "fedfac-dynamic", "attack": "fa-steer"}).attack == "fa-steer"
     with pytest.raises(ConfigError, match="'match-magnet' .*factorized-fl-alpha, not"):
         parse_run_config({"method": "factorized-fl-beta", "attack": "match-magnet"})
+
+
+def _tracked_top_level() -> set[str]:
+    import subprocess
+
+    files = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    return {f.split("/")[0] for f in files if not f.startswith(".")}
+
+
+def test_the_top_level_is_the_designs_parts() -> None:
+    import tomllib
+
+    files = {"README.md", "pyproject.toml", "constraints.txt"}
+    assert _tracked_top_level() - files == TOP_LEVEL and len(TOP_LEVEL) <= 12
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"] == WHEEL
+
+
+def class_sizes(paths: list[Path]) -> dict[str, int]:
+    """Lines of every class in these modules, by ``path:Class``."""
+    sizes = {}
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                sizes[f"{path.relative_to(ROOT)}:{node.name}"] = node.end_lineno - node.lineno + 1
+    return sizes
+
+
+def test_every_class_in_the_repository_is_under_200_lines() -> None:
+    """No class grows back into the 405-line strategy base of #34, FedFac's 328-line
+    strategy or the 325-line loopback federation of #47."""
+    sizes = class_sizes([p for d in sorted(TOP_LEVEL) for p in (ROOT / d).rglob("*.py")])
+    assert "strategies/base.py:PFLStrategy" in sizes and "tests/test_layout.py:Big" not in sizes
+    assert {k: v for k, v in sizes.items() if v >= 200} == {}
+
+
+def test_the_size_check_counts_a_long_class(tmp_path: Path) -> None:
+    planted = ROOT / "tests" / f"_planted_{tmp_path.name}.py"
+    body = "".join(f"    x{i} = {i}\n" for i in range(200))
+    planted.write_text(f"class Big:\n{body}")
+    try:
+        assert class_sizes([planted]) == {f"tests/{planted.name}:Big": 201}
+    finally:
+        planted.unlink()

@@ -1,4 +1,4 @@
-"""The patches of Flower and torch internals (pfl_patches): one table of what is
+"""The patches of Flower and torch internals (pflower.patches): one table of what is
 patched and the versions checked, a refusal in one line for any other version, and
 a switch that runs Flower and torch as they are."""
 
@@ -9,39 +9,39 @@ import sys
 
 import pytest
 
-import pfl_patches
+import pflower.patches
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 
 
 def test_the_table_lists_every_patch_and_every_patch_function_is_in_it() -> None:
-    doc = pfl_patches.__doc__ or ""
+    doc = pflower.patches.__doc__ or ""
     functions = {"linkstate-index", "supernode-backoff", "object-retries", "superexec-fork"}
     functions |= {"optimizers-without-dynamo", "secagg-masks"}
-    assert set(pfl_patches.PATCHES) == functions
+    assert set(pflower.patches.PATCHES) == functions
     for name in functions:
         assert f"``{name}``" in doc  # the table row
-    for library in pfl_patches.TESTED:
-        assert all(v.rstrip(".") in doc for v in pfl_patches.TESTED[library])
+    for library in pflower.patches.TESTED:
+        assert all(v.rstrip(".") in doc for v in pflower.patches.TESTED[library])
 
 
 def test_the_installed_versions_are_the_checked_ones() -> None:
-    pfl_patches.check()  # raises on this machine's versions otherwise
+    pflower.patches.check()  # raises on this machine's versions otherwise
 
 
 def test_an_untested_version_is_refused_in_one_line_naming_the_switch(monkeypatch) -> None:
-    monkeypatch.setattr(pfl_patches, "version", lambda lib: "9.9.9")
-    with pytest.raises(pfl_patches.UntestedVersion) as err:
-        pfl_patches.check(("flwr",))
+    monkeypatch.setattr(pflower.patches, "version", lambda lib: "9.9.9")
+    with pytest.raises(pflower.patches.UntestedVersion) as err:
+        pflower.patches.check(("flwr",))
     message = str(err.value)
     assert "\n" not in message and "flwr 9.9.9" in message and "PFLOWER_FLOWER_PATCHES=0" in message
     assert "linkstate-index" in message
     monkeypatch.setenv("PFLOWER_FLOWER_PATCHES", "0")
-    pfl_patches.check(("flwr", "torch"))  # the switch: nothing patched, nothing to check
+    pflower.patches.check(("flwr", "torch"))  # the switch: nothing patched, nothing to check
 
 
 def test_no_other_module_patches_a_flower_or_torch_internal() -> None:
-    """Assignments into flwr or torch modules live in pfl_patches only."""
+    """Assignments into flwr or torch modules live in pflower.patches only."""
     import re
 
     assign = re.compile(
@@ -50,7 +50,8 @@ def test_no_other_module_patches_a_flower_or_torch_internal() -> None:
     kwdefaults = re.compile(r"__kwdefaults__\[")
     offenders = []
     for path in ROOT.glob("*/**/*.py"):
-        if path.parts[len(ROOT.parts)] in (".venv", "tests", "pfl_patches"):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0] in (".venv", "tests") or rel.parts[:2] == ("pflower", "patches"):
             continue
         text = path.read_text()
         if assign.search(text) or kwdefaults.search(text):

@@ -16,7 +16,7 @@ from methods.fedfac.factor_analysis import (
     shared_elements,
     site_median_correlation,
 )
-from run_config.schema import ConfigError
+from pflower.config.schema import ConfigError
 from tests.helpers import config, make_client
 
 # ---- FedFac: the factor analysis --------------------------------------------------------------

@@ -11,9 +11,9 @@ import torch
 
 from benchmarks.presets import CIFAR10_DEV
 from methods import get_method, parse_run_config
-from pfl_data import data_info, load_client_data
-from pfl_data.hf import IMAGENET_MEAN, IMAGENET_STD
-from run_config.schema import ConfigError
+from pflower.config.schema import ConfigError
+from pflower.data import data_info, load_client_data
+from pflower.data.hf import IMAGENET_MEAN, IMAGENET_STD
 
 DEV_PARQUET = str(CIFAR10_DEV)
 

@@ -1,4 +1,4 @@
-"""Data recipes (pfl_data/recipes.py) on small local stand-ins of each source's
+"""Data recipes (pflower/data/recipes.py) on small local stand-ins of each source's
 format: each builds a parquet file that the pre-flight (``check``) accepts with the
 recipe's run config, and the CIFAR-10 dev/check builder keeps its two files
 disjoint and class-balanced."""
@@ -13,8 +13,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pfl_data.recipes import RECIPES, RecipeError, build, load, main
-from pflower_cli.__main__ import check
+from pflower.cli.__main__ import check
+from pflower.data.recipes import RECIPES, RecipeError, build, load, main
 
 RNG = np.random.default_rng(0)
 
@@ -117,7 +117,7 @@ def test_pathmnist_from_medmnist_npz_keeps_its_test_split(tmp_path) -> None:
 
 
 def test_offline_hub_source_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys) -> None:
-    import pfl_data.hf as hf
+    import pflower.data.hf as hf
 
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(hf, "_hub_reachable", lambda: False)

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from client_app.app import build_client, dropped_out, make_client_app
 from client_app.state import ContextStore, DiskStore
 from methods import parse_run_config
-from run_config.schema import ConfigError, RunConfig
+from pflower.config.schema import ConfigError, RunConfig
 from server_app.app import build_server
 from server_app.simulate import simulate
 from tests.helpers import SMALL, FakeProxy, config, fit_res, make_client, make_strategy

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from methods import parse_run_config
-from run_config.schema import ConfigError
-from run_results import CSV_COLUMNS, RunRecorder
+from pflower.config.schema import ConfigError
+from pflower.results import CSV_COLUMNS, RunRecorder
 from server_app.inprocess import run_inprocess
 
 
@@ -72,7 +72,7 @@ def test_tensorboard_writes_event_files_or_names_the_missing_extra(tmp_path) -> 
 
 
 def test_provenance_never_records_a_secret_from_the_command_line() -> None:
-    from run_results import redacted_command
+    from pflower.results import redacted_command
 
     argv = ["/opt/venv/bin/flwr-serverapp", "--runtime-api-address", "superlink:8000"]
     argv += ["--token", "b1a72761", "--superexec-auth-secret-file=certs/superexec.secret"]
@@ -93,7 +93,7 @@ def test_a_simulation_looks_up_its_commit_before_ray_forks(tmp_path, monkeypatch
     import threading
     from pathlib import Path
 
-    import run_results
+    import pflower.results
     from server_app.simulate import simulate
 
     in_main_thread: list[bool] = []
@@ -104,19 +104,19 @@ def test_a_simulation_looks_up_its_commit_before_ray_forks(tmp_path, monkeypatch
             in_main_thread.append(threading.current_thread() is threading.main_thread())
         return real_run(args, *rest, **kwargs)
 
-    monkeypatch.setattr(run_results.subprocess, "run", spy)
-    run_results.git_commit_once.cache_clear()
+    monkeypatch.setattr(pflower.results.subprocess, "run", spy)
+    pflower.results.git_commit_once.cache_clear()
     cfg = {"method": "fedavg", "num-server-rounds": 1, "sim-samples": 60, "hidden-dim": 16}
     res = simulate({**cfg, "output-dir": str(tmp_path), "run-name": "r"}, 2)
     assert in_main_thread and all(in_main_thread)  # looked up, and never from a thread
-    assert res["provenance"]["git_commit"] == run_results.git_commit_once(Path.cwd())
+    assert res["provenance"]["git_commit"] == pflower.results.git_commit_once(Path.cwd())
 
 
 def test_results_name_the_federation_its_data_and_each_clients_figures(tmp_path) -> None:
     """results.json: the federation's size, one fingerprint of every client's data
     (the same data give the same fingerprint, other data another), the devices, and
     each client's sample counts, training loss and test loss per round."""
-    from pfl_data import load_client_data
+    from pflower.data import load_client_data
 
     base = {"method": "fedper", "num-server-rounds": 2, "hidden-dim": 16}
     runs = {}
@@ -161,11 +161,11 @@ def test_a_deployed_site_sends_no_digest_of_its_data(tmp_path) -> None:
 
 def test_a_main_job_summary_shows_fedavg_and_local_from_the_committed_table() -> None:
     """On the main job's data, federation and budget the summary adds FedAvg's and
-    Local's committed figures (run_results/reference.json, docs/main_job.md); on other
+    Local's committed figures (pflower/results/reference.json, docs/main_job.md); on other
     data, another federation size or another round count it adds nothing."""
     from methods import parse_run_config
-    from run_results import summary_table
-    from run_results.reference import _settings, reference_rows
+    from pflower.results import summary_table
+    from pflower.results.reference import _settings, reference_rows
 
     (setting,) = _settings()
     main_job = parse_run_config({"method": "fedfac-static"}).as_dict()  # the defaults

@@ -17,7 +17,7 @@ import pytest
 from benchmarks import presets, runner
 from benchmarks.__main__ import main
 from client_app.state import RoundStore
-from pfl_store import PERSONAL_STATE_DIR
+from pflower.store import PERSONAL_STATE_DIR
 from strategies.checkpoint import SERVER_STATE, clear_stale_personal_state
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from methods import parse_run_config
-from run_config.schema import ConfigError
+from pflower.config.schema import ConfigError
 from strategies.robust import bound_updates, capped_counts, robust_mean, update_norm
 from tests.helpers import FakeProxy, config, fit_res, make_strategy
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-import pfl_patches
+import pflower.patches
 from methods import method_names
 from server_app.inprocess import build_inprocess
 
@@ -41,16 +41,16 @@ def test_spilled_personal_state_gives_the_same_run_and_leaves_memory_empty(tmp_p
 def test_the_linkstate_index_is_applied_on_this_flower() -> None:
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
 
-    assert pfl_patches.linkstate_index()
+    assert pflower.patches.linkstate_index()
     assert InMemoryLinkState._pflower_indexed
 
 
 def test_many_clients_per_client_figures_go_to_a_file(tmp_path, monkeypatch) -> None:
     import json
 
-    import run_results
+    import pflower.results
 
-    monkeypatch.setattr(run_results, "PER_CLIENT_INLINE", 3)  # as if 3 were many
+    monkeypatch.setattr(pflower.results, "PER_CLIENT_INLINE", 3)  # as if 3 were many
     config = {**SMALL, "method": "fedper", "output-dir": str(tmp_path)}
     server, rounds = build_inprocess(config, 4)
     server.fit(rounds, timeout=None)

@@ -29,9 +29,9 @@ from flwr.supercore.primitives.asymmetric import (
 from flwr.supercore.task_identity import TaskIdentity
 from scipy.stats import chisquare
 
-import pfl_patches
+import pflower.patches
 from client_app.app import PolicyRefusal, make_client_app
-from pfl_privacy.secagg import (
+from pflower.privacy.secagg import (
     PROTOCOL_KEY,
     SIGNATURE_KEY,
     SIGNATURES_RECORD,
@@ -45,7 +45,7 @@ RUN = 7
 
 
 def flower_generator() -> Any:
-    pfl_patches.secagg_masks()
+    pflower.patches.secagg_masks()
     return sys.modules["flwr.common.secure_aggregation.secaggplus_utils"]._flower_pseudo_rand_gen
 
 
@@ -60,16 +60,16 @@ def test_seeds_flower_folds_alike_give_different_masks() -> None:
     shapes = [(64,), (3, 3)]
     old = [flower_generator()(s, 2**32, shapes) for s in (seed, swapped)]
     assert all(np.array_equal(a, b) for a, b in zip(*old, strict=True))
-    new = [pfl_patches.mask_arrays(s, 2**32, shapes) for s in (seed, swapped)]
+    new = [pflower.patches.mask_arrays(s, 2**32, shapes) for s in (seed, swapped)]
     assert not any(np.array_equal(a, b) for a, b in zip(*new, strict=True))
     # the same seed gives the same masks (both ends of a pair must agree)
-    again = pfl_patches.mask_arrays(seed, 2**32, shapes)
+    again = pflower.patches.mask_arrays(seed, 2**32, shapes)
     assert all(np.array_equal(a, b) for a, b in zip(new[0], again, strict=True))
 
 
 @pytest.mark.parametrize("modulus", [2**32, 1000, 2**20 + 7])
 def test_masks_are_uniform_over_the_modulus(modulus: int) -> None:
-    (values,) = pfl_patches.mask_arrays(b"\x01" * 44, modulus, [(200_000,)])
+    (values,) = pflower.patches.mask_arrays(b"\x01" * 44, modulus, [(200_000,)])
     assert values.dtype == np.int64 and values.min() >= 0 and values.max() < modulus
     bins = 50
     counts = np.bincount((values * bins // modulus).astype(np.int64), minlength=bins)
@@ -89,19 +89,19 @@ def test_a_sum_of_masked_vectors_unmasks_to_the_plain_sum() -> None:
     seeds = [bytes([i]) * 32 for i in range(3)]
     masked = []
     for i, vec in enumerate(plain):
-        out = [v + m for v, m in zip(vec, pfl_patches.mask_arrays(seeds[i], modulus, shapes))]
+        out = [v + m for v, m in zip(vec, pflower.patches.mask_arrays(seeds[i], modulus, shapes))]
         for j in range(3):
             if j == i:
                 continue
             shared = generate_shared_key(keys[i][0], keys[j][1])
-            pair = pfl_patches.mask_arrays(shared, modulus, shapes)
+            pair = pflower.patches.mask_arrays(shared, modulus, shapes)
             out = [o + p if i > j else o - p for o, p in zip(out, pair, strict=True)]
         masked.append([np.mod(o, modulus) for o in out])
     total = [np.mod(sum(parts), modulus) for parts in zip(*masked, strict=True)]
     for seed in seeds:
         total = [
             np.mod(t - m, modulus)
-            for t, m in zip(total, pfl_patches.mask_arrays(seed, modulus, shapes))
+            for t, m in zip(total, pflower.patches.mask_arrays(seed, modulus, shapes))
         ]
     expected = [sum(parts) for parts in zip(*plain, strict=True)]
     assert all(np.array_equal(t, e) for t, e in zip(total, expected, strict=True))
@@ -224,9 +224,9 @@ def test_a_server_that_plays_the_neighbours_gets_nothing_from_a_site_with_a_rost
     context = Context(
         run_id=RUN, node_id=victim, node_config=node, state=RecordDict(), run_config={}
     )
-    setup = app(_setup(victim, monkeypatch, pfl_patches.SECAGG_PROTOCOL), context)
+    setup = app(_setup(victim, monkeypatch, pflower.patches.SECAGG_PROTOCOL), context)
     got = setup.content.config_records[RECORD_KEY_CONFIGS]
-    assert got[PROTOCOL_KEY] == pfl_patches.SECAGG_PROTOCOL
+    assert got[PROTOCOL_KEY] == pflower.patches.SECAGG_PROTOCOL
     own = (got[Key.PUBLIC_KEY_1], got[Key.PUBLIC_KEY_2])
     # the site's signature verifies against its roster key
     victim_roster = load_site_roster(str(tmp_path / "roster.toml"))
@@ -300,7 +300,7 @@ def test_a_deployed_secure_run_completes_with_signed_keys_and_an_outsider_is_ref
     import json
 
     from deploy.roster import register
-    from harness.loopback import BIN, LoopbackFederation
+    from server_app.loopback import BIN, LoopbackFederation
 
     sites = ["site-a", "site-b", "site-c"]
     with LoopbackFederation(tmp_path, tls=True, auth=True, isolation="process", warm=True) as fed:
@@ -362,4 +362,4 @@ def test_a_site_with_a_roster_refuses_a_round_claiming_more_sites_than_it_lists(
     app = make_client_app(RUN_CONFIG)
     context = Context(run_id=RUN, node_id=11, node_config=node, state=RecordDict(), run_config={})
     with pytest.raises(PolicyRefusal, match="claims 3 participants, more than the 2 sites"):
-        app(_setup(11, monkeypatch, pfl_patches.SECAGG_PROTOCOL), context)
+        app(_setup(11, monkeypatch, pflower.patches.SECAGG_PROTOCOL), context)

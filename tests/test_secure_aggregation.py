@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from methods import get_method, method_names, parse_run_config
-from run_config.schema import ConfigError
+from pflower.config.schema import ConfigError
 from strategies.base import PFLStrategy
 
 SMALL = {"sim-samples": 60, "hidden-dim": 16, "num-server-rounds": 2}

@@ -19,9 +19,9 @@ from methods import get_method, method_names, parse_run_config, registry
 from methods.fedfac import FA_LAYERS
 from methods.fedfac.model import check_fa_layers
 from models.backbones import build_backbone
-from pfl_data import data_info
-from run_config.defaults import AUTO_KEYS
-from run_config.schema import ConfigError, describe_settings
+from pflower.config.defaults import AUTO_KEYS
+from pflower.config.schema import ConfigError, describe_settings
+from pflower.data import data_info
 from server_app.inprocess import run_inprocess
 from tests.helpers import config, make_client, make_strategy
 
@@ -270,7 +270,7 @@ def test_a_run_resolves_its_config_once_per_process(monkeypatch, tmp_path) -> No
     """The ServerApp, every ClientApp message and its mods read one parsed config:
     ``auto`` is resolved once in a process that runs the whole federation."""
     import methods
-    import run_config.schema as schema
+    import pflower.config.schema as schema
 
     calls = []
     resolve = schema.resolve_auto

@@ -18,7 +18,7 @@ from deploy.site_guard import (
     parse_approved,
     read_ledger,
 )
-from pfl_privacy.policy import REFUSED
+from pflower.privacy.policy import REFUSED
 
 APP = b"the approved build"
 OTHER = b"a modified build"

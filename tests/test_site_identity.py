@@ -15,7 +15,7 @@ from flwr.server.client_manager import SimpleClientManager
 
 from models.roles import TensorSpec
 from models.wire import Wire
-from run_config.schema import ConfigError
+from pflower.config.schema import ConfigError
 from strategies.payloads import Payloads
 from strategies.replies import ClientKeys, accept_fit_replies, check_arrays
 from strategies.roster import load_roster
@@ -112,7 +112,7 @@ def test_an_impostor_node_gets_nothing_of_the_site_whose_key_it_presents(tmp_pat
     of what came in), also while site-a is away for a round and after it is back."""
     from deploy.roster import register
     from deploy.site_guard import read_ledger
-    from harness.loopback import BIN, LoopbackFederation
+    from server_app.loopback import BIN, LoopbackFederation
 
     sites = ["site-a", "site-b"]
     with LoopbackFederation(tmp_path, tls=True, auth=True, isolation="process", warm=True) as fed:

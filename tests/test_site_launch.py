@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 
 from deploy.site_guard import installed_app_hash, read_ledger
-from harness.loopback import LoopbackFederation
+from server_app.loopback import LoopbackFederation
 
 pytestmark = pytest.mark.slow
 

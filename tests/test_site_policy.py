@@ -1,4 +1,4 @@
-"""A site's own policy, enforced by its client before any work (pfl_privacy/policy.py).
+"""A site's own policy, enforced by its client before any work (pflower/privacy/policy.py).
 
 In-process runs (the real ClientApp with its mods, one Context per node): a node
 with a ``site`` and no policy keys is a deployed site with the default policy,
@@ -15,10 +15,10 @@ import pytest
 from flwr.common import Context, RecordDict
 
 from client_app.app import build_client, policy_refusal
-from methods import get_method, method_names, parse_run_config
+from methods import disclosure_kinds, get_method, method_names, parse_run_config
 from methods.fedfac.model import PHASE
-from pfl_privacy.policy import REFUSED, PolicyError, SitePolicy
-from run_config.schema import ConfigError
+from pflower.config.schema import ConfigError
+from pflower.privacy.policy import REFUSED, PolicyError, SitePolicy
 from server_app.inprocess import build_inprocess, run_inprocess
 from strategies.base import RunRefused
 
@@ -145,7 +145,9 @@ def test_allowed_methods_and_a_malformed_policy(tmp_path) -> None:
     bad = policy_refusal({"site": "h", "accept-disclosures": "everything"}, cfg, "train", False)
     assert bad is not None and "'accept-disclosures' names ['everything']" in bad
     with pytest.raises(PolicyError, match="require-secure-aggregation"):
-        SitePolicy.of_node({"require-secure-aggregation": "maybe"}, method_names())
+        SitePolicy.of_node(
+            {"require-secure-aggregation": "maybe"}, method_names(), disclosure_kinds()
+        )
 
 
 def test_a_client_asked_for_secure_aggregation_refuses_an_unmasked_fit() -> None:
@@ -281,7 +283,25 @@ def test_a_reply_carrying_another_nodes_client_key_is_rejected(tmp_path) -> None
 
 
 def test_the_privacy_docs_table_is_generated_from_the_declarations() -> None:
-    from pfl_privacy import table
+    from pflower.privacy import table
 
     text = table.DOC.read_text()
-    assert table.replace_in(text) == text, "run: python -m pfl_privacy.table --write"
+    assert table.replace_in(text) == text, "run: python -m pflower.privacy.table --write"
+
+
+def test_every_disclosure_is_of_a_kind_its_method_declares() -> None:
+    """A method's disclosures, in every mode the PRIVACY table shows, are of the kinds
+    on its own card, and the policy accepts exactly the declared kinds by name."""
+    declared = disclosure_kinds()
+    for name in method_names():
+        method = get_method(name)
+        for mode in ({}, *method.disclosure_modes, {"secure-aggregation": True}):
+            try:
+                cfg = parse_run_config({"method": name, **mode})
+            except ValueError:
+                continue  # a method that cannot run under SecAgg+
+            for d in method.disclosures(cfg):
+                assert d.of in method.disclosure_kinds, (name, mode, d.kind)
+    assert {"metrics", "head-blend", "whole-model"} <= set(declared)
+    with pytest.raises(PolicyError, match="names \\['not-a-kind'\\]"):
+        SitePolicy.of_node({"accept-disclosures": "not-a-kind"}, method_names(), declared)

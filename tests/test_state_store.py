@@ -15,8 +15,8 @@ from client_app.app import experiment_id
 from deploy.site import lock_state_dir
 from deploy.site import main as site_main
 from methods import get_method, parse_run_config
-from pfl_data import data_info
-from run_config.schema import ConfigError
+from pflower.config.schema import ConfigError
+from pflower.data import data_info
 from server_app.inprocess import run_inprocess
 
 SMALL = {"sim-samples": 60, "num-server-rounds": 2, "method": "fedper"}

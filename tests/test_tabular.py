@@ -1,5 +1,5 @@
-"""Tabular data as a user brings it (pfl_data/hf.py) and the Fed-Heart-Disease recipe
-(pfl_data/fed_heart_disease.py): label, split, feature and categorical columns, missing
+"""Tabular data as a user brings it (pflower/data/hf.py) and the Fed-Heart-Disease recipe
+(pflower/data/fed_heart_disease.py): label, split, feature and categorical columns, missing
 values refused, each site standardised with its own training rows, FLamby's split."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torch
 
 from benchmarks.presets import SHARED_DATA
 from methods import parse_run_config
-from pfl_data import data_info, load_client_data
-from run_config.schema import ConfigError
+from pflower.config.schema import ConfigError
+from pflower.data import data_info, load_client_data
 
 # the shared data folder the presets read ($PFLOWER_DATA_DIR or ../shared/data): required,
 # as the CIFAR-10 dev file is, so a missing copy fails rather than skips
@@ -116,7 +116,7 @@ def test_a_table_that_does_not_fit_the_run_is_refused_naming_the_key(
 
 def test_categorical_levels_must_be_declared_and_distinct() -> None:
     with pytest.raises(ConfigError, match="'categorical-columns'"):
-        from pfl_data.hf import parse_categorical
+        from pflower.data.hf import parse_categorical
 
         parse_categorical("ward:a")
 
@@ -134,7 +134,7 @@ def test_local_steps_take_exactly_that_many_batches_whatever_the_site_size() -> 
 
 
 def test_the_recipe_reproduces_flambys_split_row_by_row(tmp_path) -> None:
-    from pfl_data.recipes import main
+    from pflower.data.recipes import main
 
     assert main(["build", "fed-heart-disease", "--source", str(HEART), "--out", str(tmp_path)]) == 0
     built = pd.read_parquet(tmp_path / "fed-heart-disease.parquet")
@@ -157,7 +157,7 @@ def test_the_recipe_reproduces_flambys_split_row_by_row(tmp_path) -> None:
 
 
 def test_the_recipe_says_which_file_is_missing(tmp_path) -> None:
-    from pfl_data.recipes import main
+    from pflower.data.recipes import main
 
     assert (
         main(["build", "fed-heart-disease", "--source", str(tmp_path), "--out", str(tmp_path)]) == 2
@@ -215,7 +215,7 @@ def test_the_flamby_replica_reads_the_same_inputs_as_the_engine(tmp_path) -> Non
     """benchmarks/flamby_fedavg.py (the replica outside our engine) and our loader
     give every centre the same standardised 13 inputs and labels, in the same order."""
     from benchmarks.flamby_fedavg import centres, fedavg
-    from pfl_data.recipes import main
+    from pflower.data.recipes import main
 
     main(["build", "fed-heart-disease", "--source", str(HEART), "--out", str(tmp_path)])
     cfg = parse_run_config(
@@ -237,10 +237,10 @@ def test_the_flamby_replica_reads_the_same_inputs_as_the_engine(tmp_path) -> Non
 def test_check_passes_a_users_csv_and_names_the_site_whose_csv_lacks_a_column(
     tmp_path, capsys
 ) -> None:
-    """``dev.sh check`` (pflower_cli) on a user's table: one CSV split by a column in
+    """``dev.sh check`` (pflower.cli) on a user's table: one CSV split by a column in
     simulation passes; one CSV per hospital, the last without a declared column, is
     refused in one line naming the key and that hospital (#45, #46: every site)."""
-    from pflower_cli.__main__ import check
+    from pflower.cli.__main__ import check
 
     whole = _hospitals(tmp_path / "all.csv")
     keys = " ".join(f"{k}='{v}'" for k, v in TABLE.items())

@@ -2,7 +2,7 @@
 metrics), and every instruction's config, for every method and mode, in a real
 run (server_app/inprocess.py: the real strategy, real clients per message).
 
-By content, not by spec: for every fit reply, pfl_privacy.audit tries to rebuild
+By content, not by spec: for every fit reply, pflower.privacy.audit tries to rebuild
 each of the client's personal tensors (as they stood when it replied) from what
 the client sent and what the server had sent it. What it rebuilds must be exactly
 what the method declares (``Method.disclosures``): an undeclared disclosure fails,
@@ -24,8 +24,8 @@ import torch
 from flwr.common import EvaluateRes, FitRes, parameters_to_ndarrays
 
 from methods import get_method, parse_run_config
-from pfl_privacy.audit import recover
-from pfl_privacy.table import MODES as TABLE_MODES
+from pflower.privacy.audit import recover
+from pflower.privacy.table import MODES as TABLE_MODES
 from server_app.inprocess import build_inprocess
 from tests.helpers import image_folder
 

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from methods import Method
-from run_config.params import MethodParams
+from pflower.config.params import MethodParams
 
 PER_BACKBONE = {
     "mlp": {"lr": 0.05, "momentum": 0.0, "batch-size": 32},

@@ -21,8 +21,8 @@ from pydantic import Field
 
 from methods import Method
 from methods.baselines import baseline_schedule
-from run_config.params import MethodParams
-from run_config.schema import RunConfig
+from pflower.config.params import MethodParams
+from pflower.config.schema import RunConfig
 
 
 class DittoParams(MethodParams):

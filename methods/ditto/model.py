@@ -8,7 +8,7 @@ import copy
 import torch
 from torch import nn
 
-from run_config.schema import RunConfig
+from pflower.config.schema import RunConfig
 
 
 class DittoModel(nn.Module):

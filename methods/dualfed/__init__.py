@@ -18,8 +18,8 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from methods import Method
-from run_config.defaults import is_image
-from run_config.params import MethodParams
+from pflower.config.defaults import is_image
+from pflower.config.params import MethodParams
 
 
 def _from_scratch_on_images(raw: dict[str, Any]) -> bool:

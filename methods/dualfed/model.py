@@ -12,7 +12,7 @@ from torch import nn
 
 from models.backbones import Backbone
 from models.roles import batchnorm_entries
-from run_config.schema import RunConfig
+from pflower.config.schema import RunConfig
 
 PERSONAL_PREFIXES = ("projector.", "personal_head.")
 

@@ -17,9 +17,9 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from methods import Method
-from pfl_privacy.disclosure import Disclosure
-from run_config.params import MethodParams
-from run_config.schema import RunConfig
+from pflower.config.params import MethodParams
+from pflower.config.schema import RunConfig
+from pflower.privacy.disclosure import Disclosure, DisclosureKind
 
 V = ".parametrizations.weight.original1"  # a factorized layer's v (methods/factorized_fl/model.py)
 
@@ -49,10 +49,17 @@ class FactorizedFLParams(MethodParams):
         return {"sim-threshold": 0.0, "epsilon": 1.0, "min-aggr": 10}
 
 
+MATCHING_VECTOR = DisclosureKind(
+    "matching-vector",
+    "the personal factor v of the last layer before the head, as is (the server matches "
+    "clients by it)",
+)
+
+
 def alpha_disclosures(cfg: RunConfig) -> tuple[Disclosure, ...]:
     """alpha keeps v personal but appends the v of the last layer before the head
     to every upload: the server matches clients by it (the paper's protocol)."""
-    return (Disclosure("matching-vector", (f"*{V}",), "method='factorized-fl-alpha'"),)
+    return (Disclosure(MATCHING_VECTOR, (f"*{V}",), "method='factorized-fl-alpha'"),)
 
 
 def reference_schedule(raw: dict[str, Any]) -> dict[str, Any]:
@@ -82,6 +89,7 @@ METHODS = (
         "factorized-fl-alpha",
         "methods.factorized_fl.model:alpha_personal",
         disclosures=alpha_disclosures,
+        disclosure_kinds=(MATCHING_VECTOR,),
         attacks=("match-magnet",),
         **_COMMON,
     ),

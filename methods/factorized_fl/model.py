@@ -27,7 +27,7 @@ from torch.nn.utils import parametrize
 
 from models.roles import Roles, TensorSpec, batchnorm_entries, get_arrays
 from models.wire import Wire
-from run_config.schema import RunConfig
+from pflower.config.schema import RunConfig
 
 U, V, MU = (f".parametrizations.weight.original{i}" for i in range(3))
 LAYOUT, VAL = "#layout", "#val"

@@ -21,8 +21,8 @@ from flwr.common import Parameters
 from torch import nn
 
 from methods.factorized_fl.model import FactorizedWire
-from run_config.schema import RunConfig
-from strategies.base import PFLStrategy, Reply, RoundLog, weighted_mean
+from pflower.config.schema import RunConfig
+from strategies.base import PFLStrategy, Reply, weighted_mean
 from strategies.robust import lower_median
 
 
@@ -129,4 +129,4 @@ class FactorizedFLStrategy(PFLStrategy):
             mus = [a for d in dense for n, a in zip(self.wire.shared, d) if n in self.wire.sparse]
             kept = sum(int(np.count_nonzero(a)) for a in mus)
             extra["ffl_mu_density"] = kept / max(1, sum(a.size for a in mus))
-        self.rounds.setdefault(server_round, RoundLog()).extra.update(extra)
+        self.note(server_round, **extra)

@@ -15,9 +15,9 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from methods import Method
-from pfl_privacy.disclosure import Disclosure
-from run_config.params import MethodParams
-from run_config.schema import RunConfig
+from pflower.config.params import MethodParams
+from pflower.config.schema import RunConfig
+from pflower.privacy.disclosure import Disclosure, DisclosureKind
 
 
 class FedCPParams(MethodParams):
@@ -27,12 +27,24 @@ class FedCPParams(MethodParams):
     noisy_eval: bool = Field(False, alias="noisy-eval")  # the CPN's gumbel noise at evaluation
 
 
+HEAD_BLEND = DisclosureKind(
+    "head-blend",
+    "the personal head, exactly: the upload is 0.5 h_g + 0.5 h_p and the server sent h_g, "
+    "so h_p = 2 upload - h_g",
+)
+HEAD_SUM = DisclosureKind(
+    "head-sum",
+    "the sum of the round's personal heads (SecAgg+ unmasks only the sum of the blends, "
+    "and the server knows h_g)",
+)
+
+
 def fedcp_disclosures(cfg: RunConfig) -> tuple[Disclosure, ...]:
     """The paper's h_g <- 0.5 h_g + 0.5 h_p before upload: the server, which sent
     h_g, solves for h_p; under SecAgg+ only for the sum of the round's h_p."""
     if cfg.secure_aggregation:
-        return (Disclosure("head-sum", ("head.*",), "method='fedcp'", audited=False),)
-    return (Disclosure("head-blend", ("head.*",), "method='fedcp'"),)
+        return (Disclosure(HEAD_SUM, ("head.*",), "method='fedcp'", audited=False),)
+    return (Disclosure(HEAD_BLEND, ("head.*",), "method='fedcp'"),)
 
 
 def paper_schedule(raw: dict[str, Any]) -> dict[str, Any]:
@@ -56,5 +68,6 @@ METHODS = (
         params=FedCPParams,
         schedule=paper_schedule,
         disclosures=fedcp_disclosures,
+        disclosure_kinds=(HEAD_BLEND, HEAD_SUM),
     ),
 )

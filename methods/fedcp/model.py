@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from run_config.schema import RunConfig
+from pflower.config.schema import RunConfig
 
 # kernel bandwidths of the reference's RBF MMD
 MMD_BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)

@@ -4,9 +4,8 @@ per-client PIR (share of features routed to the personal head) to the round reco
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
+from flwr.common import Scalar
 
 from strategies.base import Evaluation, PFLStrategy
 
@@ -14,15 +13,18 @@ from strategies.base import Evaluation, PFLStrategy
 class FedCPStrategy(PFLStrategy):
     """Sample-weighted mean of phi, h_g and the CPN; records per-client PIR."""
 
-    def round_extras(self, server_round: int, evals: list[Evaluation]) -> dict[str, Any]:
+    def record_round(
+        self, server_round: int, evals: list[Evaluation]
+    ) -> tuple[float | None, dict[str, Scalar]]:
         pir: dict[str, float] = {}
         for e in evals:
             value = e.metrics.get("pir")
             if isinstance(value, (int, float)) and 0 <= value <= 1:
                 pir[str(e.client_key)] = float(value)
-        if not pir:
-            return {}
-        return {
-            "per_client_pir": {k: pir[k] for k in sorted(pir)},
-            "pir_mean": float(np.mean(list(pir.values()))),
-        }
+        if pir:
+            self.note(
+                server_round,
+                per_client_pir={k: pir[k] for k in sorted(pir)},
+                pir_mean=float(np.mean(list(pir.values()))),
+            )
+        return super().record_round(server_round, evals)

@@ -15,8 +15,8 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from methods import Method
-from run_config.params import MethodParams
-from run_config.schema import RunConfig
+from pflower.config.params import MethodParams
+from pflower.config.schema import RunConfig
 
 
 class FedDecompParams(MethodParams):

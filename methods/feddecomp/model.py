@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from run_config.schema import RunConfig
+from pflower.config.schema import RunConfig
 
 TAU_PARAMS = ("lora_A", "lora_B")
 

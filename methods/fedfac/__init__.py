@@ -17,9 +17,9 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from methods import Method
-from pfl_privacy.disclosure import Disclosure
-from run_config.params import MethodParams
-from run_config.schema import RunConfig
+from pflower.config.params import MethodParams
+from pflower.config.schema import RunConfig
+from pflower.privacy.disclosure import Disclosure, DisclosureKind
 
 PERSONAL_ROWS = "[personal]"  # suffix naming the personal rows of a Lambda entry
 
@@ -112,6 +112,18 @@ def fedfac_schedule(raw: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+PERSONAL_ROWS_SENT = DisclosureKind(
+    "personal-rows",
+    "the current values of the rows that factor analysis marks personal, every round (and "
+    "with fa-input=updates the values they started the round from)",
+)
+WHOLE_MODEL = DisclosureKind(
+    "whole-model",
+    "the whole personalised model (shared and personal tensors) to the server and the new "
+    "clients (FedFac's Ensemble)",
+)
+
+
 def fedfac_disclosures(cfg: RunConfig) -> tuple[Disclosure, ...]:
     """Dynamic FedFac runs FA on every row each round, so every row goes up, the
     personal ones included (the paper's protocol); static uploads every row only in
@@ -121,9 +133,9 @@ def fedfac_disclosures(cfg: RunConfig) -> tuple[Disclosure, ...]:
     if cfg.method == "fedfac-dynamic" and p.fa_split == "fa":
         rows = tuple(f"{layer}.*{escape(PERSONAL_ROWS)}" for layer in parse_layers(p.fa_layers))
         updates = " fedfac.fa-input='updates'" * (p.fa_input == "updates")
-        out.append(Disclosure("personal-rows", rows, "method='fedfac-dynamic'" + updates))
+        out.append(Disclosure(PERSONAL_ROWS_SENT, rows, "method='fedfac-dynamic'" + updates))
     if p.ensemble_share_models:  # whatever else the config says: it can ask for models
-        out.append(Disclosure("whole-model", ("*",), "fedfac.ensemble-share-models=true"))
+        out.append(Disclosure(WHOLE_MODEL, ("*",), "fedfac.ensemble-share-models=true"))
     return tuple(out)
 
 
@@ -151,6 +163,7 @@ METHODS = tuple(
         params=FedFacParams,
         schedule=fedfac_schedule,
         disclosures=fedfac_disclosures,
+        disclosure_kinds=(PERSONAL_ROWS_SENT, WHOLE_MODEL),
         per_client="its aggregation runs factor analysis on the individual uploads",
         attacks=("fa-steer",),
         disclosure_modes=DISCLOSURE_MODES[name],

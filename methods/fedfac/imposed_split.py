@@ -24,7 +24,7 @@ def imposed_split(strategy: FedFacStrategy) -> dict[str, np.ndarray]:
             mask[rng.permutation(size)[: int(round((1 - cfg.params.fa_quantile) * size))]] = True
             out[layer] = mask
         return out
-    from pfl_data import simulation_study
+    from pflower.data import simulation_study
 
     if cfg.dataset != "synthetic" or list(strategy.sizes.values()) != [cfg.hidden_dim]:
         raise ValueError(

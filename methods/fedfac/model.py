@@ -12,7 +12,7 @@ from torch import nn
 from methods.fedfac import parse_layers
 from models.roles import Roles, TensorSpec, get_arrays
 from models.wire import Wire
-from run_config.schema import ConfigError, RunConfig
+from pflower.config.schema import ConfigError, RunConfig
 
 _SPLITTABLE = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _BN = (nn.modules.batchnorm._BatchNorm,)

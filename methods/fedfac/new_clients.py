@@ -24,8 +24,8 @@ from flwr.server.client_proxy import ClientProxy
 
 from methods.fedfac.model import HELD_OUT, PHASE
 from models.roles import CLIENT_KEY
-from run_config.schema import RunConfig
-from strategies.base import RoundLog, payload_bytes
+from pflower.config.schema import RunConfig
+from strategies.base import payload_bytes
 
 if TYPE_CHECKING:
     from methods.fedfac.strategy import FedFacStrategy
@@ -98,18 +98,16 @@ def evaluate_new_clients(
     claims = [(p, r) for p, r in results if r.metrics.get(HELD_OUT)]
     new = [(p, r) for p, r in claims if held_out_claim(strategy, server_round, p, r.metrics)]
     trained = [(p, r) for p, r in results if not r.metrics.get(HELD_OUT)]
-    extra = strategy.rounds.setdefault(server_round, RoundLog()).extra
     if new and cfg.params.new_client_mode == "localtrain":
-        extra["accuracy_new_clients"] = float(
-            np.mean([float(r.metrics["accuracy"]) for _, r in new])
-        )
+        accs = [float(r.metrics["accuracy"]) for _, r in new]
+        strategy.note(server_round, accuracy_new_clients=float(np.mean(accs)))
     last = server_round == cfg.num_server_rounds
     if new and trained and cfg.params.new_client_mode == "ensemble" and last:
         accs = ensemble_round(strategy, server_round, [p for p, _ in new], [p for p, _ in trained])
         if accs:
-            extra["accuracy_new_clients"] = float(np.mean(accs))
+            strategy.note(server_round, accuracy_new_clients=float(np.mean(accs)))
     if new:
-        extra["new_client_mode"] = cfg.params.new_client_mode
+        strategy.note(server_round, new_client_mode=cfg.params.new_client_mode)
     return trained
 
 
@@ -119,7 +117,6 @@ def ensemble_round(
     """Ensemble for new clients (the sites consented: ensemble-share-models):
     each trained client sends its personalised model; each new client gets them
     all and scores the mean of their predictions on its own test split."""
-    extra = strategy.rounds[server_round].extra
 
     def share(proxy: ClientProxy) -> FitRes | None:
         key = strategy.clients.key_of(proxy)
@@ -165,8 +162,11 @@ def ensemble_round(
     accs = []
     for proxy in new:
         res = proxy.evaluate(EvaluateIns(payload, config), None, server_round)
-        extra["bytes_ensemble_down"] = extra.get("bytes_ensemble_down", 0) + payload_bytes(payload)
         accs.append(float(res.metrics["accuracy"]))
-    extra["ensemble_models_from"] = sorted(shared_by)
+    strategy.note(
+        server_round,
+        bytes_ensemble_down=len(new) * payload_bytes(payload),
+        ensemble_models_from=sorted(shared_by),
+    )
     log.info("round %d: ensemble accuracy of new clients %s", server_round, accs)
     return accs

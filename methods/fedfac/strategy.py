@@ -55,7 +55,7 @@ from methods.fedfac.factor_analysis import (
 from methods.fedfac.imposed_split import imposed_split
 from methods.fedfac.model import HELD_OUT, FedFacWire
 from models.roles import wire_spec
-from run_config.schema import RunConfig
+from pflower.config.schema import RunConfig
 from strategies.base import PFLStrategy, Reply
 
 log = logging.getLogger("flwr.pflower")
@@ -110,11 +110,10 @@ class FedFacStrategy(PFLStrategy):
                 self.smoothed(layer, fit.communalities), self.cfg.params.fa_quantile
             )
             factors[layer] = fit.num_factors
-        extra = self.rounds[server_round].extra
         if self.shared is not None:
             changed = sum(int((new[k] != self.shared[k]).sum()) for k in new)
-            extra["fa_changed_fraction"] = changed / sum(self.sizes.values())
-        extra["fa_num_factors"] = factors
+            self.note(server_round, fa_changed_fraction=changed / sum(self.sizes.values()))
+        self.note(server_round, fa_num_factors=factors)
         self.set_split(new)
 
     def smoothed(self, layer: str, communalities: np.ndarray) -> np.ndarray:
@@ -234,10 +233,12 @@ class FedFacStrategy(PFLStrategy):
                 new[self.shared[layer]] = mean.astype(current.dtype)
                 out.append(new)
         self.set_global(out)
-        extra = self.rounds[server_round].extra
         total = sum(self.sizes.values())
-        extra["fa_shared_fraction"] = sum(int(m.sum()) for m in self.shared.values()) / total
-        extra["fa_shared_mask"] = {k: m.astype(int).tolist() for k, m in self.shared.items()}
+        self.note(
+            server_round,
+            fa_shared_fraction=sum(int(m.sum()) for m in self.shared.values()) / total,
+            fa_shared_mask={k: m.astype(int).tolist() for k, m in self.shared.items()},
+        )
 
     # ---- evaluation: trained clients as usual, new clients apart ----------------------------
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from models.backbones import Backbone
-from run_config.schema import RunConfig
+from pflower.config.schema import RunConfig
 
 
 class FedRoDModel(nn.Module):

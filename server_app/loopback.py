@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import tomli_w
 
@@ -138,39 +138,12 @@ class Proc:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
 
-@dataclass
-class LoopbackFederation:
-    """SuperLink + SuperNodes on 127.0.0.1 under ``root`` (logs, homes, certificates)."""
+class ProcessGroup:
+    """The processes a harness started under ``root``: their environment, logs,
+    waits and teardown (by pid, each with everything it started)."""
 
     root: Path
-    tls: bool = False
-    auth: bool = False
-    # "subprocess": the SuperLink/SuperNode start their own SuperExec; "process": a
-    # separate `flower-superexec` per SuperLink/SuperNode (the docker/ topology), each
-    # authenticated with the SuperExec secret
-    isolation: str = "subprocess"
-    # with isolation "process": the sites' SuperExec is deploy.warm_superexec
-    # (ClientApps forked from a process that has imported their libraries) and
-    # their SuperNodes deploy.fast_supernode (an idle poll that backs off)
-    warm: bool = False
-    procs: list[Proc] = field(default_factory=list)
-    nodes: dict[str, Proc] = field(default_factory=dict)  # for callers' bookkeeping
-
-    def __post_init__(self) -> None:
-        if self.warm and self.isolation != "process":
-            raise ValueError("warm ClientApps need isolation='process' (their own SuperExec)")
-        if self.auth and not self.tls:
-            raise ValueError("SuperNode authentication needs TLS (Flower refuses otherwise)")
-        self.root = Path(self.root)
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.http_port, self.fleet_port = free_ports(2)
-        self.pki = self.root / "pki"
-        self.cli_home = self.root / "home" / "cli"
-        self.secret = self.root / "superexec.secret"
-        if self.isolation == "process":
-            self.secret.write_text(secrets.token_hex(32))
-
-    # ---- environment -------------------------------------------------------------------------
+    procs: list[Proc]
 
     def env(self, home: Path) -> dict[str, str]:
         home.mkdir(parents=True, exist_ok=True)
@@ -185,18 +158,6 @@ class LoopbackFederation:
         )
         return env
 
-    def make_certs(self, sites: list[str]) -> None:
-        """The demo CA, the SuperLink certificate and a key pair per site."""
-        subprocess.run(
-            ["bash", str(CERTS_SCRIPT), str(self.pki), "--nodes", ",".join(sites)],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-
-    def key(self, site: str) -> Path:
-        return self.pki / "keys" / site
-
     def _spawn(self, name: str, cmd: list[str], home: Path) -> Proc:
         log = self.root / f"{name}.log"
         with open(log, "ab") as out:
@@ -207,52 +168,62 @@ class LoopbackFederation:
         self.procs.append(proc)
         return proc
 
-    # ---- SuperLink ---------------------------------------------------------------------------
+    def wait_for(self, cond: Any, timeout: float, what: str, proc: Proc | None = None) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if cond():
+                return
+            if proc is not None and not proc.alive():
+                raise RuntimeError(f"{proc.name} exited while waiting for {what}:\n{proc.text()}")
+            time.sleep(0.5)
+        raise TimeoutError(f"timed out ({timeout:.0f}s) waiting for {what}:\n{self.tail()}")
 
-    def start_superlink(self) -> Proc:
-        cmd = [
-            str(BIN / "flower-superlink"),
-            "--port",
-            str(self.http_port),
-            "--fleet-api-address",
-            f"127.0.0.1:{self.fleet_port}",
-            "--disable-runtime-dependency-installation",
-        ]
-        if self.tls:
-            cmd += [
-                "--ssl-ca-certfile",
-                str(self.pki / "ca.crt"),
-                "--ssl-certfile",
-                str(self.pki / "server.pem"),
-                "--ssl-keyfile",
-                str(self.pki / "server.key"),
-            ]
-        else:
-            cmd.append("--insecure")
-        if self.auth:
-            cmd.append("--enable-supernode-auth")
-        cmd += self._isolation_args()
-        proc = self._spawn("superlink", cmd, self.root / "home" / "superlink")
-        self._write_cli_config()
-        self.wait_for(lambda: "Uvicorn running on" in proc.text(), 60, "SuperLink start", proc)
-        if self.isolation == "process":  # the ServerApp's SuperExec, over the Runtime API
-            tls = [f"--root-certificates={self.pki / 'ca.crt'}"] if self.tls else ["--insecure"]
-            self._spawn(
-                "superexec-serverapp",
-                [
-                    str(BIN / "flower-superexec"),
-                    f"--runtime-api-address=127.0.0.1:{self.http_port}",
-                    *tls,
-                    f"--superexec-auth-secret-file={self.secret}",
-                ],
-                self.root / "home" / "superexec-serverapp",
-            )
-        return proc
+    def stop(self, proc: Proc, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
+        """Stop one process and everything it started (by pid)."""
+        family = descendants(proc.popen.pid)
+        if proc.alive():
+            proc.popen.send_signal(sig)
+            try:
+                proc.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                proc.popen.wait(timeout=10)
+        for pid in family:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
-    def _isolation_args(self) -> list[str]:
-        if self.isolation == "subprocess":
-            return []
-        return ["--isolation=process", f"--superexec-auth-secret-file={self.secret}"]
+    def close(self) -> None:
+        """Kill every process started here (SuperNodes first), whatever state it is in."""
+        for proc in reversed(self.procs):
+            try:
+                self.stop(proc, signal.SIGTERM, timeout=5)
+            except Exception:  # noqa: BLE001 - teardown must reach every process
+                proc.popen.kill()
+
+    def tail(self, lines: int = 30) -> str:
+        return "\n".join(
+            f"--- {p.name} ---\n" + "\n".join(p.text().splitlines()[-lines:]) for p in self.procs
+        )
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class FlwrCli(ProcessGroup):
+    """The ``flwr`` CLI against this federation's SuperLink (its home ``cli_home``)."""
+
+    http_port: int
+    tls: bool
+    pki: Path
+    cli_home: Path
+
+    def key(self, site: str) -> Path:
+        return self.pki / "keys" / site
 
     def _write_cli_config(self) -> None:
         conn: dict[str, Any] = {"address": f"127.0.0.1:{self.http_port}"}
@@ -263,8 +234,6 @@ class LoopbackFederation:
         config = {"superlink": {"default": "loopback", "loopback": conn}}
         self.cli_home.mkdir(parents=True, exist_ok=True)
         (self.cli_home / "config.toml").write_text(tomli_w.dumps(config))
-
-    # ---- the flwr CLI ------------------------------------------------------------------------
 
     def flwr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -319,6 +288,97 @@ class LoopbackFederation:
             time.sleep(2)
         raise TimeoutError(f"run {run_id} did not finish in {timeout:.0f}s:\n{self.tail()}")
 
+
+@dataclass
+class LoopbackFederation(FlwrCli):
+    """SuperLink + SuperNodes on 127.0.0.1 under ``root`` (logs, homes, certificates)."""
+
+    root: Path
+    tls: bool = False
+    auth: bool = False
+    # "subprocess": the SuperLink/SuperNode start their own SuperExec; "process": a
+    # separate `flower-superexec` per SuperLink/SuperNode (the docker/ topology), each
+    # authenticated with the SuperExec secret
+    isolation: str = "subprocess"
+    # with isolation "process": the sites' SuperExec is deploy.warm_superexec
+    # (ClientApps forked from a process that has imported their libraries) and
+    # their SuperNodes deploy.fast_supernode (an idle poll that backs off)
+    warm: bool = False
+    procs: list[Proc] = field(default_factory=list)
+    nodes: dict[str, Proc] = field(default_factory=dict)  # for callers' bookkeeping
+
+    def __post_init__(self) -> None:
+        if self.warm and self.isolation != "process":
+            raise ValueError("warm ClientApps need isolation='process' (their own SuperExec)")
+        if self.auth and not self.tls:
+            raise ValueError("SuperNode authentication needs TLS (Flower refuses otherwise)")
+        self.root = Path(self.root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.http_port, self.fleet_port = free_ports(2)
+        self.pki = self.root / "pki"
+        self.cli_home = self.root / "home" / "cli"
+        self.secret = self.root / "superexec.secret"
+        if self.isolation == "process":
+            self.secret.write_text(secrets.token_hex(32))
+
+    # ---- environment -------------------------------------------------------------------------
+
+    def make_certs(self, sites: list[str]) -> None:
+        """The demo CA, the SuperLink certificate and a key pair per site."""
+        subprocess.run(
+            ["bash", str(CERTS_SCRIPT), str(self.pki), "--nodes", ",".join(sites)],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+
+    # ---- SuperLink ---------------------------------------------------------------------------
+
+    def start_superlink(self) -> Proc:
+        cmd = [
+            str(BIN / "flower-superlink"),
+            "--port",
+            str(self.http_port),
+            "--fleet-api-address",
+            f"127.0.0.1:{self.fleet_port}",
+            "--disable-runtime-dependency-installation",
+        ]
+        if self.tls:
+            cmd += [
+                "--ssl-ca-certfile",
+                str(self.pki / "ca.crt"),
+                "--ssl-certfile",
+                str(self.pki / "server.pem"),
+                "--ssl-keyfile",
+                str(self.pki / "server.key"),
+            ]
+        else:
+            cmd.append("--insecure")
+        if self.auth:
+            cmd.append("--enable-supernode-auth")
+        cmd += self._isolation_args()
+        proc = self._spawn("superlink", cmd, self.root / "home" / "superlink")
+        self._write_cli_config()
+        self.wait_for(lambda: "Uvicorn running on" in proc.text(), 60, "SuperLink start", proc)
+        if self.isolation == "process":  # the ServerApp's SuperExec, over the Runtime API
+            tls = [f"--root-certificates={self.pki / 'ca.crt'}"] if self.tls else ["--insecure"]
+            self._spawn(
+                "superexec-serverapp",
+                [
+                    str(BIN / "flower-superexec"),
+                    f"--runtime-api-address=127.0.0.1:{self.http_port}",
+                    *tls,
+                    f"--superexec-auth-secret-file={self.secret}",
+                ],
+                self.root / "home" / "superexec-serverapp",
+            )
+        return proc
+
+    def _isolation_args(self) -> list[str]:
+        if self.isolation == "subprocess":
+            return []
+        return ["--isolation=process", f"--superexec-auth-secret-file={self.secret}"]
+
     # ---- SuperNodes --------------------------------------------------------------------------
 
     def start_supernode(
@@ -334,7 +394,7 @@ class LoopbackFederation:
         superexec_args: list[str] | None = None,
     ) -> Proc:
         """A SuperNode for ``site``; ``policy`` adds the site's policy keys to its
-        node config (pfl_privacy/policy.py; without it the default, shared only);
+        node config (pflower/privacy/policy.py; without it the default, shared only);
         ``extra_args`` go to the SuperNode's command line as they are, and
         ``superexec_args`` to its SuperExec's (isolation "process")."""
         (runtime_port,) = free_ports(1)
@@ -417,50 +477,3 @@ class LoopbackFederation:
 
     def state_dir(self, site: str) -> Path:
         return self.root / f"state-{site}"
-
-    def wait_for(self, cond: Any, timeout: float, what: str, proc: Proc | None = None) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if cond():
-                return
-            if proc is not None and not proc.alive():
-                raise RuntimeError(f"{proc.name} exited while waiting for {what}:\n{proc.text()}")
-            time.sleep(0.5)
-        raise TimeoutError(f"timed out ({timeout:.0f}s) waiting for {what}:\n{self.tail()}")
-
-    # ---- teardown ----------------------------------------------------------------------------
-
-    def stop(self, proc: Proc, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
-        """Stop one process and everything it started (by pid)."""
-        family = descendants(proc.popen.pid)
-        if proc.alive():
-            proc.popen.send_signal(sig)
-            try:
-                proc.popen.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                proc.popen.kill()
-                proc.popen.wait(timeout=10)
-        for pid in family:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-    def close(self) -> None:
-        """Kill every process started here (SuperNodes first), whatever state it is in."""
-        for proc in reversed(self.procs):
-            try:
-                self.stop(proc, signal.SIGTERM, timeout=5)
-            except Exception:  # noqa: BLE001 - teardown must reach every process
-                proc.popen.kill()
-
-    def tail(self, lines: int = 30) -> str:
-        return "\n".join(
-            f"--- {p.name} ---\n" + "\n".join(p.text().splitlines()[-lines:]) for p in self.procs
-        )
-
-    def __enter__(self) -> LoopbackFederation:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

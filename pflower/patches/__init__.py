@@ -67,7 +67,7 @@ def check(libraries: tuple[str, ...] = ("flwr", "torch")) -> None:
             names = ", ".join(p for p, lib in PATCHES.items() if lib == library)
             raise UntestedVersion(
                 f"{library} {installed} is not a version the project's patches of it ({names}) "
-                f"were checked against ({', '.join(TESTED[library])}x; pfl_patches): install "
+                f"were checked against ({', '.join(TESTED[library])}x; pflower.patches): install "
                 f"one of those, or set {SWITCH}=0 to run without the patches"
             )
 
@@ -339,7 +339,7 @@ def secagg_masks() -> bool:
     installed = version("flwr")
     if not installed.startswith(TESTED["flwr"]):
         raise UntestedVersion(
-            f"flwr {installed}: the SecAgg+ mask patch (pfl_patches.secagg_masks) was checked "
+            f"flwr {installed}: the SecAgg+ mask patch (pflower.patches.secagg_masks) was checked "
             f"against flwr {', '.join(TESTED['flwr'])}x only; secure aggregation refuses to run"
         )
     utils._flower_pseudo_rand_gen = utils.pseudo_rand_gen  # kept for the benchmark

@@ -1,7 +1,7 @@
 """Convert MNIST-style idx files (e.g. Debian's ``dataset-fashion-mnist``) to parquet.
 
     apt-get install -y dataset-fashion-mnist
-    python -m pfl_data.convert_idx /usr/share/datasets/fashion-mnist fashion-mnist.parquet
+    python -m pflower.data.convert_idx /usr/share/datasets/fashion-mnist fashion-mnist.parquet
 
 Writes a Hugging Face parquet with ``image`` (PNG bytes in the Image struct),
 ``label`` and ``split`` (train/test, from the idx file names), loadable with
@@ -91,10 +91,12 @@ def convert(folder: str | Path, out: str | Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Command-line entry: ``python -m pfl_data.convert_idx <idx-dir> <out.parquet>``."""
+    """Command-line entry: ``python -m pflower.data.convert_idx <idx-dir> <out.parquet>``."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        raise SystemExit("usage: python -m pfl_data.convert_idx <dir-with-idx-files> <out.parquet>")
+        raise SystemExit(
+            "usage: python -m pflower.data.convert_idx <dir-with-idx-files> <out.parquet>"
+        )
     n = convert(args[0], args[1])
     print(f"wrote {n} rows to {args[1]}")
 

@@ -1,7 +1,7 @@
-"""FedAvg's and Local's figures on the main job's data, read from the committed
-table (docs/main_job.md), for the summary of a run on that same data: a
+"""The baselines' figures on the main job's data (FedAvg's and Local's, labelled
+in the committed table), for the summary of a run on that same data: a
 newcomer's first result says what collaboration bought, beside what training
-alone and one global model reach.
+alone and one global model reach (docs/main_job.md).
 
 ``reference.json`` beside this file is written by ``python -m benchmarks.reference``
 from the main-job-candidates runs; a run matches a setting when every data key,
@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 REFERENCE_FILE = Path(__file__).with_name("reference.json")
-SHOWN = {"fedavg": "FedAvg", "local": "Local"}
 
 
 @cache
@@ -45,7 +44,7 @@ def reference_rows(
             seeds = len(row["seeds"])
             rows.append(
                 (
-                    f"{SHOWN.get(name, name)}, same data (committed, {seeds} seeds)",
+                    f"{row.get('label', name)}, same data (committed, {seeds} seeds)",
                     f"{row['mean']:.4f} ± {row['std']:.4f} final mean over clients",
                 )
             )

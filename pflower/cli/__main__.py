@@ -1,4 +1,4 @@
-"""``python -m pflower_cli check|run [flwr run options]`` (what scripts/dev.sh calls).
+"""``python -m pflower.cli check|run [flwr run options]`` (what scripts/dev.sh calls).
 
 Exit status: 0 the run finished every round (``check``: the config is good);
 2 a bad config (one line, no traceback, before anything of Flower starts);
@@ -18,10 +18,10 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pflower_cli.preflight import preflight
-from run_config.schema import ConfigError, describe_settings
+from pflower.cli.preflight import preflight
+from pflower.config.schema import ConfigError, describe_settings
 
-PROJECT = Path(__file__).resolve().parents[1]
+PROJECT = Path(__file__).resolve().parents[2]
 FEDERATION_DEFAULTS = PROJECT / "scripts" / "federation.toml"
 EXIT_CONFIG, EXIT_FAILED = 2, 1
 
@@ -120,7 +120,7 @@ def results_status(path: Path, started: float, rounds: int) -> str | None:
 def record_command(results: Path, command: list[str]) -> None:
     """The ServerApp runs from flwr's installed copy of the app and sees neither the
     user's command nor this checkout: fill both into the run's provenance."""
-    from run_results import git_commit
+    from pflower.results import git_commit
 
     data = json.loads(results.read_text())
     data.setdefault("provenance", {}).update(

@@ -1,6 +1,6 @@
 """Fed-Heart-Disease: the UCI Heart Disease files of four hospitals as one table,
 with FLamby's preprocessing and train/test split (docs/DATA.md;
-`python -m pfl_data.recipes build fed-heart-disease --source <folder of the files>`).
+`python -m pflower.data.recipes build fed-heart-disease --source <folder of the files>`).
 
 FLamby's protocol: drop ``slope``, ``ca`` and ``thal``, then every row with a missing
 value (a zero cholesterol is kept); label = ``num > 0``; each centre split on its own,

@@ -18,7 +18,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from run_config.schema import ConfigError, RunConfig
+from pflower.config.schema import ConfigError, RunConfig
 
 log = logging.getLogger("flwr.pflower")
 
@@ -202,7 +202,7 @@ def provenance() -> dict[str, str]:
     """What produced a run: versions, the checkout's commit and the command. Under
     ``flwr run`` the ServerApp runs from an installed copy: the commit is looked up
     where the SuperLink was started, and ``bash scripts/dev.sh run`` fills in the
-    commit and the command the user typed when the run ends (pflower_cli)."""
+    commit and the command the user typed when the run ends (pflower.cli)."""
     return {
         "flwr": _version("flwr"),
         "torch": _version("torch"),
@@ -282,7 +282,7 @@ def summary_table(summary: dict[str, Any]) -> str:
         ),
         ("wall time", f"{summary['total_seconds']:.1f}s"),
     ]
-    from run_results.reference import reference_rows
+    from pflower.results.reference import reference_rows
 
     size = summary.get("federation_size") or 0
     method = summary["method"]

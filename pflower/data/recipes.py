@@ -1,10 +1,10 @@
 """Data recipes: where a data set comes from, how to make a local copy, and a run
 config that fits it (docs/DATA.md).
 
-    python -m pfl_data.recipes list
-    python -m pfl_data.recipes build NAME --source SRC --out PATH
+    python -m pflower.data.recipes list
+    python -m pflower.data.recipes build NAME --source SRC --out PATH
 
-``fed-heart-disease`` writes a table (pfl_data/fed_heart_disease.py); the others
+``fed-heart-disease`` writes a table (pflower/data/fed_heart_disease.py); the others
 write a parquet file in the Hugging Face image schema (an image column,
 ``label`` with its class names, and the id columns a natural partition needs) that
 ``dataset=PATH`` reads offline. SRC is the recipe's hub name (needs the internet),
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from pfl_data import fed_heart_disease
+from pflower.data import fed_heart_disease
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ RECIPES = {
             fed_heart_disease.RUN_CONFIG,
             "Fed-Heart-Disease (FLamby): UCI Heart Disease of four hospitals, a table of 740 "
             "records, 10 features (13 with cp and restecg one-hot), binary label, "
-            "FLamby's train/test split (pfl_data/fed_heart_disease.py)",
+            "FLamby's train/test split (pflower/data/fed_heart_disease.py)",
             release="a folder with the four UCI processed.*.data files (the folder "
             "FLamby's download script fills)",
         ),
@@ -171,7 +171,7 @@ def _from_medmnist(path: Path, names: tuple[str, ...]) -> Any:
 
 def load(recipe: Recipe, source: str) -> Any:
     """The source as a ``datasets.Dataset``, its label column named ``label``."""
-    from pfl_data.hf import _load_hf
+    from pflower.data.hf import _load_hf
 
     path = Path(source).expanduser()
     if path.is_dir() and (path / "batches.meta").exists():
@@ -251,7 +251,7 @@ def _count(n: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pfl_data.recipes", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m pflower.data.recipes", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="every recipe: source, run config")
     b = sub.add_parser("build", help="write a recipe's local parquet file(s)")

@@ -5,7 +5,7 @@ faithfully. A server that makes up a site's "neighbours" itself holds their priv
 keys, removes every mask and reads the site's upload. Here:
 
 - the set-up stage carries ``SECAGG_PROTOCOL`` (masks from a cryptographic PRF,
-  ``pfl_patches.secagg_masks``); a site refuses a round in another protocol, and
+  ``pflower.patches.secagg_masks``); a site refuses a round in another protocol, and
   the server leaves out a reply that does not echo it;
 - each site signs its two SecAgg+ public keys, the run, the round and its node id
   with its identity key (its SuperNode's authentication key, node config
@@ -31,7 +31,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.server import Grid
 from flwr.server.workflow import SecAggPlusWorkflow
 
-from pfl_patches import SECAGG_PROTOCOL, secagg_masks
+from pflower.patches import SECAGG_PROTOCOL, secagg_masks
 
 log = logging.getLogger("flwr.pflower")
 
@@ -240,7 +240,7 @@ class _StageGrid:
 class SignedSecAggPlusWorkflow(SecAggPlusWorkflow):
     """Flower's SecAgg+ workflow with the protocol version in its set-up and each
     site's key signature forwarded beside its keys; replies in another protocol are
-    left out of the round (logged). Masks from ``pfl_patches.secagg_masks``."""
+    left out of the round (logged). Masks from ``pflower.patches.secagg_masks``."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
-    from run_config.schema import RunConfig
+    from pflower.config.schema import RunConfig
 
 AUTO = "auto"
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from run_config.params import AUTO
+from pflower.config.params import AUTO
 
 if TYPE_CHECKING:
-    from run_config.params import MethodSpec
+    from pflower.config.params import MethodSpec
 
 SCHEDULE_KEYS = ("local-epochs", "batch-size", "optimizer", "lr", "momentum", "weight-decay")
 AUTO_KEYS = (*SCHEDULE_KEYS, "augment", "eval-in-fit")

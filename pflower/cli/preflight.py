@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from methods import foreign_keys, parse_run_config
-from run_config.schema import ConfigError, RunConfig, check_against_data
+from pflower.config.schema import ConfigError, RunConfig, check_against_data
 
 
 def flwr_run_config(project_dir: Path, overrides: list[str]) -> dict[str, Any]:
@@ -130,7 +130,7 @@ def data_checks(cfg: RunConfig, clients: int | None) -> tuple[str, Any]:
     the data and that client's data."""
     import datasets
 
-    from pfl_data import check_site_data, data_info, declared_info, load_client_data
+    from pflower.data import check_site_data, data_info, declared_info, load_client_data
 
     datasets.disable_progress_bars()  # the pre-flight prints one line
     declared = declared_info(cfg)
@@ -166,13 +166,13 @@ def data_checks(cfg: RunConfig, clients: int | None) -> tuple[str, Any]:
 def every_site(cfg: RunConfig, paths: list[str], clients: int, first: Any) -> list[str]:
     """Every site of ``client-data-paths`` loaded as its client will (in parallel
     threads) and checked against the run, then the sites' class names compared
-    (pfl_data.compare_site_classes). Each site is read whole, as its client reads it:
+    (pflower.data.compare_site_classes). Each site is read whole, as its client reads it:
     a sample would pass a site whose other files fail. One line per site: its sample
     counts and class name -> label id (a class it lacks is listed as such). ``first``:
     site 0's data, already loaded and checked by the caller."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from pfl_data import (
+    from pflower.data import (
         check_site_data,
         class_ids,
         compare_site_classes,
@@ -250,11 +250,11 @@ def preflight(
     """(validated config, raw config, data description) for a federation of
     ``clients`` (None: unknown, a deployment); ConfigError on a bad one, or on a
     Flower or torch version the project's patches were not checked against."""
-    import pfl_patches
+    import pflower.patches
 
     try:
-        pfl_patches.check()
-    except pfl_patches.UntestedVersion as err:
+        pflower.patches.check()
+    except pflower.patches.UntestedVersion as err:
         raise ConfigError(str(err)) from None
     raw = flwr_run_config(project_dir, overrides)
     cfg = parse_run_config(raw)

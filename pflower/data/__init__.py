@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pfl_data.synthetic import generate_simulation_study
-from run_config.schema import RunConfig
+from pflower.config.schema import RunConfig
+from pflower.data.synthetic import generate_simulation_study
 
 
 @dataclass(frozen=True)
@@ -93,13 +93,13 @@ def found_info(cfg: RunConfig, data_path: str = "", cache_dir: str = "") -> Data
     first_client_path = cfg.client_data_paths.split(",")[0].strip()
     if cfg.dataset == "synthetic" and not data_path and not first_client_path:
         return DataInfo((cfg.sim_dim,), 2)
-    from pfl_data.hf import Tabular, hf_data_info
+    from pflower.data.hf import Tabular, hf_data_info
 
     source = data_path or first_client_path or cfg.dataset
     if not cache_dir:
         info = hf_data_info(source, Tabular.of(cfg))
     else:
-        from pfl_data.cache import cached_info, info_key
+        from pflower.data.cache import cached_info, info_key
 
         def build() -> tuple[tuple[int, ...], int, tuple[str, ...]]:
             info = hf_data_info(source, Tabular.of(cfg))
@@ -117,7 +117,7 @@ def check_site_data(cfg: RunConfig, data: ClientData, where: str) -> None:
     """ConfigError naming the key if this client's data do not fit what the run
     declares (``input-shape``, ``num-classes``): the model would not take them, or a
     label id would mean no class of the run."""
-    from run_config.schema import ConfigError
+    from pflower.config.schema import ConfigError
 
     declared = declared_info(cfg)
     shape = tuple(data.x_train.shape[1:])
@@ -141,7 +141,7 @@ def site_class_names(
     """This client's own class list, in its label order (empty if its data name none)."""
     if data_path or not cfg.client_data_paths:  # its data's own, not what the run declares
         return found_info(cfg, data_path, cache_dir).class_names
-    from pfl_data.hf import Tabular, _client_path, hf_data_info
+    from pflower.data.hf import Tabular, _client_path, hf_data_info
 
     path = _client_path(cfg, partition_id, num_partitions)
     return hf_data_info(path, Tabular.of(cfg)).class_names
@@ -164,7 +164,7 @@ def compare_site_classes(cfg: RunConfig, sites: list[tuple[str, tuple[str, ...]]
     names)``) would give one class two ids: one class spelled two ways (case or spaces
     only), or, without ``class-names``, sites whose class lists differ (each numbers
     its own in order, so an id would mean different classes at different sites)."""
-    from run_config.schema import ConfigError
+    from pflower.config.schema import ConfigError
 
     spellings: dict[str, dict[str, list[str]]] = {}
     for site, names in sites:
@@ -226,21 +226,21 @@ def load_client_data(
     """One client's data. ``data_path`` (a site's own data in deployment)
     replaces ``cfg.dataset`` and is used whole, without partitioning. With a
     ``cache_dir`` (a site's state directory) decoded image data are kept there
-    between messages (pfl_data/cache.py)."""
+    between messages (pflower/data/cache.py)."""
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition id {partition_id} not in [0, {num_partitions})")
     if cfg.dataset == "synthetic" and not data_path and not cfg.client_data_paths:
         study = simulation_study(cfg, num_partitions)
         x, y = study.features[partition_id], study.labels[partition_id]
         return _to_tensors(*split_train_test(x, y, cfg.test_fraction, cfg.seed + partition_id))
-    from pfl_data.hf import load_client_arrays
+    from pflower.data.hf import load_client_arrays
 
     def build() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         return load_client_arrays(cfg, partition_id, num_partitions, data_path)
 
     if not cache_dir:
         return _to_tensors(*build())
-    from pfl_data.cache import cache_key, cached_arrays
+    from pflower.data.cache import cache_key, cached_arrays
 
     key = cache_key(cfg, partition_id, num_partitions, data_path)
     arrays = cached_arrays(Path(cache_dir) / "data-cache", key, build)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from run_config.schema import RunConfig
+from pflower.config.schema import RunConfig
 
 log = logging.getLogger("flwr.pflower")
 

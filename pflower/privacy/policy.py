@@ -9,7 +9,8 @@ naming the policy key and the run key, a line in the site's log, no tensor sent.
 Node config keys:
 
 - ``accept-disclosures``: a comma-separated list of the disclosure kinds beyond
-  the shared tensors that the site accepts (pfl_privacy/disclosure.py ``KINDS``;
+  the shared tensors that the site accepts (each declared on its method's card;
+  ``methods.disclosure_kinds()`` lists them;
   ``whole-model`` is FedFac's Ensemble), or ``all``. Default: none.
 - ``require-secure-aggregation``: ``true`` refuses every run without SecAgg+ and
   every unmasked fit, and sends no per-site metric beside its masked upload (its
@@ -18,7 +19,7 @@ Node config keys:
 - ``allowed-methods``: a comma-separated list of methods, or ``all`` (default).
 - ``min-secagg-sites``: the fewest distinct roster sites a SecAgg+ round may have
   among this site's neighbours, checked from their signed keys when the site has
-  its own roster (node config ``secagg-roster``, pfl_privacy/secagg.py). Default 3.
+  its own roster (node config ``secagg-roster``, pflower/privacy/secagg.py). Default 3.
 
 In any SecAgg+ run, a site whose ``accept-disclosures`` does not name ``metrics``
 sends its masked upload beside its client key only: no loss, score, device or
@@ -35,7 +36,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pfl_privacy.disclosure import KINDS, Disclosure
+from pflower.privacy.disclosure import Disclosure
 
 ACCEPT = "accept-disclosures"
 REQUIRE_SECAGG = "require-secure-aggregation"
@@ -95,12 +96,16 @@ class SitePolicy:
     min_secagg_sites: int = DEFAULT_MIN_SECAGG_SITES
 
     @classmethod
-    def of_node(cls, node: Mapping[str, Any], methods: Collection[str]) -> SitePolicy | None:
-        """The node's policy; None for a simulated node that gives none."""
+    def of_node(
+        cls, node: Mapping[str, Any], methods: Collection[str], kinds: Collection[str]
+    ) -> SitePolicy | None:
+        """The node's policy; None for a simulated node that gives none. ``methods``
+        and ``kinds`` are the names it may list (the registry's methods and the
+        disclosure kinds they declare)."""
         if not any(k in node for k in POLICY_KEYS) and "site" not in node:
             return None
         return cls(
-            accept=_names(node.get(ACCEPT, ""), KINDS, ACCEPT),
+            accept=_names(node.get(ACCEPT, ""), kinds, ACCEPT),
             require_secure_aggregation=_flag(node.get(REQUIRE_SECAGG, False), REQUIRE_SECAGG),
             methods=_names(node.get(ALLOWED_METHODS, "all"), methods, ALLOWED_METHODS),
             min_secagg_sites=_at_least_two(

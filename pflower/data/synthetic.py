@@ -104,7 +104,7 @@ def label_share_of_shared_neurons(study: SimulationStudy) -> dict[str, float]:
     }
 
 
-if __name__ == "__main__":  # python -m pfl_data.synthetic: the table in docs/main_job.md
+if __name__ == "__main__":  # python -m pflower.data.synthetic: the table in docs/main_job.md
     print(
         "| p (shared neurons) | alpha (shared covariates) | var share of shared | "
         "shared part alone | personal part alone |"

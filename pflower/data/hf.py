@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from pfl_data import DataInfo, split_train_test
-from run_config.schema import ConfigError, RunConfig
+from pflower.config.schema import ConfigError, RunConfig
+from pflower.data import DataInfo, split_train_test
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
-from run_config.defaults import SCHEDULE_KEYS, resolve_auto
-from run_config.params import AUTO, MethodParams, MethodSpec, NoParams
+from pflower.config.defaults import SCHEDULE_KEYS, resolve_auto
+from pflower.config.params import AUTO, MethodParams, MethodSpec, NoParams
 
 PARTITIONERS = ("iid", "dirichlet", "dirichlet-client", "pathological", "natural", "domain")
 # simulated hostile clients (client_app/attacks.py); the last three target one method's machinery
@@ -46,12 +46,11 @@ def _per_client(info: ValidationInfo) -> str:
     return getattr(spec, "per_client", "") if spec is not None else ""
 
 
-class RunConfig(BaseModel):
-    """The common run-config keys, and the method's own (``params``)."""
+class TaskKeys(BaseModel):
+    """What to run: the method, the data and how it is split, the model."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 
-    # what to run
     method: str = "fedavg"  # a registered method (methods/)
     dataset: str = "synthetic"
     partitioner: Literal[PARTITIONERS] = "iid"  # type: ignore[valid-type]
@@ -90,6 +89,42 @@ class RunConfig(BaseModel):
     model: Literal["logreg", "mlp", "cnn4", "resnet8", "resnet10", "resnet18"] = "mlp"
     hidden_dim: int = _field(200, alias="hidden-dim", ge=1)
     pretrained_weights: str = _field("", alias="pretrained-weights")
+
+    @model_validator(mode="after")
+    def _declared_data(self) -> TaskKeys:
+        if self.input_shape:
+            dims = self.input_shape.split(",")
+            if len(dims) not in (1, 3) or not all(d.strip().isdigit() and int(d) > 0 for d in dims):
+                raise ValueError(
+                    f"config key 'input-shape': {self.input_shape!r} is not 'C,H,W' (images) "
+                    "or 'D' (vectors) of positive integers"
+                )
+        names = [n for n in self.class_names.split(",") if n.strip()]
+        if names and self.num_classes and self.num_classes != len(names):
+            raise ValueError(
+                f"config key 'num-classes': {self.num_classes} but 'class-names' lists "
+                f"{len(names)} classes"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _backbone_keys(self) -> TaskKeys:
+        weights = self.pretrained_weights
+        if weights and self.model != "resnet18":
+            raise ValueError(
+                f"config key 'pretrained-weights': only model 'resnet18' loads pretrained "
+                f"weights (got model '{self.model}')"
+            )
+        if weights and weights != "imagenet" and not Path(weights).expanduser().is_file():
+            raise ValueError(
+                f"config key 'pretrained-weights': no weight file at {weights!r} (give a "
+                "ResNet-18 state_dict saved with torch.save, or 'imagenet' for torchvision's)"
+            )
+        return self
+
+
+class RunConfig(TaskKeys):
+    """The common run-config keys, and the method's own (``params``)."""
 
     # schedule
     num_server_rounds: int = _field(10, alias="num-server-rounds", ge=1)
@@ -143,7 +178,7 @@ class RunConfig(BaseModel):
     secagg_clipping_range: float = _field(8.0, alias="secagg-clipping-range", gt=0)
     secagg_quantization_range: int = _field(4194304, alias="secagg-quantization-range", ge=2)
     secagg_max_weight: float = _field(1000.0, alias="secagg-max-weight", gt=0)
-    # differential privacy for the shared update (pfl_privacy)
+    # differential privacy for the shared update (pflower.privacy)
     # client: clip on the client, noise on the server; server: both on the server;
     # distributed: clip and a share of the noise on each client, under SecAgg+
     dp_mode: Literal["off", "client", "server", "distributed"] = _field("off", alias="dp-mode")
@@ -175,38 +210,6 @@ class RunConfig(BaseModel):
     sim_shared_neurons: float = _field(0.8, alias="sim-shared-neurons", ge=0, le=1)
     sim_shared_covariates: float = _field(0.8, alias="sim-shared-covariates", ge=0, le=1)
     sim_noise: float = _field(0.1, alias="sim-noise", ge=0)
-
-    @model_validator(mode="after")
-    def _declared_data(self) -> RunConfig:
-        if self.input_shape:
-            dims = self.input_shape.split(",")
-            if len(dims) not in (1, 3) or not all(d.strip().isdigit() and int(d) > 0 for d in dims):
-                raise ValueError(
-                    f"config key 'input-shape': {self.input_shape!r} is not 'C,H,W' (images) "
-                    "or 'D' (vectors) of positive integers"
-                )
-        names = [n for n in self.class_names.split(",") if n.strip()]
-        if names and self.num_classes and self.num_classes != len(names):
-            raise ValueError(
-                f"config key 'num-classes': {self.num_classes} but 'class-names' lists "
-                f"{len(names)} classes"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _backbone_keys(self) -> RunConfig:
-        weights = self.pretrained_weights
-        if weights and self.model != "resnet18":
-            raise ValueError(
-                f"config key 'pretrained-weights': only model 'resnet18' loads pretrained "
-                f"weights (got model '{self.model}')"
-            )
-        if weights and weights != "imagenet" and not Path(weights).expanduser().is_file():
-            raise ValueError(
-                f"config key 'pretrained-weights': no weight file at {weights!r} (give a "
-                "ResNet-18 state_dict saved with torch.save, or 'imagenet' for torchvision's)"
-            )
-        return self
 
     @model_validator(mode="after")
     def _secure_aggregation_fits_the_method(self, info: ValidationInfo) -> RunConfig:

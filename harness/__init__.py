@@ -1,1 +1,0 @@
-"""Test and benchmark harnesses (not shipped in the wheel): a loopback deployment."""
