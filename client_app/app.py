@@ -110,7 +110,7 @@ def build_client(context: Context, overrides: dict[str, Any] | None = None) -> C
     attacker = cfg.attack != "none" and partition_id < cfg.attack_clients and "site" not in node
     if attacker and cfg.attack == "label-flip":
         data = flip_labels(data, data_info(cfg, data_path, state_dir).num_classes)
-    client = method.client(model, method.roles(model), data, cfg, store, device, site)
+    client = method.build_client(model, data, cfg, store, device, site)
     client.report_data_digest = "site" not in node  # simulated, never a deployed site
     client.withhold_metrics = withholds_metrics(dict(node), cfg.secure_aggregation)
     if not state_dir:  # simulation: in memory, or on disk past the budget

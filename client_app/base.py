@@ -22,7 +22,6 @@ from torch import nn
 from client_app import timing
 from client_app.state import PersonalStore
 from client_app.train import cross_entropy, evaluate, train_epochs
-from methods import get_method
 from models.roles import (
     CHECKPOINT_ROUND,
     CLASSES_KEY,
@@ -101,12 +100,11 @@ class PFLClient(NumPyClient):
         store: PersonalStore,
         device: torch.device,
         client_key: str,
-        wire: Wire | None = None,
+        wire: Wire,
     ) -> None:
         self.model = model.to(device)
         self.roles = roles
-        # how the shared tensors travel: the method's wire, as the server builds it
-        self.wire = wire or get_method(cfg.method).build_wire(self.model, roles, cfg)
+        self.wire = wire  # how the shared tensors travel, built as the server builds it
         self.cfg = cfg
         self.store = store
         self.device = device

@@ -30,12 +30,14 @@ from pflower.config.schema import parse_run_config as _parse
 from pflower.privacy.disclosure import METRICS, Disclosure, DisclosureKind
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
     from client_app.base import PFLClient
+    from client_app.state import PersonalStore
     from models.roles import Roles
     from models.wire import Wire
-    from pflower.data import DataInfo
+    from pflower.data import ClientData, DataInfo
     from pflower.results import RunRecorder
     from strategies.base import PFLStrategy
 
@@ -122,6 +124,22 @@ class Method:
     def build_wire(self, model: nn.Module, roles: Roles, cfg: RunConfig) -> Wire:
         """The method's wire, built alike on the server and on every client."""
         return resolve(self.wire)(model, roles, cfg)
+
+    def build_client(
+        self,
+        model: nn.Module,
+        data: ClientData,
+        cfg: RunConfig,
+        store: PersonalStore,
+        device: torch.device,
+        client_key: str,
+    ) -> PFLClient:
+        """The client side: ``model`` on ``device``, its roles and its wire built as
+        the server builds them."""
+        model = model.to(device)
+        roles = self.roles(model)
+        wire = self.build_wire(model, roles, cfg)
+        return self.client(model, roles, data, cfg, store, device, client_key, wire)
 
     def build_strategy(
         self, cfg: RunConfig, model: nn.Module, recorder: RunRecorder | None = None

@@ -101,9 +101,8 @@ def make_client(
     model = method.build_model(cfg, data_info(cfg))
     context = context or Context(0, partition_id, {}, RecordDict(), {})
     data = load_client_data(cfg, partition_id, num_partitions)
-    client = method.client(
+    client = method.build_client(
         model,
-        method.roles(model),
         data,
         cfg,
         ContextStore(context),

@@ -86,9 +86,8 @@ def make_client(
         torch.randn(16, 3, 16, 16, generator=g),
         torch.arange(4).repeat(4),
     )
-    client = DualFedClient(
-        model, method.roles(model), data, cfg, MemoryStore(), torch.device("cpu"), "c0"
-    )
+    client = method.build_client(model, data, cfg, MemoryStore(), torch.device("cpu"), "c0")
+    assert isinstance(client, DualFedClient)
     return client, model
 
 

@@ -50,9 +50,7 @@ def client_of(
     x = torch.randn(8, *info.input_shape, generator=gen)
     y = torch.randint(0, info.num_classes, (8,), generator=gen)
     store = ContextStore(context or Context(0, 0, {}, RecordDict(), {}))
-    return method.client(
-        model, method.roles(model), ClientData(x, y, x, y), cfg, store, torch.device("cpu"), key
-    )
+    return method.build_client(model, ClientData(x, y, x, y), cfg, store, torch.device("cpu"), key)
 
 
 def strategy_of(cfg: RunConfig, info: DataInfo) -> FactorizedFLStrategy:

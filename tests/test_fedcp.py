@@ -35,7 +35,9 @@ def _client(cfg: RunConfig, pid: int = 0, num: int = 2) -> FedCPClient:
     model = _model(cfg)
     data = load_client_data(cfg, pid, num)
     store = ContextStore(Context(0, 0, {}, RecordDict(), {}))
-    return FedCPClient(model, METHOD.roles(model), data, cfg, store, torch.device("cpu"), f"c{pid}")
+    client = METHOD.build_client(model, data, cfg, store, torch.device("cpu"), f"c{pid}")
+    assert isinstance(client, FedCPClient)
+    return client
 
 
 def test_routes_sum_to_one_in_train_and_eval() -> None:

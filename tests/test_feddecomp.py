@@ -40,9 +40,7 @@ def image_data(n: int = 48, seed: int = 0) -> ClientData:
 def make(cfg: RunConfig, data: ClientData, store: MemoryStore | None = None) -> PFLClient:
     method = get_method(cfg.method)
     model = method.build_model(cfg, DataInfo(IMAGE, 10))
-    return method.client(
-        model, method.roles(model), data, cfg, store or MemoryStore(), torch.device("cpu"), "c0"
-    )
+    return method.build_client(model, data, cfg, store or MemoryStore(), torch.device("cpu"), "c0")
 
 
 def sigma_name(name: str) -> str:

@@ -97,9 +97,9 @@ def make(method: str = "fedfac-dynamic", num: int = 4, **over):
 def client(cfg, m, key: int, num: int = 4) -> FedFacClient:
     model = m.build_model(cfg, data_info(cfg))
     data = load_client_data(cfg, key, num)
-    return FedFacClient(
-        model, m.roles(model), data, cfg, MemoryStore(), torch.device("cpu"), f"client-{key}"
-    )
+    built = m.build_client(model, data, cfg, MemoryStore(), torch.device("cpu"), f"client-{key}")
+    assert isinstance(built, FedFacClient)
+    return built
 
 
 def test_element_entries_cover_weight_bias_and_bn():

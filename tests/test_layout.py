@@ -8,6 +8,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 from methods import get_method, method_names
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,3 +134,14 @@ def test_the_size_check_counts_a_long_class(tmp_path: Path) -> None:
         assert class_sizes([planted]) == {f"tests/{planted.name}:Big": 201}
     finally:
         planted.unlink()
+
+
+def test_a_methods_keys_are_typed_as_its_own_params() -> None:
+    from methods import parse_run_config
+    from methods.ditto import DittoParams
+    from methods.fedfac import FedFacParams
+
+    cfg = parse_run_config({"method": "fedfac-static", "fedfac.fa-quantile": 0.25})
+    assert FedFacParams.of(cfg).fa_quantile == 0.25
+    with pytest.raises(TypeError, match="method 'fedfac-static' holds FedFacParams, not Ditto"):
+        DittoParams.of(cfg)

@@ -10,6 +10,7 @@ from flwr.common import Scalar
 
 from client_app.base import PFLClient
 from client_app.train import evaluate, train_epochs
+from methods.baselines import FedAvgFTParams, FedRepParams
 
 
 class FedRepClient(PFLClient):
@@ -20,7 +21,9 @@ class FedRepClient(PFLClient):
         head = list(self.model.head.parameters())
         body = list(self.model.features.parameters())
         x, y, cfg = self.x_train, self.y_train, self.cfg
-        head_loss = train_epochs(self.model, head, x, y, cfg.params.head_epochs, cfg, generator)
+        head_loss = train_epochs(
+            self.model, head, x, y, FedRepParams.of(cfg).head_epochs, cfg, generator
+        )
         body_loss = train_epochs(self.model, body, x, y, cfg.local_epochs, cfg, generator)
         return {"train-loss": body_loss, "head-loss": head_loss}
 
@@ -39,7 +42,7 @@ class FedAvgFTClient(PFLClient):
             list(tuned.parameters()),
             self.x_train,
             self.y_train,
-            self.cfg.params.finetune_epochs,
+            FedAvgFTParams.of(self.cfg).finetune_epochs,
             self.cfg,
             generator,
         )

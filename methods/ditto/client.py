@@ -11,6 +11,7 @@ from torch import nn
 
 from client_app.base import PFLClient
 from client_app.train import train_epochs
+from methods.ditto import DittoParams
 from methods.ditto.model import DittoModel
 
 
@@ -28,7 +29,7 @@ class DittoClient(PFLClient):
         global_loss = train_epochs(
             glob, list(glob.parameters()), x, y, cfg.local_epochs, cfg, generator
         )
-        lam = cfg.params.lam
+        lam = DittoParams.of(cfg).lam
 
         def proximal(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
             pull = sum(((v - w) ** 2).sum() for v, w in zip(model.parameters(), received))
@@ -39,7 +40,7 @@ class DittoClient(PFLClient):
             list(own.parameters()),
             x,
             y,
-            cfg.params.personal_epochs,
+            DittoParams.of(cfg).personal_epochs,
             cfg,
             generator,
             loss_fn=proximal,

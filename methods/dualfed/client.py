@@ -23,6 +23,7 @@ from torch import nn
 
 from client_app.base import PFLClient
 from client_app.train import evaluate, train_epochs
+from methods.dualfed import DualFedParams
 from methods.dualfed.model import DualFedModel
 
 
@@ -68,11 +69,11 @@ class DualFedClient(PFLClient):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.supcon = supcon_loss(self.cfg.params.supcon_temperature)
+        self.supcon = supcon_loss(DualFedParams.of(self.cfg).supcon_temperature)
         # log of this client's training label frequencies (add-one smoothed), added to
         # h_s(z) in the combination (dual-global-prior); computed here, never sent
         counts = torch.bincount(self.y_train, minlength=self.model.head.out_features).float()
-        mode = self.cfg.params.global_prior
+        mode = DualFedParams.of(self.cfg).global_prior
         use = mode == "client" or (mode == "client-if-skewed" and labels_skewed(counts))
         self.log_prior = ((counts + 1.0) / (counts + 1.0).sum()).log() if use else None
 
@@ -88,11 +89,13 @@ class DualFedClient(PFLClient):
         z = model.features(x)
         u = model.projector(z)
         personal, glob = model.personal_head(u), model.head(z)
-        if self.cfg.params.personal_loss == "combined":
+        if DualFedParams.of(self.cfg).personal_loss == "combined":
             ce = F.cross_entropy(self._combine(personal, glob), y)
         else:
             ce = F.cross_entropy(personal, y)
-        return ce + self.cfg.params.supcon_lambda * self.supcon(u, y), F.cross_entropy(glob, y)
+        return ce + DualFedParams.of(self.cfg).supcon_lambda * self.supcon(u, y), F.cross_entropy(
+            glob, y
+        )
 
     def _main_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Stage 1's loss (h_s is not among its parameters)."""
@@ -119,8 +122,8 @@ class DualFedClient(PFLClient):
         computed once, f frozen."""
         m, cfg = self.model, self.cfg
         z = encode(m, self.x_train)  # train_epochs over the head module sees z as its input
-        head_cfg = cfg.model_copy(update={"lr": cfg.params.global_head_lr})
-        epochs = cfg.params.global_head_epochs
+        head_cfg = cfg.model_copy(update={"lr": DualFedParams.of(cfg).global_head_lr})
+        epochs = DualFedParams.of(cfg).global_head_epochs
         return train_epochs(
             m.head, list(m.head.parameters()), z, self.y_train, epochs, head_cfg, generator
         )
@@ -141,7 +144,7 @@ class DualFedClient(PFLClient):
         )
 
     def local_train(self, config: dict[str, Scalar], generator: torch.Generator) -> dict[str, Any]:
-        if self.cfg.params.schedule == "simultaneous":
+        if DualFedParams.of(self.cfg).schedule == "simultaneous":
             return {"train-loss": self.simultaneous(generator)}
         main_loss = self.stage1(generator)  # each train_epochs call makes a fresh optimizer
         return {"train-loss": main_loss, "global-head-loss": self.stage2(generator)}
@@ -153,7 +156,7 @@ class DualFedClient(PFLClient):
         client's label prior when ``dual-global-prior`` applies it."""
         if self.log_prior is not None:
             glob = glob + self.log_prior
-        if self.cfg.params.combine == "logits":
+        if DualFedParams.of(self.cfg).combine == "logits":
             return personal + glob
         return torch.log((F.softmax(personal, dim=1) + F.softmax(glob, dim=1)) / 2)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from methods.dualfed import DualFedParams
 from models.backbones import Backbone
 from models.roles import batchnorm_entries
 from pflower.config.schema import RunConfig
@@ -51,7 +52,7 @@ def to_dualfed(model: nn.Module, cfg: RunConfig) -> DualFedModel:
     """The method's transform: wrap any backbone (its ``features`` and ``head``)."""
     if not isinstance(model, Backbone):
         raise TypeError(f"DualFed needs a Backbone with features/head, got {type(model).__name__}")
-    return DualFedModel(model, cfg.params.projector_hidden)
+    return DualFedModel(model, DualFedParams.of(cfg).projector_hidden)
 
 
 def dualfed_personal(model: nn.Module) -> set[str]:

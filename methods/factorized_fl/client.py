@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from client_app.base import PFLClient
+from methods.factorized_fl import FactorizedFLParams
 from methods.factorized_fl.model import mu_l1
 
 
@@ -19,4 +20,4 @@ class FactorizedFLClient(PFLClient):
 
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Cross-entropy plus the L1 sparsity penalty on every mu (differentiable)."""
-        return F.cross_entropy(model(x), y) + self.cfg.params.l1 * mu_l1(model)
+        return F.cross_entropy(model(x), y) + FactorizedFLParams.of(self.cfg).l1 * mu_l1(model)

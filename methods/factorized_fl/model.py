@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
+from methods.factorized_fl import FactorizedFLParams
 from models.roles import Roles, TensorSpec, batchnorm_entries, get_arrays
 from models.wire import Wire
 from pflower.config.schema import RunConfig
@@ -92,7 +93,11 @@ def factorize(model: nn.Module, cfg: RunConfig) -> nn.Module:
         parametrize.register_parametrization(
             module,
             "weight",
-            FactorizedWeight(tuple(weight.shape), cfg.params.rank, cfg.params.mu_threshold),
+            FactorizedWeight(
+                tuple(weight.shape),
+                FactorizedFLParams.of(cfg).rank,
+                FactorizedFLParams.of(cfg).mu_threshold,
+            ),
             unsafe=True,  # right_inverse returns three tensors of other shapes
         )
     return model
@@ -213,7 +218,7 @@ class FactorizedWire(Wire):
         self.shapes = {n: tuple(state[n].shape) for n in (*self.shared, self.match)}
         self.sparse = frozenset(n for n in self.shared if n.endswith(MU))  # (layout, values)
         self.match_extra = self.match not in self.shared  # alpha: v is personal, appended
-        self.threshold = cfg.params.mu_threshold
+        self.threshold = FactorizedFLParams.of(cfg).mu_threshold
 
     def down_spec(self) -> list[TensorSpec]:
         """What the server sends (the encoded shared tensors)."""

@@ -20,6 +20,7 @@ import numpy as np
 from flwr.common import Parameters
 from torch import nn
 
+from methods.factorized_fl import FactorizedFLParams
 from methods.factorized_fl.model import FactorizedWire
 from pflower.config.schema import RunConfig
 from strategies.base import PFLStrategy, Reply, weighted_mean
@@ -86,7 +87,7 @@ class FactorizedFLStrategy(PFLStrategy):
         # factorized-fl.match=v-change: compare each v's move away from the initial v,
         # which every client starts from (the model's own initialisation)
         v0 = model.state_dict()[self.wire.match].detach().cpu().numpy().reshape(-1)
-        change = cfg.params.match == "v-change"
+        change = FactorizedFLParams.of(cfg).match == "v-change"
         self.match_origin = v0.astype(np.float32) if change else None
 
     own_aggregation = True  # not a mean of the replies: no direction check
@@ -98,7 +99,7 @@ class FactorizedFLStrategy(PFLStrategy):
         if self.match_origin is not None:
             vectors = vectors - self.match_origin
         sim = cosine_matrix(vectors)
-        p = self.cfg.params
+        p = FactorizedFLParams.of(self.cfg)
         new: dict[str, Parameters] = {}
         kept_counts = []
         mixture = np.zeros((len(replies), len(replies)))  # row k: whom client k learns from

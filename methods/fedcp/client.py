@@ -18,6 +18,7 @@ from torch import nn
 
 from client_app.base import PFLClient
 from client_app.train import evaluate, train_epochs
+from methods.fedcp import FedCPParams
 from methods.fedcp.model import FedCPModel, mmd_rbf
 
 
@@ -39,11 +40,11 @@ class FedCPClient(PFLClient):
     def _loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         logits, h, _ = self.model.forward_parts(x)
         loss = F.cross_entropy(logits, y)
-        if self.cfg.params.mmd_lambda > 0:
+        if FedCPParams.of(self.cfg).mmd_lambda > 0:
             self.phi_g.train(model.training)  # same mode as phi, as the reference
             with torch.no_grad():
                 h_global = self.phi_g(x)
-            loss = loss + self.cfg.params.mmd_lambda * mmd_rbf(h, h_global)
+            loss = loss + FedCPParams.of(self.cfg).mmd_lambda * mmd_rbf(h, h_global)
         return loss
 
     def local_train(self, config: dict[str, Scalar], generator: torch.Generator) -> dict[str, Any]:

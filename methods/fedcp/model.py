@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from methods.fedcp import FedCPParams
 from pflower.config.schema import RunConfig
 
 # kernel bandwidths of the reference's RBF MMD
@@ -91,7 +92,7 @@ def mmd_rbf(
 
 def fedcp_transform(model: nn.Module, cfg: RunConfig) -> FedCPModel:
     """Wrap any backbone (``features`` + linear ``head``) into the FedCP model."""
-    return FedCPModel(model, noisy_eval=cfg.params.noisy_eval)
+    return FedCPModel(model, noisy_eval=FedCPParams.of(cfg).noisy_eval)
 
 
 def fedcp_split(model: nn.Module) -> set[str]:

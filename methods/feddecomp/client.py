@@ -9,6 +9,7 @@ from flwr.common import Scalar
 
 from client_app.base import PFLClient
 from client_app.train import train_epochs
+from methods.feddecomp import FedDecompParams
 from methods.feddecomp.model import frozen_tau, non_tau_parameters, tau_parameters
 
 
@@ -23,13 +24,13 @@ class FedDecompClient(PFLClient):
 
     def local_train(self, config: dict[str, Scalar], generator: torch.Generator) -> dict[str, Any]:
         cfg, x, y, model = self.cfg, self.x_train, self.y_train, self.model
-        if cfg.params.schedule == "simultaneous":
+        if FedDecompParams.of(cfg).schedule == "simultaneous":
             params = list(model.parameters())
             return {
                 "train-loss": train_epochs(model, params, x, y, cfg.local_epochs, cfg, generator)
             }
         tau_loss = train_epochs(
-            model, tau_parameters(model), x, y, cfg.params.lora_epochs, cfg, generator
+            model, tau_parameters(model), x, y, FedDecompParams.of(cfg).lora_epochs, cfg, generator
         )
         with frozen_tau(model):  # tau is constant in this phase: compute it once
             sigma_loss = train_epochs(
@@ -37,11 +38,11 @@ class FedDecompClient(PFLClient):
                 non_tau_parameters(model),
                 x,
                 y,
-                cfg.local_epochs - cfg.params.lora_epochs,
+                cfg.local_epochs - FedDecompParams.of(cfg).lora_epochs,
                 cfg,
                 generator,
             )
-        last = sigma_loss if cfg.local_epochs > cfg.params.lora_epochs else tau_loss
+        last = sigma_loss if cfg.local_epochs > FedDecompParams.of(cfg).lora_epochs else tau_loss
         return {"train-loss": last, "tau-loss": tau_loss, "sigma-loss": sigma_loss}
 
     def score(self) -> tuple[float, dict[str, Scalar]]:

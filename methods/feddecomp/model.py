@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
+from methods.feddecomp import FedDecompParams
 from pflower.config.schema import RunConfig
 
 TAU_PARAMS = ("lora_A", "lora_B")
@@ -59,10 +60,14 @@ def rank_of(module: nn.Module, cfg: RunConfig) -> int:
     min(I, O) (the reference code); ``linear-rank-abs > 0`` fixes the linear rank."""
     out_dim, in_dim = module.weight.shape[0], module.weight.shape[1]
     is_linear = isinstance(module, nn.Linear)
-    if is_linear and cfg.params.linear_rank_abs > 0:
-        return cfg.params.linear_rank_abs
-    ratio = cfg.params.linear_rank_ratio if is_linear else cfg.params.conv_rank_ratio
-    basis = out_dim if cfg.params.rank_basis == "out" else min(in_dim, out_dim)
+    if is_linear and FedDecompParams.of(cfg).linear_rank_abs > 0:
+        return FedDecompParams.of(cfg).linear_rank_abs
+    ratio = (
+        FedDecompParams.of(cfg).linear_rank_ratio
+        if is_linear
+        else FedDecompParams.of(cfg).conv_rank_ratio
+    )
+    basis = out_dim if FedDecompParams.of(cfg).rank_basis == "out" else min(in_dim, out_dim)
     return max(1, round(ratio * basis))
 
 
@@ -76,7 +81,7 @@ def decompose(model: nn.Module, cfg: RunConfig) -> nn.Module:
         parametrize.register_parametrization(
             module, "weight", LowRankTau(weight, rank_of(module, cfg))
         )
-    model.feddecomp_reverse = cfg.params.reverse
+    model.feddecomp_reverse = FedDecompParams.of(cfg).reverse
     return model
 
 

@@ -128,7 +128,7 @@ def fedfac_disclosures(cfg: RunConfig) -> tuple[Disclosure, ...]:
     """Dynamic FedFac runs FA on every row each round, so every row goes up, the
     personal ones included (the paper's protocol); static uploads every row only in
     round 1, before any row is personal. Ensemble sends whole personalised models."""
-    p: FedFacParams = cfg.params  # type: ignore[assignment]
+    p = FedFacParams.of(cfg)
     out = []
     if cfg.method == "fedfac-dynamic" and p.fa_split == "fa":
         rows = tuple(f"{layer}.*{escape(PERSONAL_ROWS)}" for layer in parse_layers(p.fa_layers))

@@ -24,7 +24,7 @@ from flwr.common import NDArrays, Scalar
 
 from client_app.base import PFLClient, message_round
 from client_app.train import evaluate, train_epochs
-from methods.fedfac import PERSONAL_ROWS
+from methods.fedfac import PERSONAL_ROWS, FedFacParams
 from methods.fedfac.model import HELD_OUT, PHASE, FedFacWire
 from models.roles import CLIENT_KEY, get_arrays, set_arrays
 
@@ -84,8 +84,8 @@ class FedFacClient(PFLClient):
     ) -> tuple[NDArrays, int, dict[str, Scalar]]:
         if config.get(PHASE) == "share-model":  # Ensemble, with the sites' consent
             if not (
-                self.cfg.params.new_client_mode == "ensemble"
-                and self.cfg.params.ensemble_share_models
+                FedFacParams.of(self.cfg).new_client_mode == "ensemble"
+                and FedFacParams.of(self.cfg).ensemble_share_models
             ):
                 raise PermissionError(
                     f"client {self.client_key} refuses to send its whole model: the run "
@@ -112,7 +112,7 @@ class FedFacClient(PFLClient):
         if config.get(PHASE) == "ensemble":
             loss, acc = self.ensemble_score(parameters)
             return loss, n, {**tag, "accuracy": acc}
-        if self.cfg.params.new_client_mode == "localtrain":
+        if FedFacParams.of(self.cfg).new_client_mode == "localtrain":
             loss, acc = self.local_train_new(parameters, config)
             return loss, n, {**tag, "accuracy": acc}
         return 0.0, n, tag  # Ensemble is scored in the server's last-round ensemble step

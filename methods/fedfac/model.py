@@ -9,7 +9,7 @@ import numpy as np
 from flwr.common import NDArrays
 from torch import nn
 
-from methods.fedfac import parse_layers
+from methods.fedfac import FedFacParams, parse_layers
 from models.roles import Roles, TensorSpec, get_arrays
 from models.wire import Wire
 from pflower.config.schema import ConfigError, RunConfig
@@ -55,7 +55,7 @@ def element_entries(model: nn.Module, layers: list[str]) -> dict[str, list[str]]
 
 def check_fa_layers(model: nn.Module, cfg: RunConfig) -> None:
     """ConfigError naming 'fa-layers' if a layer is not a Linear/Conv of ``model``."""
-    layers = parse_layers(cfg.params.fa_layers)
+    layers = parse_layers(FedFacParams.of(cfg).fa_layers)
     if not layers:
         raise ConfigError("config key 'fedfac.fa-layers': names no layer")
     try:
@@ -97,7 +97,7 @@ class FedFacWire(Wire):
 
     def __init__(self, model: nn.Module, roles: Roles, cfg: RunConfig) -> None:
         super().__init__(model, roles, cfg)
-        p = cfg.params
+        p = FedFacParams.of(cfg)
         layers = parse_layers(p.fa_layers)
         self.entries = element_entries(model, layers)
         self.sizes = layer_sizes(model, layers)

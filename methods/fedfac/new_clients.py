@@ -22,6 +22,7 @@ from flwr.common import (
 )
 from flwr.server.client_proxy import ClientProxy
 
+from methods.fedfac import FedFacParams
 from methods.fedfac.model import HELD_OUT, PHASE
 from models.roles import CLIENT_KEY
 from pflower.config.schema import RunConfig
@@ -35,10 +36,10 @@ log = logging.getLogger("flwr.pflower")
 
 def held_out_keys(cfg: RunConfig, num_clients: int) -> set[str]:
     """The held-out clients' keys: named sites, else the last partitions."""
-    sites = {k.strip() for k in cfg.params.new_client_sites.split(",") if k.strip()}
+    sites = {k.strip() for k in FedFacParams.of(cfg).new_client_sites.split(",") if k.strip()}
     if sites:
         return sites
-    n = cfg.params.new_clients
+    n = FedFacParams.of(cfg).new_clients
     return {f"client-{i}" for i in range(num_clients - n, num_clients)}
 
 
@@ -98,16 +99,16 @@ def evaluate_new_clients(
     claims = [(p, r) for p, r in results if r.metrics.get(HELD_OUT)]
     new = [(p, r) for p, r in claims if held_out_claim(strategy, server_round, p, r.metrics)]
     trained = [(p, r) for p, r in results if not r.metrics.get(HELD_OUT)]
-    if new and cfg.params.new_client_mode == "localtrain":
+    if new and FedFacParams.of(cfg).new_client_mode == "localtrain":
         accs = [float(r.metrics["accuracy"]) for _, r in new]
         strategy.note(server_round, accuracy_new_clients=float(np.mean(accs)))
     last = server_round == cfg.num_server_rounds
-    if new and trained and cfg.params.new_client_mode == "ensemble" and last:
+    if new and trained and FedFacParams.of(cfg).new_client_mode == "ensemble" and last:
         accs = ensemble_round(strategy, server_round, [p for p, _ in new], [p for p, _ in trained])
         if accs:
             strategy.note(server_round, accuracy_new_clients=float(np.mean(accs)))
     if new:
-        strategy.note(server_round, new_client_mode=cfg.params.new_client_mode)
+        strategy.note(server_round, new_client_mode=FedFacParams.of(cfg).new_client_mode)
     return trained
 
 

@@ -44,7 +44,7 @@ from flwr.server.client_proxy import ClientProxy
 from threadpoolctl import threadpool_limits
 from torch import nn
 
-from methods.fedfac import new_clients
+from methods.fedfac import FedFacParams, new_clients
 from methods.fedfac.factor_analysis import (
     FactorResult,
     layer_matrix,
@@ -88,8 +88,8 @@ class FedFacStrategy(PFLStrategy):
         # one BLAS thread: the simulated clients share the machine's cores. Iterated
         # until Psi moves < 1e-4 or for 100 steps (a 512-wide layer: ~10 s on one core)
         with threadpool_limits(1):
-            kappa = self.cfg.params.fa_kappa
-            if self.cfg.params.fa_robust == "site-median" and len(per_client) > 1:
+            kappa = FedFacParams.of(self.cfg).fa_kappa
+            if FedFacParams.of(self.cfg).fa_robust == "site-median" and len(per_client) > 1:
                 r = site_median_correlation(per_client)
                 return principal_factors(np.zeros((1, 1)), kappa, tol=1e-4, max_iter=100, r=r)
             z = layer_matrix(per_client)
@@ -101,13 +101,13 @@ class FedFacStrategy(PFLStrategy):
         for layer in self.sizes:
             i = self.wire.position[f"{layer}.weight"]
             per_client = [r.arrays[i].astype(np.float64) for r in replies]
-            if self.cfg.params.fa_input == "updates":
+            if FedFacParams.of(self.cfg).fa_input == "updates":
                 per_client = [
                     w - start for w, start in zip(per_client, self.starts(layer, replies))
                 ]
             fit = self.factor_analysis(per_client)
             new[layer] = shared_elements(
-                self.smoothed(layer, fit.communalities), self.cfg.params.fa_quantile
+                self.smoothed(layer, fit.communalities), FedFacParams.of(self.cfg).fa_quantile
             )
             factors[layer] = fit.num_factors
         if self.shared is not None:
@@ -121,7 +121,7 @@ class FedFacStrategy(PFLStrategy):
         communality over the rounds (dynamic FedFac), so that one noisy round does
         not flip an element between shared and personal (docs/fedfac.md measures
         the churn without it). beta = 0: this round's FA alone (the paper)."""
-        beta = self.cfg.params.fa_smoothing
+        beta = FedFacParams.of(self.cfg).fa_smoothing
         previous = self._communalities.get(layer)
         if beta > 0 and previous is not None:
             communalities = beta * previous + (1 - beta) * communalities
@@ -176,13 +176,13 @@ class FedFacStrategy(PFLStrategy):
         self.num_clients = self.sampler.wait_for_federation(client_manager)
         self.held_out = new_clients.held_out_keys(self.cfg, self.num_clients)
         if len(self.held_out) >= self.num_clients:
-            sites = self.cfg.params.new_client_sites.strip()
+            sites = FedFacParams.of(self.cfg).new_client_sites.strip()
             key = "fedfac.new-client-sites" if sites else "fedfac.new-clients"
             raise ValueError(
                 f"config key '{key}': {len(self.held_out)} held out of {self.num_clients} "
                 "clients leaves none to train"
             )
-        if self.cfg.params.fa_split != "fa":
+        if FedFacParams.of(self.cfg).fa_split != "fa":
             self.set_split(imposed_split(self))
 
     def configure_fit(
@@ -209,7 +209,7 @@ class FedFacStrategy(PFLStrategy):
         # this round's uploads carry every Lambda row (dynamic: every round; static:
         # until the split is fixed); FA below changes the wire's split, so read it first
         full_upload = self.wire.full_upload()
-        if full_upload and self.cfg.params.fa_split == "fa":
+        if full_upload and FedFacParams.of(self.cfg).fa_split == "fa":
             self.run_fa(server_round, replies)
         assert self.shared is not None
         if self.aggregation == "mean":

@@ -9,7 +9,7 @@ flattens nested tables), and validated by the method's ``MethodParams``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self
 
 from pydantic import BaseModel, ConfigDict
 
@@ -44,6 +44,17 @@ class MethodParams(BaseModel):
         pre-flight knows the federation's size; the config alone does not): one line
         naming the key, or None."""
         return None
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> Self:
+        """This method's keys in a run config, typed as the method's own class
+        (``FedFacParams.of(cfg).fa_quantile``); another method's config is an error."""
+        if not isinstance(cfg.params, cls):
+            raise TypeError(
+                f"run config of method '{cfg.method}' holds {type(cfg.params).__name__}, "
+                f"not {cls.__name__}"
+            )
+        return cfg.params
 
     @classmethod
     def keys(cls) -> dict[str, str]:
