@@ -16,6 +16,7 @@ String values may name data: ``{dev}`` (the CIFAR-10 dev set),
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -42,7 +43,7 @@ TOP_LEVEL = (
     *("report", "probe", "gpu", "equal-budget", "base-row", "engine", "clients", "rounds"),
     *("num-cpus", "num-gpus"),
 )
-ENGINES = ("inprocess", "simulation", "plain", "deployment", "deployment-warm")
+ENGINES = ("inprocess", "simulation", "plain", "deployment", "deployment-warm", "pfl")
 
 
 @dataclass(frozen=True)
@@ -200,7 +201,9 @@ def _found_elsewhere(cell: Cell, runs: Path) -> Cell:
         there = dataclasses.replace(
             cell, config={**cell.config, "output-dir": str(found.parent.parent)}
         )
-        if is_complete(there):
+        status = found.parent / "cell.json"
+        engine = json.loads(status.read_text()).get("engine") if status.exists() else None
+        if engine in (None, cell.engine) and is_complete(there):
             return there
     return cell
 

@@ -6,7 +6,9 @@ Engines (what one cell runs, all through the real Strategy and ClientApp):
 * ``deployment``: a loopback SuperLink + one SuperNode per client (server_app/loopback.py),
   the run submitted with ``flwr run``; the wire bytes counted by a TCP relay;
 * ``plain``: the floor: the same clients' local training and evaluation in a plain
-  PyTorch loop in one process, no Flower (a Local run without the framework).
+  PyTorch loop in one process, no Flower (a Local run without the framework);
+* ``pfl``: FedAvg on the same clients' data and initial weights in pfl-research, in
+  its own environment (benchmarks/pfl_peer.py, benchmarks/pfl_env.py).
 A cell is complete when its results.json holds every round for the same config.
 """
 
@@ -69,6 +71,8 @@ def is_complete(cell: Cell) -> bool:
     rounds = (res or {}).get("rounds", [])
     if not rounds or max(len(rounds), rounds[-1].get("round", 0)) < cell.rounds:
         return False
+    if res.get("federation_size", cell.clients) != cell.clients:  # not in the config
+        return False
     return same_experiment(cell, res.get("config", {}))
 
 
@@ -114,6 +118,8 @@ def run_cell_here(spec_json: str) -> None:
         simulate(cell.config, cell.clients, num_cpus=cell.num_cpus, num_gpus=cell.num_gpus)
     elif cell.engine.startswith("deployment"):
         _deployment(cell, warm=cell.engine == "deployment-warm")
+    elif cell.engine == "pfl":
+        _pfl_research(cell)
     else:
         _plain_loop(cell)
     if cell.probe:
@@ -178,6 +184,51 @@ def _plain_loop(cell: Cell) -> None:
         "total_seconds": time.perf_counter() - t_start,
     }
     (cell.dir / "results.json").write_text(json.dumps(res, indent=1))
+
+
+def _pfl_research(cell: Cell) -> None:
+    """Hand the cell's workload to pfl-research: every client's arrays as our loader
+    partitions them, the initial weights as our engines build them, the schedule;
+    then this process becomes pfl's (exec: none of its memory stays)."""
+    import numpy as np
+    import torch
+
+    from benchmarks.pfl_env import PFL_VERSION, pfl_python
+    from methods import get_method, parse_run_config
+    from pflower.data import data_info, load_client_data
+
+    cfg = parse_run_config(cell.config)
+    if cfg.method != "fedavg" or cfg.optimizer != "sgd":
+        raise SystemExit("engine 'pfl' runs FedAvg with SGD only (method='fedavg')")
+    python = pfl_python()
+    info = data_info(cfg)
+    arrays = {}
+    for i in range(cell.clients):
+        d = load_client_data(cfg, i, cell.clients)
+        for name in ("x_train", "y_train", "x_test", "y_test"):
+            arrays[f"{name}_{i}"] = getattr(d, name).numpy()
+    cell.dir.mkdir(parents=True, exist_ok=True)
+    np.savez(cell.dir / "pfl-input.npz", **arrays)
+    torch.save(get_method("fedavg").build_model(cfg, info).state_dict(), cell.dir / "pfl-init.pt")
+    spec = {
+        "clients": cell.clients,
+        "cohort": max(1, round(cfg.fraction_fit * cell.clients)),
+        "rounds": cfg.num_server_rounds,
+        "model": cfg.model,
+        "input_shape": list(info.input_shape),
+        "num_classes": info.num_classes,
+        "hidden_dim": cfg.hidden_dim,
+        "local_epochs": cfg.local_epochs,
+        "batch_size": cfg.batch_size,
+        "lr": cfg.lr,
+        "momentum": cfg.momentum,
+        "seed": cfg.seed,
+        "config": cell.config,
+        "pfl_version": PFL_VERSION,
+    }
+    (cell.dir / "pfl-spec.json").write_text(json.dumps(spec))
+    sys.stdout.flush()
+    os.execv(str(python), [str(python), "-m", "benchmarks.pfl_peer", str(cell.dir)])
 
 
 def _deployment(cell: Cell, warm: bool) -> None:
@@ -277,6 +328,7 @@ def run_cell(cell: Cell, timeout: float | None, resume_at: int = 0) -> tuple[boo
         errors = [ln for ln in lines if "rror" in ln] or lines or ["empty log"]
         reason += f": {errors[-1].strip()[:300]} (log: {log_path})"
     status = {"ok": not reason, "seconds": seconds, "reason": reason, "peak_rss": peak[0]}
+    status["engine"] = cell.engine
     (cell.dir / "cell.json").write_text(json.dumps(status, indent=2))
     return not reason, seconds, reason
 

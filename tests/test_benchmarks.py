@@ -179,6 +179,24 @@ def test_complete_needs_every_round_and_the_same_config(tmp_path):
     assert runner.is_complete(cell)
     changed = presets.Cell(**{**cell.__dict__, "config": {**cell.config, "lr": 0.123}})
     assert not runner.is_complete(changed)  # a changed preset reruns the cell
+    _fake(cell, [0.5, 0.6], 10, [1.0, 2.0], federation_size=cell.clients)
+    assert runner.is_complete(cell)
+    more = presets.Cell(**{**cell.__dict__, "clients": cell.clients * 10})
+    assert not runner.is_complete(more)  # the federation's size is not in the config
+
+
+def test_a_run_of_another_engine_or_size_is_not_found_elsewhere(tmp_path):
+    """A cell with no run of its own reuses one of the same experiment found under
+    another folder, never one made by another engine or on another federation."""
+    text = GRID.replace('methods = ["fedavg", "local"]', 'methods = ["fedavg"]')
+    runs = tmp_path / "runs"
+    cell = _preset(tmp_path, text).cells(seeds=[0], runs=runs)[0]
+    other = _preset(tmp_path, text, name="renamed").cells(seeds=[0], runs=runs)[0]
+    _fake(cell, [0.5, 0.6], 10, [1.0, 2.0], federation_size=cell.clients)
+    (cell.dir / "cell.json").write_text(json.dumps({"ok": True, "engine": cell.engine}))
+    assert presets._found_elsewhere(other, runs).dir == cell.dir
+    (cell.dir / "cell.json").write_text(json.dumps({"ok": True, "engine": "simulation"}))
+    assert presets._found_elsewhere(other, runs).dir == other.dir
 
 
 def test_a_run_made_before_an_auto_default_changed_is_redone(tmp_path):
@@ -385,6 +403,52 @@ sim-samples = 40
     # per client: the class-list query before round 1, a fit and the closing evaluate
     assert phases["messages"] == 6
     assert {"queued", "python+flwr", "app imports", "train"} <= set(phases)
+
+
+@pytest.mark.slow
+def test_pfl_research_runs_the_same_workload_beside_our_engine(tmp_path):
+    """The side-by-side's CI variant: pfl-research (installed into its own environment
+    on first use) and our in-process engine train FedAvg on the same 4 clients' data
+    from the same initial weights; both write a run's results.json that the report
+    tables, with seconds per client-round and the ratio to pfl-research."""
+    text = """
+description = "pfl-research beside ours"
+methods = ["fedavg"]
+base-row = false
+clients = 4
+rounds = 3
+[config]
+dataset = "synthetic"
+sim-samples = 60
+hidden-dim = 16
+lr = 0.1
+local-epochs = 5
+fraction-fit = 0.5
+[variants.pfl-research]
+engine = "pfl"
+[variants.in-process]
+engine = "inprocess"
+[report]
+ratio-to = "fedavg pfl-research"
+per-client-round = true
+"""
+    preset = _preset(tmp_path, text)
+    cells = preset.cells(runs=tmp_path / "runs")
+    assert runner.run_preset(preset, cells, timeout=900) == []
+    pfl, ours = (json.loads((c.dir / "results.json").read_text()) for c in cells)
+    assert pfl["engine"].startswith("pfl-research") and pfl["federation_size"] == 4
+    assert [r["replies"] for r in pfl["rounds"]] == [2, 2, 2]  # half the clients a round
+    assert all(r["seconds"] > 0 for r in pfl["rounds"])
+    assert sorted(pfl["rounds"][-1]["per_client_accuracy"]) == sorted(
+        ours["rounds"][-1]["per_client_accuracy"]
+    )
+    # the same work: the two final models score alike on the same clients' test splits
+    assert abs(pfl["final_accuracy_mean"] - ours["final_accuracy_mean"]) <= 0.15
+    spec = json.loads((cells[0].dir / "pfl-spec.json").read_text())
+    assert spec["cohort"] == 2 and spec["lr"] == 0.1 and spec["model"] == "mlp"
+    text = report.write(preset, cells, ["(test)"], out=tmp_path / "report").read_text()
+    assert "`fedavg pfl-research` | 1 |" in text and "x fedavg pfl-research" in text
+    assert "s/client-round" in text
 
 
 @pytest.mark.slow

@@ -14,12 +14,18 @@ import pytest
 from methods import registry, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
-SKIP = {".venv", ".git", "outputs", ".flwr", "__pycache__"}
-TOP = {p.name for p in ROOT.iterdir() if p.is_dir() and p.name not in SKIP}
+SKIP = {".git", "outputs", ".flwr", "__pycache__"}  # and every .venv* (pfl-research's too)
+
+
+def _skipped(parts: tuple[str, ...]) -> bool:
+    return bool(SKIP & set(parts)) or any(p.startswith(".venv") for p in parts)
+
+
+TOP = {p.name for p in ROOT.iterdir() if p.is_dir() and not _skipped((p.name,))}
 PRODUCT = sorted(
     p
     for p in ROOT.rglob("*.py")
-    if not SKIP & set(p.relative_to(ROOT).parts) and p.relative_to(ROOT).parts[0] != "tests"
+    if not _skipped(p.relative_to(ROOT).parts) and p.relative_to(ROOT).parts[0] != "tests"
 )
 SCRIPTS = sorted((ROOT / "scripts").glob("*.sh")) + sorted((ROOT / "docker").rglob("*"))
 

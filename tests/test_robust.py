@@ -243,3 +243,42 @@ def test_simulated_attackers_falsify_their_replies_and_sites_never_do(attack, tm
     nodes = [{"site": f"client-{i}"} for i in range(3)]  # deployed sites: no attack
     run_inprocess({**raw, "run-name": "sites"}, 3, record, nodes)
     assert seen["client-0"][0] == 48
+
+
+def test_the_median_update_in_slices_is_the_whole_stacks_median(monkeypatch) -> None:
+    """The direction check's median is taken a slice of coordinates at a time (the
+    round's updates are never stacked whole): the same cosines and projections as
+    the median of the whole stack, an int tensor and an extra tensor left alone."""
+    from strategies import robust
+
+    rng = np.random.default_rng(3)
+    shapes = [(5, 7), (11,), (3, 2, 2)]
+    reference = [rng.normal(size=s).astype(np.float32) for s in shapes]
+    uploads = [
+        [(r + 1 + 0.3 * rng.normal(size=r.shape)).astype(np.float32) for r in reference]
+        + [np.arange(3), np.ones(2, np.float32)]
+        for _ in range(6)
+    ]
+    for t in range(3):  # the first reply points against the others
+        uploads[0][t] = (2 * reference[t] - uploads[0][t]).astype(np.float32)
+    references = [[*reference, np.arange(3)] for _ in uploads]
+    whole = np.median(
+        np.stack(
+            [
+                np.concatenate([(u[t].astype(np.float64) - reference[t]).ravel() for t in range(3)])
+                for u in uploads
+            ]
+        ),
+        axis=0,
+    )
+    monkeypatch.setattr(robust, "MEDIAN_SLICE", 13)  # slices of 2 coordinates x 6 replies
+    assert np.allclose(robust._median_update(uploads, references, [0, 1, 2]), whole)
+    assert robust._compared(uploads, references) == [0, 1, 2]
+    out, flagged = robust.against_the_round(uploads, references, 0.0, "project")
+    assert [i for i, _ in flagged] == [0]
+    unit = whole / np.linalg.norm(whole)
+    moved = np.concatenate(
+        [(out[0][t].astype(np.float64) - reference[t]).ravel() for t in range(3)]
+    )
+    assert abs(moved @ unit) < 1e-3  # the component along the median is gone
+    assert out[0][3] is uploads[0][3] and out[0][4] is uploads[0][4]
