@@ -633,3 +633,13 @@ def test_an_unknown_report_key_stops_with_the_closest_one(tmp_path: Path) -> Non
     path.write_text('description = "x"\nmethods = ["fedavg"]\n[report]\nper_client = true\n')
     with pytest.raises(SystemExit, match="'per_client' \\(did you mean 'per-client'\\?\\)"):
         presets.load(str(path))
+
+
+def test_the_direction_check_benchmark_tables_both_ways(capsys) -> None:
+    from benchmarks import direction_check
+
+    assert direction_check.main(["--replies", "4", "--reps", "1"]) == 0
+    row = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| 4 |")]
+    cells = row[0].strip("|").split("|")
+    assert len(cells) == 6 and cells[-1].strip().endswith("x")
+    assert float(cells[2]) > float(cells[4])  # the whole stack holds more memory
