@@ -134,8 +134,8 @@ def _update_vector(upload: NDArrays, reference: NDArrays, tensors: list[int]) ->
 
 
 def _column_median(block: np.ndarray) -> np.ndarray:
-    """``np.median(block, axis=0)``, by a sort down the columns: 2-6x faster for the
-    few rows (replies) a round has (measured in docs/PERFORMANCE.md)."""
+    """``np.median(block, axis=0)``, by a sort down the columns: faster for the few
+    rows (replies) a round has (docs/PERFORMANCE.md, the direction check)."""
     n = block.shape[0]
     ordered = np.sort(block, axis=0)
     return (ordered[(n - 1) // 2] + ordered[n // 2]) / 2
