@@ -107,7 +107,9 @@ def main(cell_dir: Path) -> None:
     FederatedAveraging().run(
         algorithm_params=NNAlgorithmParams(
             central_num_iterations=rounds,
-            evaluation_frequency=rounds + 1,  # no evaluation inside the timed rounds
+            # pfl scores its first cohort before and after training (iteration 0, in
+            # round 1, which the report leaves out); no evaluation after that
+            evaluation_frequency=rounds + 1,
             train_cohort_size=cohort,
             val_cohort_size=None,
         ),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -212,7 +213,7 @@ def _pfl_research(cell: Cell) -> None:
     torch.save(get_method("fedavg").build_model(cfg, info).state_dict(), cell.dir / "pfl-init.pt")
     spec = {
         "clients": cell.clients,
-        "cohort": max(1, round(cfg.fraction_fit * cell.clients)),
+        "cohort": max(1, math.ceil(cfg.fraction_fit * cell.clients)),  # as our sampler
         "rounds": cfg.num_server_rounds,
         "model": cfg.model,
         "input_shape": list(info.input_shape),

@@ -109,8 +109,8 @@ def bound_updates(
     return out, check
 
 
-# coordinates x replies of one slice of the median update (x 8 bytes): the round's
-# updates are never stacked whole (1,000 replies of a 1M-parameter CNN: 8 GB)
+# coordinates x replies of one slice of the median update (float32: x 4 bytes): the
+# round's updates are never stacked whole (1,000 float64 updates of cnn4: 7 GB)
 MEDIAN_SLICE = 1 << 19
 
 
@@ -197,7 +197,8 @@ def against_the_round(
         if cosine < min_cosine:
             flagged.append((i, cosine))
             if action == "project":
-                across = _update_vector(uploads[i], references[i], tensors) - dot * unit
+                d = _update_vector(uploads[i], references[i], tensors)
+                across = d - float(d @ unit) * unit
                 length = float(np.linalg.norm(across))
                 if length > typical:
                     across *= typical / length

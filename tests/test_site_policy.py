@@ -296,10 +296,9 @@ def test_every_disclosure_is_of_a_kind_its_method_declares() -> None:
     for name in method_names():
         method = get_method(name)
         for mode in ({}, *method.disclosure_modes, {"secure-aggregation": True}):
-            try:
-                cfg = parse_run_config({"method": name, **mode})
-            except ValueError:
+            if "secure-aggregation" in mode and method.per_client:
                 continue  # a method that cannot run under SecAgg+
+            cfg = parse_run_config({"method": name, **mode})
             for d in method.disclosures(cfg):
                 assert d.of in method.disclosure_kinds, (name, mode, d.kind)
     assert {"metrics", "head-blend", "whole-model"} <= set(declared)

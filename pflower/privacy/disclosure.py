@@ -1,9 +1,9 @@
 """What a method's protocol reveals beyond its shared tensors.
 
 Each method declares its disclosures (``Method.disclosures``, a function of the
-run config): the kind (a ``DisclosureKind`` its package declares), which personal tensors it reveals (fnmatch patterns over
-the names a client's ``personal_tensors()`` gives), and the run keys that cause
-it. The content audit (tests/test_wire_audit.py) checks the declarations against
+run config): the kind (a ``DisclosureKind`` its package declares), which personal
+tensors it reveals (fnmatch patterns over the names a client's
+``personal_tensors()`` gives), and the run keys that cause it. The content audit (tests/test_wire_audit.py) checks the declarations against
 what can really be rebuilt from the wire; a site's policy (pflower/privacy/policy.py)
 refuses the kinds it has not accepted; docs/PRIVACY.md's table is generated from
 them (``python -m pflower.privacy.table``).
