@@ -35,6 +35,7 @@ from models.wire import Wire
 from pflower.config.schema import RunConfig
 from pflower.results import RunRecorder
 from strategies import checkpoint, privacy
+from strategies.bystanders import Bystanders
 from strategies.payloads import Payloads
 from strategies.recording import RoundLog, Rounds, evaluations_in_fit
 from strategies.replies import (
@@ -90,6 +91,7 @@ class PFLStrategy(Strategy):
         self.class_lists = ClassLists()
         self.dp = privacy.DPRelease(cfg)
         self.rounds, self.norm_history = Rounds(recorder), NormHistory(cfg.norm_history_rounds)
+        self.bystanders = Bystanders()  # clients that do not train (FedFac's new clients)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(method={self.cfg.method})"
@@ -152,37 +154,14 @@ class PFLStrategy(Strategy):
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         return self.global_payload()
 
-    def _instructions(
-        self, server_round: int, client_manager: ClientManager, fraction: float, fit: bool
-    ) -> list[tuple[ClientProxy, Parameters, dict[str, Scalar]]]:
-        self.clients.manager = client_manager
-        sample = self.sampler.sample(client_manager, fraction)
-        rl = self.rounds.of(server_round)
-        if fit:
-            self.dp.sample = (len(sample), client_manager.num_available())
-            self.rounds.facts.federation_size = client_manager.num_available()
-        out = []
-        for proxy in sample:
-            key = self.clients.key_of(proxy)
-            payload = self.payload_for(key, server_round)
-            config = self.rounds.instructions(server_round, fit, self.cfg.eval_in_fit)
-            if fit and self.cfg.dp_mode == "distributed":  # each noise share depends on it
-                config[DP_PARTICIPANTS] = len(sample)
-            config.update(self.client_config(key, server_round))
-            if fit:
-                rl.bytes_down += payload_bytes(payload)
-            else:
-                rl.bytes_down_eval += payload_bytes(payload)
-            out.append((proxy, payload, config))
-        return out
-
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
         if server_round - 1 in self.rounds:
             self.rounds[server_round - 1].ended = time.perf_counter()
         self.rounds[server_round] = rl = RoundLog()
-        sent = self._instructions(server_round, client_manager, self.cfg.fraction_fit, fit=True)
+        self.bystanders.prepare(client_manager)
+        sent = instructions(self, server_round, client_manager, self.cfg.fraction_fit, fit=True)
         if server_round == 1 and not self.cfg.class_names.strip():  # ids from each site's data
             self.class_lists.ask([p for p, _, _ in sent], self.cfg.round_timeout or None, 1)
         rl.marks["configure"] = time.perf_counter()
@@ -197,6 +176,7 @@ class PFLStrategy(Strategy):
         cfg, rl = self.cfg, self.rounds.of(server_round)
         rl.marks["waiting for clients"] = time.perf_counter()
         rl.failures = len(failures)
+        results = self.bystanders.trained_fits(server_round, results)
         accepted, rl.rejected, rl.bytes_up = accept_fit_replies(
             server_round,
             results,
@@ -235,7 +215,7 @@ class PFLStrategy(Strategy):
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
         if self.cfg.eval_in_fit and server_round < self.cfg.num_server_rounds:
             return []  # the next round's fit replies carry this round's evaluation
-        sent = self._instructions(server_round, client_manager, self.cfg.fraction_evaluate, False)
+        sent = instructions(self, server_round, client_manager, self.cfg.fraction_evaluate, False)
         return [(proxy, EvaluateIns(payload, config)) for proxy, payload, config in sent]
 
     def aggregate_evaluate(
@@ -244,6 +224,7 @@ class PFLStrategy(Strategy):
         results: list[tuple[ClientProxy, EvaluateRes]],
         failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
     ) -> tuple[float | None, dict[str, Scalar]]:
+        results = self.bystanders.trained_evaluations(server_round, results)
         return self.record_round(
             server_round, accept_evaluations(server_round, results, self.clients)
         )
@@ -261,3 +242,35 @@ class PFLStrategy(Strategy):
         self, server_round: int, parameters: Parameters
     ) -> tuple[float, dict[str, Scalar]] | None:
         return None  # personalised models are evaluated on the clients only
+
+
+def instructions(
+    strategy: PFLStrategy,
+    server_round: int,
+    client_manager: ClientManager,
+    fraction: float,
+    fit: bool,
+) -> list[tuple[ClientProxy, Parameters, dict[str, Scalar]]]:
+    """A round's sample, each with its payload and instructions (fit or evaluate)."""
+    strategy.clients.manager = client_manager
+    sample = strategy.sampler.sample(client_manager, fraction)
+    rl = strategy.rounds.of(server_round)
+    if fit:
+        strategy.dp.sample = (len(sample), client_manager.num_available())
+        strategy.rounds.facts.federation_size = client_manager.num_available()
+    out = []
+    for proxy in sample:
+        key = strategy.clients.key_of(proxy)
+        if fit and strategy.bystanders.sits_out(key):
+            continue
+        payload = strategy.payload_for(key, server_round)
+        config = strategy.rounds.instructions(server_round, fit, strategy.cfg.eval_in_fit)
+        if fit and strategy.cfg.dp_mode == "distributed":  # each noise share depends on it
+            config[DP_PARTICIPANTS] = len(sample)
+        config.update(strategy.client_config(key, server_round))
+        if fit:
+            rl.bytes_down += payload_bytes(payload)
+        else:
+            rl.bytes_down_eval += payload_bytes(payload)
+        out.append((proxy, payload, config))
+    return out

@@ -394,8 +394,8 @@ def test_new_client_sites_hold_out_named_deployment_sites():
     for node in (1, 2, 3):
         manager.register(FakeProxy(node))
     *_, strategy = make(new_client_sites="site-b, site-c")
-    strategy.num_clients = 0  # not started: _start counts the federation
-    strategy._start(manager)
+    strategy.num_clients = 0  # not started: prepare counts the federation
+    strategy.bystanders.prepare(manager)
     assert strategy.num_clients == 3 and strategy.held_out == {"site-b", "site-c"}
     assert strategy.client_config("site-a", 1)[HELD_OUT] == "site-b,site-c"
     # a held-out site is not sent fit instructions once its key is known
@@ -405,7 +405,7 @@ def test_new_client_sites_hold_out_named_deployment_sites():
     *_, everyone = make(new_client_sites="site-a,site-b,site-c")
     everyone.num_clients = 0
     with pytest.raises(ValueError, match="config key 'fedfac.new-client-sites'"):
-        everyone._start(manager)
+        everyone.bystanders.prepare(manager)
     with pytest.raises(ConfigError, match="'fedfac.new-clients' and 'fedfac.new-client-sites'"):
         make(new_clients=1, new_client_sites="site-b")
 

@@ -1,7 +1,8 @@
 """FedFac's new clients (paper Section 3.2), apart from its aggregation: which
 clients are held out, the fit instructions they are not sent, the held-out claims
 checked against the run config and the node, their evaluation (LocalTrain), and
-Ensemble's final round. The strategy (strategy.py) calls these from its hooks.
+Ensemble's final round: ``NewClients``, the base strategy's bystander hooks
+(strategies/bystanders.py), so FedFacStrategy overrides none of Flower's API.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from flwr.common import (
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
+from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
 from methods.fedfac import FedFacParams
@@ -27,6 +29,7 @@ from methods.fedfac.model import HELD_OUT, PHASE
 from models.roles import CLIENT_KEY
 from pflower.config.schema import RunConfig
 from strategies.base import payload_bytes
+from strategies.bystanders import Bystanders
 
 if TYPE_CHECKING:
     from methods.fedfac.strategy import FedFacStrategy
@@ -43,31 +46,66 @@ def held_out_keys(cfg: RunConfig, num_clients: int) -> set[str]:
     return {f"client-{i}" for i in range(num_clients - n, num_clients)}
 
 
-def without_held_out(
-    strategy: FedFacStrategy, server_round: int, pairs: list[tuple[ClientProxy, FitIns]]
-) -> list[tuple[ClientProxy, FitIns]]:
-    """The fit instructions less those to known new clients (they never train)."""
-    kept = []
-    for proxy, ins in pairs:
-        if strategy.clients.key_of(proxy) in strategy.held_out:
-            strategy.rounds.of(server_round).bytes_down -= payload_bytes(ins.parameters)
-        else:
-            kept.append((proxy, ins))
-    return kept
+class NewClients(Bystanders):
+    """FedFac's held-out clients behind the base strategy's hooks: they are sent no
+    fit instruction, their replies are checked claims, and their evaluations are
+    recorded apart (LocalTrain), or made by Ensemble's exchange in the last round."""
 
+    def __init__(self, strategy: FedFacStrategy) -> None:
+        self.strategy = strategy
 
-def trained_replies(
-    strategy: FedFacStrategy, server_round: int, results: list[tuple[ClientProxy, FitRes]]
-) -> list[tuple[ClientProxy, FitRes]]:
-    """The fit replies of trained clients; a new client's decline (first round, before
-    its key was known) is checked as a claim and left out."""
-    trained = []
-    for proxy, res in results:
-        if res.metrics.get(HELD_OUT):
-            held_out_claim(strategy, server_round, proxy, res.metrics)
-        else:
-            trained.append((proxy, res))
-    return trained
+    def prepare(self, client_manager: ClientManager) -> None:
+        """Once: wait for the federation, then fix who is held out."""
+        s = self.strategy
+        if s.num_clients:
+            return
+        s.num_clients = s.sampler.wait_for_federation(client_manager)
+        s.held_out = held_out_keys(s.cfg, s.num_clients)
+        if len(s.held_out) >= s.num_clients:
+            sites = FedFacParams.of(s.cfg).new_client_sites.strip()
+            key = "fedfac.new-client-sites" if sites else "fedfac.new-clients"
+            raise ValueError(
+                f"config key '{key}': {len(s.held_out)} held out of {s.num_clients} "
+                "clients leaves none to train"
+            )
+        s.federation_known()
+
+    def sits_out(self, client_key: str | None) -> bool:
+        return client_key in self.strategy.held_out  # known new clients never train
+
+    def trained_fits(
+        self, server_round: int, results: list[tuple[ClientProxy, FitRes]]
+    ) -> list[tuple[ClientProxy, FitRes]]:
+        """A new client's decline (first round, before its key was known) is checked
+        as a claim and left out."""
+        trained = []
+        for proxy, res in results:
+            if res.metrics.get(HELD_OUT):
+                held_out_claim(self.strategy, server_round, proxy, res.metrics)
+            else:
+                trained.append((proxy, res))
+        return trained
+
+    def trained_evaluations(
+        self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]]
+    ) -> list[tuple[ClientProxy, EvaluateRes]]:
+        """Record the new clients' accuracy (LocalTrain: their own evaluation; Ensemble:
+        the final round's), return the trained clients' evaluations."""
+        s, params = self.strategy, FedFacParams.of(self.strategy.cfg)
+        claims = [(p, r) for p, r in results if r.metrics.get(HELD_OUT)]
+        new = [(p, r) for p, r in claims if held_out_claim(s, server_round, p, r.metrics)]
+        trained = [(p, r) for p, r in results if not r.metrics.get(HELD_OUT)]
+        if new and params.new_client_mode == "localtrain":
+            accs = [float(r.metrics["accuracy"]) for _, r in new]
+            s.note(server_round, accuracy_new_clients=float(np.mean(accs)))
+        last = server_round == s.cfg.num_server_rounds
+        if new and trained and params.new_client_mode == "ensemble" and last:
+            accs = ensemble_round(s, server_round, [p for p, _ in new], [p for p, _ in trained])
+            if accs:
+                s.note(server_round, accuracy_new_clients=float(np.mean(accs)))
+        if new:
+            s.note(server_round, new_client_mode=params.new_client_mode)
+        return trained
 
 
 def held_out_claim(
@@ -88,28 +126,6 @@ def held_out_claim(
             problem,
         )
     return problem is None
-
-
-def evaluate_new_clients(
-    strategy: FedFacStrategy, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]]
-) -> list[tuple[ClientProxy, EvaluateRes]]:
-    """Record the new clients' accuracy (LocalTrain: their own evaluation; Ensemble:
-    the final round's), return the trained clients' evaluations."""
-    cfg = strategy.cfg
-    claims = [(p, r) for p, r in results if r.metrics.get(HELD_OUT)]
-    new = [(p, r) for p, r in claims if held_out_claim(strategy, server_round, p, r.metrics)]
-    trained = [(p, r) for p, r in results if not r.metrics.get(HELD_OUT)]
-    if new and FedFacParams.of(cfg).new_client_mode == "localtrain":
-        accs = [float(r.metrics["accuracy"]) for _, r in new]
-        strategy.note(server_round, accuracy_new_clients=float(np.mean(accs)))
-    last = server_round == cfg.num_server_rounds
-    if new and trained and FedFacParams.of(cfg).new_client_mode == "ensemble" and last:
-        accs = ensemble_round(strategy, server_round, [p for p, _ in new], [p for p, _ in trained])
-        if accs:
-            strategy.note(server_round, accuracy_new_clients=float(np.mean(accs)))
-    if new:
-        strategy.note(server_round, new_client_mode=FedFacParams.of(cfg).new_client_mode)
-    return trained
 
 
 def ensemble_round(

@@ -33,14 +33,8 @@ from typing import Any
 
 import numpy as np
 from flwr.common import (
-    EvaluateRes,
-    FitIns,
-    FitRes,
-    Parameters,
     Scalar,
 )
-from flwr.server.client_manager import ClientManager
-from flwr.server.client_proxy import ClientProxy
 from threadpoolctl import threadpool_limits
 from torch import nn
 
@@ -72,6 +66,7 @@ class FedFacStrategy(PFLStrategy):
         self.held_out: set[str] = set()
         self.model_spec = wire_spec(model, list(model.state_dict()))  # Ensemble's shared models
         self._communalities: dict[str, np.ndarray] = {}  # fa-smoothing's running average
+        self.bystanders = new_clients.NewClients(self)
 
     @property
     def shared(self) -> dict[str, np.ndarray] | None:
@@ -170,36 +165,10 @@ class FedFacStrategy(PFLStrategy):
     def client_config(self, client_key: str | None, server_round: int) -> dict[str, Scalar]:
         return {HELD_OUT: ",".join(sorted(self.held_out))} if self.held_out else {}
 
-    def _start(self, client_manager: ClientManager) -> None:
-        if self.num_clients:
-            return
-        self.num_clients = self.sampler.wait_for_federation(client_manager)
-        self.held_out = new_clients.held_out_keys(self.cfg, self.num_clients)
-        if len(self.held_out) >= self.num_clients:
-            sites = FedFacParams.of(self.cfg).new_client_sites.strip()
-            key = "fedfac.new-client-sites" if sites else "fedfac.new-clients"
-            raise ValueError(
-                f"config key '{key}': {len(self.held_out)} held out of {self.num_clients} "
-                "clients leaves none to train"
-            )
+    def federation_known(self) -> None:
+        """The federation's size and held-out clients are known (NewClients.prepare)."""
         if FedFacParams.of(self.cfg).fa_split != "fa":
             self.set_split(imposed_split(self))
-
-    def configure_fit(
-        self, server_round: int, parameters: Parameters, client_manager: ClientManager
-    ) -> list[tuple[ClientProxy, FitIns]]:
-        self._start(client_manager)
-        pairs = super().configure_fit(server_round, parameters, client_manager)
-        return new_clients.without_held_out(self, server_round, pairs)
-
-    def aggregate_fit(
-        self,
-        server_round: int,
-        results: list[tuple[ClientProxy, FitRes]],
-        failures: list[tuple[ClientProxy, FitRes] | BaseException],
-    ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        trained = new_clients.trained_replies(self, server_round, results)
-        return super().aggregate_fit(server_round, trained, failures)
 
     # ---- aggregation ------------------------------------------------------------------------
 
@@ -239,14 +208,3 @@ class FedFacStrategy(PFLStrategy):
             fa_shared_fraction=sum(int(m.sum()) for m in self.shared.values()) / total,
             fa_shared_mask={k: m.astype(int).tolist() for k, m in self.shared.items()},
         )
-
-    # ---- evaluation: trained clients as usual, new clients apart ----------------------------
-
-    def aggregate_evaluate(
-        self,
-        server_round: int,
-        results: list[tuple[ClientProxy, EvaluateRes]],
-        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
-    ) -> tuple[float | None, dict[str, Scalar]]:
-        trained = new_clients.evaluate_new_clients(self, server_round, results)
-        return super().aggregate_evaluate(server_round, trained, failures)
