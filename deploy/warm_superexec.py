@@ -9,7 +9,8 @@ message: seconds per message (docs/PERFORMANCE.md). This is Flower's own
 ``flower-superexec`` (same flags, same Runtime API, same authentication), except
 that it imports the ClientApp's libraries once, then forks a child per task, and
 the child runs Flower's ``run_clientapp`` exactly as ``flwr-clientapp`` would
-(asking again soon for message parts still on their way: pflower.patches).
+(asking again soon for message parts still on their way, and not unpacking a FAB
+that is installed already: pflower.patches).
 The app's own modules are not kept: each child imports them from the installed
 FAB, so a new app version is never served from a stale import.
 
@@ -64,6 +65,8 @@ def preload() -> list[str]:
     import flwr.supernode.runtime.run_clientapp  # noqa: F401 - what a child runs
 
     try:
+        import sklearn.metrics  # noqa: F401 - a binary task's AUC (client_app/train.py): 2.6 s
+
         import client_app.app  # noqa: F401 - pulls in torch, numpy, pydantic, ...
         import pflower.data.hf  # noqa: F401 - the image decoders (pyarrow, datasets)
     except ImportError as err:  # the app is not installed here: Flower's imports only
@@ -204,8 +207,10 @@ def main() -> None:
     except FileNotFoundError as err:
         sys.exit(f"warm superexec: {err}")
     loaded = preload() if ours.preload else []
+    import pflower.patches
     from deploy.site_guard import SiteGuard
 
+    pflower.patches.fab_reuse()  # under the site's app check: SiteGuard wraps it
     SiteGuard(approved).install()  # before any task: the app check and the ledger
     if approved is None:
         log.warning("warm superexec: --approved-apps any: this site runs whatever app a run ships")
@@ -214,8 +219,6 @@ def main() -> None:
     from flwr.supercore.cli import flower_superexec
     from flwr.supercore.constant import ExecutorType
     from flwr.supercore.superexec.executor import get_executor
-
-    import pflower.patches
 
     def fork_executor(executor_type: Any, **kw: Any) -> ForkExecutor:
         if executor_type != ExecutorType.SUBPROCESS:

@@ -21,6 +21,7 @@ from strategies import checkpoint
 
 log = logging.getLogger("flwr.pflower")
 pflower.patches.linkstate_index()  # simulation: the engine runs in this process (pflower.patches)
+pflower.patches.object_retries()  # deployed: replies' parts asked for again soon
 
 
 class _NoEvaluateEachRound(logging.Filter):
@@ -78,7 +79,7 @@ def make_server_app(overrides: dict[str, Any] | None = None) -> ServerApp:
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        grid = PollingGrid(grid)  # replies noticed within 1 s, not 3 s
+        grid = PollingGrid(grid)  # one collector: replies noticed within 0.25 s, not 3 s
         components = build_server(context, overrides)
         cfg = components.strategy.cfg  # the run config build_server validated
         if not cfg.secure_aggregation:

@@ -1,14 +1,18 @@
-"""Flower's Grid with a faster reply poll.
+"""Flower's Grid with one reply collector for the whole round.
 
 Flower 1.39's deployed Grid (``HttpGrid.send_and_receive``) looks for replies every
-3 s, so a round waits up to 3 s after its last reply, and the legacy round loop
-calls it once per client. This wrapper keeps every Grid call as it is and pulls
-replies with a backoff: 0.05 s, then 1.5 times longer after each empty pull, at
-most 1 s (a waiting client costs the SuperLink at most one pull a second).
+3 s, and the legacy round loop calls it once per client, from a thread per client:
+a round waits up to 3 s after its last reply, and N clients make N polls. Here every
+Grid call is the wrapped grid's except ``send_and_receive``: it pushes its messages
+and waits for one collector thread, which asks the SuperLink for every reply still
+awaited in one pull, 0.02 s after the last reply arrived, then 1.5 times longer after
+each empty pull, at most 0.25 s (a round in flight costs the SuperLink at most one
+pull every 0.25 s between replies, whatever the number of clients).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -16,14 +20,26 @@ from typing import Any
 from flwr.common import Message
 from flwr.server import Grid
 
-FIRST_WAIT, GROWTH, LONGEST_WAIT = 0.05, 1.5, 1.0
+FIRST_WAIT, GROWTH, LONGEST_WAIT = 0.02, 1.5, 0.25
+
+
+class _Awaited:
+    """One send_and_receive's messages: the ids still awaited and the replies so far."""
+
+    def __init__(self, ids: set[str]) -> None:
+        self.ids, self.replies, self.done = ids, [], threading.Event()
+        self.error: Exception | None = None  # the pull failed: raised in the caller
 
 
 class PollingGrid(Grid):
-    """Delegates to ``grid``; only ``send_and_receive`` polls differently."""
+    """Delegates to ``grid``; only ``send_and_receive`` waits differently."""
 
     def __init__(self, grid: Grid) -> None:
         self._grid = grid
+        self._awaited: list[_Awaited] = []
+        self._lock = threading.Condition()
+        self._collector: threading.Thread | None = None
+        self._pushing = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:  # anything a Grid subclass adds
         return getattr(self._grid, name)
@@ -42,7 +58,11 @@ class PollingGrid(Grid):
         return self._grid.get_node_ids()
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        return self._grid.push_messages(messages)
+        # one push at a time: a part that several messages share (the global payload)
+        # is uploaded by the first and already stored for the next; pushed at once from
+        # the legacy loop's threads, every message uploaded it again
+        with self._pushing:
+            return self._grid.push_messages(messages)
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         return self._grid.pull_messages(message_ids)
@@ -50,16 +70,52 @@ class PollingGrid(Grid):
     def send_and_receive(
         self, messages: Iterable[Message], *, timeout: float | None = None
     ) -> Iterable[Message]:
-        waiting = set(self.push_messages(messages))
-        deadline = None if timeout is None else time.time() + timeout
-        replies: list[Message] = []
+        awaited = _Awaited(set(self.push_messages(messages)))
+        if not awaited.ids:
+            return []
+        with self._lock:
+            self._awaited.append(awaited)
+            if self._collector is None:
+                self._collector = threading.Thread(
+                    target=self._collect, name="pflower-reply-collector", daemon=True
+                )
+                self._collector.start()
+            self._lock.notify()
+        awaited.done.wait(timeout)
+        with self._lock:  # on time or not: what came is the caller's, the rest is dropped
+            if awaited in self._awaited:
+                self._awaited.remove(awaited)
+        if awaited.error is not None:
+            raise awaited.error
+        return list(awaited.replies)
+
+    def _collect(self) -> None:
+        """Pull every awaited reply in one request; hand each to its caller."""
         wait = FIRST_WAIT
-        while deadline is None or time.time() < deadline:
-            got = list(self.pull_messages(waiting))
-            replies += got
-            waiting -= {m.metadata.reply_to_message_id for m in got}
-            if not waiting:
-                break
+        while True:
+            with self._lock:
+                while not self._awaited:
+                    self._lock.wait()
+                ids = set().union(*(a.ids for a in self._awaited))
+            try:
+                got = list(self.pull_messages(ids))
+            except Exception as err:  # noqa: BLE001 - each caller raises it, as Flower's would
+                with self._lock:
+                    for awaited in self._awaited:
+                        awaited.error = err
+                        awaited.done.set()
+                    self._awaited.clear()
+                continue
+            with self._lock:
+                for reply in got:
+                    to = reply.metadata.reply_to_message_id
+                    for awaited in self._awaited:
+                        if to in awaited.ids:
+                            awaited.ids.discard(to)
+                            awaited.replies.append(reply)
+                for awaited in [a for a in self._awaited if not a.ids]:
+                    self._awaited.remove(awaited)
+                    awaited.done.set()
+            wait = FIRST_WAIT if got else wait
             time.sleep(wait)
             wait = min(LONGEST_WAIT, wait * GROWTH)
-        return replies

@@ -85,41 +85,58 @@ def test_a_message_logs_its_phases_and_the_server_records_its_own(tmp_path, capl
 
 
 class _FakeGrid:
-    """Replies to each message after ``delay`` pulls."""
+    """Replies to each message ``delay`` pulls after it was pushed."""
 
     def __init__(self, delay: int) -> None:
-        self.delay, self.pulls, self.pushed = delay, 0, []
+        self.delay, self.pulls, self.asked, self.pushed_at = delay, 0, [], {}
+        self.fail = False
 
     def push_messages(self, messages):
-        self.pushed = [f"m{i}" for i, _ in enumerate(messages)]
-        return list(self.pushed)
+        ids = [f"m{len(self.pushed_at) + i}" for i, _ in enumerate(messages)]
+        self.pushed_at.update({i: self.pulls for i in ids})
+        return ids
 
     def pull_messages(self, ids):
         from types import SimpleNamespace
 
+        if self.fail:
+            raise ConnectionError("superlink gone")
         self.pulls += 1
-        if self.pulls <= self.delay:
-            return []
-        return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i)) for i in ids]
+        self.asked.append(set(ids))
+        ready = [i for i in ids if self.pulls - self.pushed_at[i] > self.delay]
+        return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i)) for i in ready]
 
     def get_node_ids(self):
         return [1, 2]
 
 
-def test_the_server_grid_polls_replies_with_a_short_backoff(monkeypatch):
+def test_the_server_grid_collects_every_clients_reply_in_one_poll(monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
     from server_app import grid as polling
 
-    slept = []
-    monkeypatch.setattr(polling.time, "sleep", slept.append)
+    slept, real_sleep = [], time.sleep
+    monkeypatch.setattr(polling.time, "sleep", lambda s: slept.append(s) or real_sleep(0.001))
     fake = _FakeGrid(delay=12)
     grid = polling.PollingGrid(fake)
-    replies = list(grid.send_and_receive(["a", "b"]))
-    assert sorted(r.metadata.reply_to_message_id for r in replies) == ["m0", "m1"]
-    assert fake.pulls == 13 and len(slept) == 12
+    # the legacy round loop: one send_and_receive per client, each from its own thread
+    with ThreadPoolExecutor(4) as pool:
+        calls = [pool.submit(grid.send_and_receive, [c], timeout=30) for c in "abcd"]
+        replies = [r.metadata.reply_to_message_id for c in calls for r in c.result()]
+    assert sorted(replies) == ["m0", "m1", "m2", "m3"]  # each caller got its own reply
+    assert max(len(ids) for ids in fake.asked) == 4  # one pull asked for every client's
+    assert fake.pulls < 4 * 13  # a poll per client would make 13 pulls each
     assert slept[0] == polling.FIRST_WAIT and max(slept) == polling.LONGEST_WAIT
-    assert all(b >= a for a, b in zip(slept, slept[1:]))  # backs off, never past 1 s
-    assert sum(slept) < 12 * 3  # Flower's HttpGrid would sleep 3 s after every empty pull
+    assert max(slept) < 3  # Flower's HttpGrid sleeps 3 s after every empty pull
     assert list(grid.get_node_ids()) == [1, 2]  # everything else is the wrapped grid's
+    # nothing came in time: the caller gets what came (nothing) when its timeout ends
+    assert (
+        list(polling.PollingGrid(_FakeGrid(delay=10**9)).send_and_receive(["x"], timeout=0.2)) == []
+    )
+    # a failed pull reaches the caller, as Flower's own send_and_receive would raise it
+    fake.fail = True
+    with pytest.raises(ConnectionError, match="superlink gone"):
+        grid.send_and_receive(["e"], timeout=30)
 
 
 def test_the_site_idle_poll_backs_off_and_resets_on_a_message(monkeypatch):
@@ -159,7 +176,7 @@ def test_the_warm_superexec_forgets_exactly_the_projects_packages():
     code = (
         "import sys; from deploy.warm_superexec import preload, PROJECT_PACKAGES; "
         "loaded = preload(); "
-        "assert 'torch' in sys.modules and 'flwr' in sys.modules, loaded; "
+        "assert {'torch', 'flwr', 'sklearn.metrics'} <= set(sys.modules), loaded; "
         "left = [m for m in sys.modules if m.split('.')[0] in PROJECT_PACKAGES]; "
         "assert not left, left; print('ok')"
     )
@@ -170,11 +187,13 @@ def test_the_warm_superexec_forgets_exactly_the_projects_packages():
 def test_a_missing_message_part_is_asked_for_again_soon(monkeypatch):
     from flwr.supercore.inflatable import inflatable_utils as objects
 
-    from pflower.patches import FIRST_OBJECT_RETRY, object_retries
+    from pflower.patches import FIRST_OBJECT_RETRY, OBJECT_RETRY_CAP, object_retries
 
     for fn in (objects.pull_objects, objects.pull_and_inflate_object_from_tree):
         monkeypatch.setitem(fn.__kwdefaults__, "initial_backoff", 1)  # Flower's, restored after
+        monkeypatch.setitem(fn.__kwdefaults__, "backoff_cap", 10)
     assert object_retries()
+    assert objects.pull_objects.__kwdefaults__["backoff_cap"] == OBJECT_RETRY_CAP < 1
     tries = iter([objects.ObjectUnavailableError("x"), objects.ObjectUnavailableError("x")])
 
     def pull(object_id: str) -> bytes:

@@ -17,12 +17,53 @@ ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 def test_the_table_lists_every_patch_and_every_patch_function_is_in_it() -> None:
     doc = pflower.patches.__doc__ or ""
     functions = {"linkstate-index", "supernode-backoff", "object-retries", "superexec-fork"}
+    functions |= {"fab-reuse"}
     functions |= {"optimizers-without-dynamo", "secagg-masks"}
     assert set(pflower.patches.PATCHES) == functions
     for name in functions:
         assert f"``{name}``" in doc  # the table row
     for library in pflower.patches.TESTED:
         assert all(v.rstrip(".") in doc for v in pflower.patches.TESTED[library])
+
+
+def _fab(note: str) -> bytes:
+    """A FAB as ``flwr build`` makes one: the project's pyproject.toml, a file, the
+    hash manifest."""
+    import hashlib
+    import io
+    import zipfile
+    from pathlib import Path
+
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_bytes()
+    files = {"pyproject.toml": pyproject, "note.txt": note.encode()}
+    manifest = "\n".join(f"{n},{hashlib.sha256(b).hexdigest()},{len(b)}" for n, b in files.items())
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as fab:
+        for name, data in files.items():
+            fab.writestr(name, data)
+        fab.writestr(".info/CONTENT", manifest)
+    return buf.getvalue()
+
+
+def test_fab_reuse_unpacks_each_fab_once(tmp_path, monkeypatch) -> None:
+    import flwr.cli.install as flower_install
+    from flwr.supernode.runtime import run_clientapp as runner
+
+    monkeypatch.setattr(runner, "install_from_fab", runner.install_from_fab)  # undone after
+    unpacked, unpack = [], flower_install.safe_extract_zip
+    monkeypatch.setattr(
+        flower_install, "safe_extract_zip", lambda z, to: unpacked.append(to) or unpack(z, to)
+    )
+    assert pflower.patches.fab_reuse()
+    fab = _fab("one")
+    assert pflower.patches.installed_fab(fab, tmp_path) is None  # not installed yet
+    first = runner.install_from_fab(fab, tmp_path, skip_prompt=True)  # Flower installs it
+    again = runner.install_from_fab(fab, tmp_path, skip_prompt=True)
+    assert again == first == pflower.patches.installed_fab(fab, tmp_path)
+    assert (first / "note.txt").read_text() == "one" and len(unpacked) == 1  # not again
+    other = runner.install_from_fab(_fab("two"), tmp_path, skip_prompt=True)  # another build
+    assert other != first and (other / "note.txt").read_text() == "two" and len(unpacked) == 2
+    assert pflower.patches.installed_fab(b"not a FAB", tmp_path) is None  # Flower says why
 
 
 def test_the_installed_versions_are_the_checked_ones() -> None:
