@@ -36,7 +36,7 @@ class PollingGrid(Grid):
 
     def __init__(self, grid: Grid) -> None:
         self._grid = grid
-        self._awaited: list[_Awaited] = []
+        self._awaited: dict[str, _Awaited] = {}  # message id -> its caller's record
         self._lock = threading.Condition()
         self._collector: threading.Thread | None = None
         self._pushing = threading.Lock()
@@ -74,7 +74,7 @@ class PollingGrid(Grid):
         if not awaited.ids:
             return []
         with self._lock:
-            self._awaited.append(awaited)
+            self._awaited.update(dict.fromkeys(awaited.ids, awaited))
             if self._collector is None:
                 self._collector = threading.Thread(
                     target=self._collect, name="pflower-reply-collector", daemon=True
@@ -83,8 +83,8 @@ class PollingGrid(Grid):
             self._lock.notify()
         awaited.done.wait(timeout)
         with self._lock:  # on time or not: what came is the caller's, the rest is dropped
-            if awaited in self._awaited:
-                self._awaited.remove(awaited)
+            for message_id in awaited.ids:
+                self._awaited.pop(message_id, None)
         if awaited.error is not None:
             raise awaited.error
         return list(awaited.replies)
@@ -96,12 +96,12 @@ class PollingGrid(Grid):
             with self._lock:
                 while not self._awaited:
                     self._lock.wait()
-                ids = set().union(*(a.ids for a in self._awaited))
+                ids = list(self._awaited)
             try:
                 got = list(self.pull_messages(ids))
             except Exception as err:  # noqa: BLE001 - each caller raises it, as Flower's would
                 with self._lock:
-                    for awaited in self._awaited:
+                    for awaited in self._awaited.values():
                         awaited.error = err
                         awaited.done.set()
                     self._awaited.clear()
@@ -109,13 +109,11 @@ class PollingGrid(Grid):
             with self._lock:
                 for reply in got:
                     to = reply.metadata.reply_to_message_id
-                    for awaited in self._awaited:
-                        if to in awaited.ids:
-                            awaited.ids.discard(to)
-                            awaited.replies.append(reply)
-                for awaited in [a for a in self._awaited if not a.ids]:
-                    self._awaited.remove(awaited)
-                    awaited.done.set()
+                    if (awaited := self._awaited.pop(to, None)) is not None:
+                        awaited.ids.discard(to)
+                        awaited.replies.append(reply)
+                        if not awaited.ids:
+                            awaited.done.set()
             wait = FIRST_WAIT if got else wait
             time.sleep(wait)
             wait = min(LONGEST_WAIT, wait * GROWTH)
