@@ -30,6 +30,7 @@ from torch import nn
 
 from client_app import timing
 from client_app.attacks import Attacker, flip_labels
+from client_app.method_client import build_method_client
 from client_app.state import ContextStore, DiskStore, PersonalStore, RoundStore
 from methods import disclosure_kinds, get_method, method_names, parse_run_config
 from models.roles import DP_PARTICIPANTS
@@ -110,7 +111,7 @@ def build_client(context: Context, overrides: dict[str, Any] | None = None) -> C
     attacker = cfg.attack != "none" and partition_id < cfg.attack_clients and "site" not in node
     if attacker and cfg.attack == "label-flip":
         data = flip_labels(data, data_info(cfg, data_path, state_dir).num_classes)
-    client = method.build_client(model, data, cfg, store, device, site)
+    client = build_method_client(method, model, data, cfg, store, device, site)
     client.report_data_digest = "site" not in node  # simulated, never a deployed site
     client.withhold_metrics = withholds_metrics(dict(node), cfg.secure_aggregation)
     if not state_dir:  # simulation: in memory, or on disk past the budget

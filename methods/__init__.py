@@ -1,26 +1,30 @@
 """The method registry. A method is one package under methods/ whose ``__init__``
-is its card: ``METHODS``, a tuple of ``Method`` rows, each naming
+is its card: ``METHODS``, a tuple of ``Method`` rows, each naming its own run-config
+keys (a ``MethodParams``), its paper's local schedule (the ``auto`` values), its
+aggregation rule and what its protocol reveals beyond the shared tensors. The card
+imports no torch: the pre-flight reads every card in well under a second.
 
-* its **split rule** (which of the model's tensors are personal),
-* its **local schedule** (the client class) and its **aggregation** (the strategy
-  class and its rule),
-* its model transform and model check, its own run-config keys (a
-  ``MethodParams``), its paper's local schedule (the ``auto`` values), and what its
-  protocol reveals beyond the shared tensors.
+Its code lives beside the card, one module per side, each with a table from the
+method's name to that code (direct imports, no names in strings):
 
-The registry finds the packages itself: adding a method is adding a package. A card
-names code as ``"package.module:name"`` and imports no torch: the pre-flight reads
-every card in well under a second, a client process never imports the server's
-strategies, nor the server the clients' schedules (the import contracts in
-pyproject.toml hold the code to that).
+* ``model.py``, ``MODEL_SIDES``: the **split rule** (which of the model's tensors
+  are personal), the model transform and check, the wire; built alike on both sides;
+* ``client.py``, ``CLIENTS``: the **local schedule** (a ``PFLClient``; default the base's);
+* ``strategy.py``, ``STRATEGIES``: the **aggregation** (a ``PFLStrategy``; default the base's).
+
+The registry finds the packages itself: adding a method is adding a package. A
+client process imports only the ``client`` and ``model`` sides, the server only the
+``strategy`` and ``model`` sides (the import contracts in pyproject.toml hold the
+code to that).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache, lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -30,27 +34,34 @@ from pflower.config.schema import parse_run_config as _parse
 from pflower.privacy.disclosure import METRICS, Disclosure, DisclosureKind
 
 if TYPE_CHECKING:
-    import torch
     from torch import nn
 
-    from client_app.base import PFLClient
-    from client_app.state import PersonalStore
-    from models.roles import Roles
+    from models.roles import Roles, SplitRule
     from models.wire import Wire
-    from pflower.data import ClientData, DataInfo
-    from pflower.results import RunRecorder
-    from strategies.base import PFLStrategy
-
-BASE_CLIENT = "client_app.base:PFLClient"
-BASE_STRATEGY = "strategies.base:PFLStrategy"
+    from pflower.data import DataInfo
 
 Disclosures = Callable[[RunConfig], tuple[Disclosure, ...]]
 
+# a method package's side modules and the table in each, by method name
+SIDES = {"model": "MODEL_SIDES", "client": "CLIENTS", "strategy": "STRATEGIES"}
 
-def resolve(ref: str) -> Any:
-    """The object named by ``"package.module:Name"``."""
-    module, _, name = ref.partition(":")
-    return getattr(importlib.import_module(module), name)
+
+@dataclass(frozen=True)
+class ModelSide:
+    """A method's model, built alike on the server and on every client."""
+
+    split: SplitRule  # model -> the names of its personal state_dict entries
+    transform: Callable[[nn.Module, RunConfig], nn.Module] | None = None  # backbone -> model
+    check: Callable[[nn.Module, RunConfig], None] | None = None  # ConfigError for unusable keys
+    wire: type[Wire] | None = None  # how the shared tensors travel; None: models/wire.py's
+
+
+def side_table(package: str, side: str) -> dict[str, Any]:
+    """The table of ``package``'s ``side`` module (see ``SIDES``); empty without one."""
+    module = f"{package}.{side}"
+    if importlib.util.find_spec(module) is None:
+        return {}
+    return getattr(importlib.import_module(module), SIDES[side])
 
 
 def shared_tensors_only(cfg: RunConfig) -> tuple[Disclosure, ...]:
@@ -60,17 +71,11 @@ def shared_tensors_only(cfg: RunConfig) -> tuple[Disclosure, ...]:
 
 @dataclass(frozen=True)
 class Method:
-    """A personalised-FL method: which tensors are personal, how a client trains,
-    how the server aggregates; code named by reference (``"module:name"``)."""
+    """A personalised-FL method's card: its keys, schedule, aggregation rule and
+    disclosures; its code is in its package's side modules (``SIDES``)."""
 
     name: str
-    split: str  # -> models.roles.SplitRule
-    client_ref: str = BASE_CLIENT  # the local schedule
-    strategy_ref: str = BASE_STRATEGY  # the server side
     aggregation: str = "weighted"  # the strategy's rule unless the config sets one
-    transform: str = ""  # -> (model, cfg) -> model
-    check: str = ""  # -> (model, cfg) -> None, ConfigError for keys the model cannot use
-    wire: str = "models.wire:Wire"  # how the shared tensors travel (models/wire.py)
     params: type[MethodParams] = NoParams  # its own run-config keys
     # its paper's local schedule and other common auto values (raw config -> values)
     schedule: Callable[[dict[str, Any]], dict[str, Any]] = field(default=lambda raw: {})
@@ -84,6 +89,7 @@ class Method:
     attacks: tuple[str, ...] = ()
     # configs beyond its defaults that change what it discloses (the PRIVACY.md table's rows)
     disclosure_modes: tuple[dict[str, Any], ...] = ()
+    package: str = ""  # the package whose card this is (the registry fills it in)
 
     # ---- the config's view (pflower.config.params.MethodSpec) ------------------------------------
 
@@ -93,12 +99,11 @@ class Method:
     # ---- the runtime's view (imports torch) -------------------------------------------------
 
     @property
-    def client(self) -> type[PFLClient]:
-        return resolve(self.client_ref)
-
-    @property
-    def strategy(self) -> type[PFLStrategy]:
-        return resolve(self.strategy_ref)
+    def model_side(self) -> ModelSide:
+        side = side_table(self.package, "model").get(self.name)
+        if side is None:
+            raise LookupError(f"{self.package}.model has no MODEL_SIDES entry for '{self.name}'")
+        return side
 
     def build_model(self, cfg: RunConfig, info: DataInfo) -> nn.Module:
         """The method's model, identical on server and every client (seeded)."""
@@ -110,54 +115,23 @@ class Method:
         model: nn.Module = build_backbone(
             cfg.model, info.input_shape, info.num_classes, cfg.hidden_dim, cfg.pretrained_weights
         )
-        if self.transform:
-            model = resolve(self.transform)(model, cfg)
-        if self.check:
-            resolve(self.check)(model, cfg)
+        side = self.model_side
+        if side.transform is not None:
+            model = side.transform(model, cfg)
+        if side.check is not None:
+            side.check(model, cfg)
         return model
 
     def roles(self, model: nn.Module) -> Roles:
         from models.roles import Roles
 
-        return Roles.of(model, resolve(self.split))
+        return Roles.of(model, self.model_side.split)
 
     def build_wire(self, model: nn.Module, roles: Roles, cfg: RunConfig) -> Wire:
         """The method's wire, built alike on the server and on every client."""
-        return resolve(self.wire)(model, roles, cfg)
+        from models.wire import Wire
 
-    def build_client(
-        self,
-        model: nn.Module,
-        data: ClientData,
-        cfg: RunConfig,
-        store: PersonalStore,
-        device: torch.device,
-        client_key: str,
-    ) -> PFLClient:
-        """The client side: ``model`` on ``device``, its roles and its wire built as
-        the server builds them."""
-        model = model.to(device)
-        roles = self.roles(model)
-        wire = self.build_wire(model, roles, cfg)
-        return self.client(model, roles, data, cfg, store, device, client_key, wire)
-
-    def build_strategy(
-        self, cfg: RunConfig, model: nn.Module, recorder: RunRecorder | None = None
-    ) -> PFLStrategy:
-        """The server side: its wire and initial shared tensors from ``model``."""
-        from models.roles import get_arrays
-
-        roles = self.roles(model)
-        wire = self.build_wire(model, roles, cfg)
-        return self.strategy(
-            cfg=cfg,
-            spec=wire.spec,
-            initial=get_arrays(model, roles.shared),
-            model=model,
-            recorder=recorder,
-            default_aggregation=self.aggregation,
-            wire=wire,
-        )
+        return (self.model_side.wire or Wire)(model, roles, cfg)
 
 
 @cache
@@ -171,7 +145,7 @@ def registry() -> dict[str, Method]:
         for method in getattr(card, "METHODS", ()):
             if method.name in out:
                 raise ValueError(f"method '{method.name}' is registered twice")
-            out[method.name] = method
+            out[method.name] = replace(method, package=card.__name__)
     return out
 
 

@@ -17,6 +17,7 @@ from pflower.data import data_info
 from pflower.privacy.secagg import SignedSecAggPlusWorkflow
 from pflower.results import RunRecorder
 from server_app.grid import PollingGrid
+from server_app.method_strategy import build_method_strategy
 from strategies import checkpoint
 
 log = logging.getLogger("flwr.pflower")
@@ -56,7 +57,7 @@ def build_server(context: Context, overrides: dict[str, Any] | None = None) -> S
         len(roles.personal),
         recorder.dir,
     )
-    strategy = method.build_strategy(cfg, model, recorder)
+    strategy = build_method_strategy(method, cfg, model, recorder)
     if cfg.resume_from:
         strategy.resume(cfg.resume_from)
     return ServerAppComponents(

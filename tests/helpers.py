@@ -20,10 +20,12 @@ from flwr.server.client_proxy import ClientProxy
 
 from client_app.app import pick_device
 from client_app.base import PFLClient
+from client_app.method_client import build_method_client
 from client_app.state import ContextStore
 from methods import get_method, parse_run_config
 from pflower.config.schema import RunConfig
 from pflower.data import data_info, load_client_data
+from server_app.method_strategy import build_method_strategy
 from strategies.base import PFLStrategy
 
 SMALL = {"sim-samples": 120, "hidden-dim": 32, "sim-dim": 20}
@@ -101,7 +103,8 @@ def make_client(
     model = method.build_model(cfg, data_info(cfg))
     context = context or Context(0, partition_id, {}, RecordDict(), {})
     data = load_client_data(cfg, partition_id, num_partitions)
-    client = method.build_client(
+    client = build_method_client(
+        method,
         model,
         data,
         cfg,
@@ -114,7 +117,7 @@ def make_client(
 
 def make_strategy(cfg: RunConfig) -> PFLStrategy:
     method = get_method(cfg.method)
-    return method.build_strategy(cfg, method.build_model(cfg, data_info(cfg)))
+    return build_method_strategy(method, cfg, method.build_model(cfg, data_info(cfg)))
 
 
 class FakeProxy(ClientProxy):

@@ -12,6 +12,7 @@ import pytest
 import torch
 from flwr.common import parameters_to_ndarrays
 
+from client_app.method_client import client_class
 from methods import get_method, method_names, parse_run_config
 from pflower.config.schema import ConfigError
 from tests.helpers import config, make_client, make_strategy, short_federation
@@ -22,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_ditto_is_found_by_the_registry_and_names_only_its_own_package() -> None:
     assert "ditto" in method_names()
     method = get_method("ditto")
-    refs = [method.split, method.client_ref, method.transform]
-    assert all(ref.startswith("methods.ditto.") for ref in refs)
+    code = [method.model_side.split, method.model_side.transform, client_class(method)]
+    assert all(c.__module__.startswith("methods.ditto.") for c in code)
     # its package imports shared code, never another method's package (baselines' schedule
     # aside: Ditto's local solver is theirs)
     for path in (ROOT / "methods" / "ditto").glob("*.py"):

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from client_app.method_client import build_method_client
 from methods import get_method, parse_run_config
 from methods.dualfed.client import DualFedClient, labels_skewed, supcon_loss
 from methods.dualfed.model import DualFedModel
@@ -86,7 +87,7 @@ def make_client(
         torch.randn(16, 3, 16, 16, generator=g),
         torch.arange(4).repeat(4),
     )
-    client = method.build_client(model, data, cfg, MemoryStore(), torch.device("cpu"), "c0")
+    client = build_method_client(method, model, data, cfg, MemoryStore(), torch.device("cpu"), "c0")
     assert isinstance(client, DualFedClient)
     return client, model
 

@@ -9,6 +9,7 @@ import torch
 from flwr.common import Context, RecordDict, ndarrays_to_parameters, parameters_to_ndarrays
 
 from client_app.base import PFLClient
+from client_app.method_client import build_method_client
 from client_app.state import ContextStore
 from methods import get_method, parse_run_config
 from methods.factorized_fl.model import (
@@ -28,6 +29,7 @@ from methods.factorized_fl.strategy import FactorizedFLStrategy, cosine_matrix, 
 from models.roles import get_arrays
 from pflower.config.schema import RunConfig
 from pflower.data import ClientData, DataInfo, data_info, load_client_data
+from server_app.method_strategy import build_method_strategy
 from server_app.simulate import simulate
 from strategies.base import Reply, payload_bytes
 from tests.helpers import raw_config
@@ -50,12 +52,14 @@ def client_of(
     x = torch.randn(8, *info.input_shape, generator=gen)
     y = torch.randint(0, info.num_classes, (8,), generator=gen)
     store = ContextStore(context or Context(0, 0, {}, RecordDict(), {}))
-    return method.build_client(model, ClientData(x, y, x, y), cfg, store, torch.device("cpu"), key)
+    return build_method_client(
+        method, model, ClientData(x, y, x, y), cfg, store, torch.device("cpu"), key
+    )
 
 
 def strategy_of(cfg: RunConfig, info: DataInfo) -> FactorizedFLStrategy:
     method = get_method(cfg.method)
-    return method.build_strategy(cfg, method.build_model(cfg, info))  # type: ignore[return-value]
+    return build_method_strategy(method, cfg, method.build_model(cfg, info))  # type: ignore[return-value]
 
 
 # ---- the factorization ----------------------------------------------------------------------

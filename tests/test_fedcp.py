@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from flwr.common import Context, RecordDict
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from client_app.method_client import build_method_client
 from client_app.state import ContextStore
 from methods import get_method, parse_run_config
 from methods.fedcp.client import FedCPClient
@@ -35,7 +36,7 @@ def _client(cfg: RunConfig, pid: int = 0, num: int = 2) -> FedCPClient:
     model = _model(cfg)
     data = load_client_data(cfg, pid, num)
     store = ContextStore(Context(0, 0, {}, RecordDict(), {}))
-    client = METHOD.build_client(model, data, cfg, store, torch.device("cpu"), f"c{pid}")
+    client = build_method_client(METHOD, model, data, cfg, store, torch.device("cpu"), f"c{pid}")
     assert isinstance(client, FedCPClient)
     return client
 

@@ -10,6 +10,7 @@ from flwr.common import ndarray_to_bytes
 from torch import nn
 
 from client_app.base import PFLClient
+from client_app.method_client import build_method_client
 from methods import get_method, parse_run_config
 from methods.feddecomp.model import LowRankTau, tau_entries
 from models.backbones import build_backbone
@@ -40,7 +41,9 @@ def image_data(n: int = 48, seed: int = 0) -> ClientData:
 def make(cfg: RunConfig, data: ClientData, store: MemoryStore | None = None) -> PFLClient:
     method = get_method(cfg.method)
     model = method.build_model(cfg, DataInfo(IMAGE, 10))
-    return method.build_client(model, data, cfg, store or MemoryStore(), torch.device("cpu"), "c0")
+    return build_method_client(
+        method, model, data, cfg, store or MemoryStore(), torch.device("cpu"), "c0"
+    )
 
 
 def sigma_name(name: str) -> str:

@@ -7,6 +7,7 @@ import pytest
 import torch
 from flwr.common import parameters_to_ndarrays
 
+from client_app.method_client import build_method_client
 from methods import get_method, parse_run_config
 from methods.fedfac.client import FedFacClient
 from methods.fedfac.factor_analysis import (
@@ -20,6 +21,7 @@ from methods.fedfac.imposed_split import imposed_split
 from methods.fedfac.model import HELD_OUT, element_entries
 from methods.fedfac.strategy import FedFacStrategy
 from pflower.data import data_info, load_client_data
+from server_app.method_strategy import build_method_strategy
 from strategies.base import Reply
 from tests.helpers import PAPER_STUDY, MemoryStore, raw_config
 
@@ -88,7 +90,7 @@ def make(method: str = "fedfac-dynamic", num: int = 4, **over):
     info = data_info(cfg)
     model = m.build_model(cfg, info)
     roles = m.roles(model)
-    strategy = m.build_strategy(cfg, model)
+    strategy = build_method_strategy(m, cfg, model)
     assert isinstance(strategy, FedFacStrategy)
     strategy.num_clients = num
     return cfg, m, model, roles, strategy
@@ -97,7 +99,9 @@ def make(method: str = "fedfac-dynamic", num: int = 4, **over):
 def client(cfg, m, key: int, num: int = 4) -> FedFacClient:
     model = m.build_model(cfg, data_info(cfg))
     data = load_client_data(cfg, key, num)
-    built = m.build_client(model, data, cfg, MemoryStore(), torch.device("cpu"), f"client-{key}")
+    built = build_method_client(
+        m, model, data, cfg, MemoryStore(), torch.device("cpu"), f"client-{key}"
+    )
     assert isinstance(built, FedFacClient)
     return built
 

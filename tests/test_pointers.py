@@ -1,7 +1,7 @@
 """Pointers in the code resolve: every ``python -m <module>`` names a module that
-exists, every repository path a comment or docstring names exists, every code
-reference on a method's card imports, and no product code cites a file outside the
-repository."""
+exists, every repository path a comment or docstring names exists, every method
+finds its code in its own package (none named in a string), and no product code
+cites a file outside the repository."""
 
 from __future__ import annotations
 
@@ -11,7 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from methods import registry, resolve
+from client_app.base import PFLClient
+from client_app.method_client import client_class
+from methods import SIDES, registry, side_table
+from models.wire import Wire
+from server_app.method_strategy import strategy_class
+from strategies.base import PFLStrategy
 
 ROOT = Path(__file__).resolve().parents[1]
 SKIP = {".git", "outputs", ".flwr", "__pycache__"}  # and every .venv* (pfl-research's too)
@@ -71,12 +76,47 @@ def test_the_check_catches_a_stale_pointer(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(registry()))
-def test_every_reference_on_a_methods_card_imports(name: str) -> None:
+def test_every_method_finds_its_code_in_its_own_package(name: str) -> None:
     method = registry()[name]
-    refs = [method.split, method.client_ref, method.strategy_ref, method.wire]
-    refs += [r for r in (method.transform, method.check) if r]
-    for ref in refs:
-        assert callable(resolve(ref)), ref
+    side = method.model_side
+    assert callable(side.split)
+    assert all(callable(f) for f in (side.transform, side.check) if f is not None)
+    assert side.wire is None or issubclass(side.wire, Wire)
+    assert issubclass(client_class(method), PFLClient)
+    assert issubclass(strategy_class(method), PFLStrategy)
+    code = [side.split, side.transform, side.check, side.wire]
+    code += [client_class(method), strategy_class(method)]
+    for obj in (c for c in code if c is not None):  # its own package's or the shared code
+        assert obj.__module__.startswith(
+            (method.package, "models.", "client_app.", "strategies.")
+        ), obj
+
+
+def test_every_side_table_names_only_its_own_cards_methods() -> None:
+    """A misspelt name in CLIENTS or STRATEGIES would quietly give the base's code."""
+    by_package: dict[str, set[str]] = {}
+    for method in registry().values():
+        by_package.setdefault(method.package, set()).add(method.name)
+    stray = {
+        f"{package}.{side}": sorted(set(side_table(package, side)) - names)
+        for package, names in by_package.items()
+        for side in SIDES
+        if set(side_table(package, side)) - names
+    }
+    assert stray == {}
+    assert "fedbn" in side_table("methods.baselines", "model")  # the check reads the tables
+
+
+CODE_IN_A_STRING = re.compile(r"[\"'][a-z_]+(?:\.[a-z_]+)+:[A-Za-z_]\w*[\"']")
+
+
+def test_no_card_names_code_in_a_string() -> None:
+    cards = sorted((ROOT / "methods").glob("*/__init__.py"))
+    assert len(cards) == len({m.package for m in registry().values()})
+    assert {str(c.relative_to(ROOT)): CODE_IN_A_STRING.findall(c.read_text()) for c in cards} == {
+        str(c.relative_to(ROOT)): [] for c in cards
+    }
+    assert CODE_IN_A_STRING.findall('x = "methods.fedcp.client:FedCPClient"')
 
 
 def test_no_product_code_cites_a_file_outside_the_repository() -> None:

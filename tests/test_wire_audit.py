@@ -23,6 +23,7 @@ import pytest
 import torch
 from flwr.common import EvaluateRes, FitRes, parameters_to_ndarrays
 
+from client_app.method_client import client_class
 from methods import get_method, parse_run_config
 from pflower.privacy.audit import recover
 from pflower.privacy.table import MODES as TABLE_MODES
@@ -89,15 +90,15 @@ def audit_run(method: str, mode: dict[str, Any], tmp_path, monkeypatch) -> dict[
     truth: dict[str, dict[str, np.ndarray]] = {}  # client key -> personal tensors at reply
     recovered: dict[str, str] = {}  # personal tensor name -> how the audit rebuilt it
 
-    client_class = get_method(method).client
-    fit = client_class.fit
+    cls = client_class(get_method(method))
+    fit = cls.fit
 
     def fit_and_note_personal(self, parameters, config):  # noqa: ANN001, ANN202
         reply = fit(self, parameters, config)
         truth[self.client_key] = self.personal_tensors()
         return reply
 
-    monkeypatch.setattr(client_class, "fit", fit_and_note_personal)
+    monkeypatch.setattr(cls, "fit", fit_and_note_personal)
 
     def record(kind: str, cid: str, ins: Any, res: FitRes | EvaluateRes) -> None:
         strategy = server.strategy
@@ -191,22 +192,22 @@ PLANTED = {
 @pytest.mark.parametrize("form", sorted(PLANTED))
 def test_a_planted_leak_in_the_upload_fails_the_audit(form: str, tmp_path, monkeypatch) -> None:
     method, leak, tensor = PLANTED[form]
-    client_class = get_method(method).client
-    upload = client_class.upload
-    monkeypatch.setattr(client_class, "upload", lambda self, c: leak(self, upload(self, c)))
+    cls = client_class(get_method(method))
+    upload = cls.upload
+    monkeypatch.setattr(cls, "upload", lambda self, c: leak(self, upload(self, c)))
     recovered = audit_run(method, {}, tmp_path, monkeypatch)["recovered"]
     assert tensor in recovered, f"{form}: the audit missed it ({recovered})"
 
 
 def test_a_personal_head_sent_as_metrics_fails_the_audit(tmp_path, monkeypatch) -> None:
-    client_class = get_method("fedper").client
-    fit = client_class.fit
+    cls = client_class(get_method("fedper"))
+    fit = cls.fit
 
     def leaky(self, parameters, config):  # noqa: ANN001, ANN202
         arrays, n, metrics = fit(self, parameters, config)
         head = self.personal_tensors()["head.weight"].ravel()
         return arrays, n, {**metrics, **{f"h{i}": float(v) for i, v in enumerate(head[:8])}}
 
-    monkeypatch.setattr(client_class, "fit", leaky)
+    monkeypatch.setattr(cls, "fit", leaky)
     recovered = audit_run("fedper", {}, tmp_path, monkeypatch)["recovered"]
     assert "head.weight" in recovered and "metrics" in recovered["head.weight"]

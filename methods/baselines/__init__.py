@@ -37,27 +37,15 @@ class FedAvgFTParams(MethodParams):
     finetune_epochs: int = Field(1, alias="finetune-epochs", ge=0)  # before each evaluation
 
 
-_CLIENT = "methods.baselines.client:"
-_HEAD = "models.roles:head_personal"
-
 METHODS = (
-    Method("fedavg", "models.roles:nothing_personal", schedule=baseline_schedule),
-    Method(
-        "fedavg-ft",
-        "models.roles:nothing_personal",
-        _CLIENT + "FedAvgFTClient",
-        params=FedAvgFTParams,
-        schedule=baseline_schedule,
-    ),
+    Method("fedavg", schedule=baseline_schedule),
+    Method("fedavg-ft", params=FedAvgFTParams, schedule=baseline_schedule),
     Method(
         "local",
-        "models.roles:everything_personal",
         schedule=baseline_schedule,
         per_client="nothing leaves a client, so there is nothing to aggregate",
     ),
-    Method("fedper", _HEAD, schedule=baseline_schedule),
-    Method(
-        "fedrep", _HEAD, _CLIENT + "FedRepClient", params=FedRepParams, schedule=baseline_schedule
-    ),
-    Method("fedbn", "models.roles:bn_personal", schedule=baseline_schedule),
+    Method("fedper", schedule=baseline_schedule),
+    Method("fedrep", params=FedRepParams, schedule=baseline_schedule),
+    Method("fedbn", schedule=baseline_schedule),
 )

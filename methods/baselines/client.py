@@ -50,3 +50,6 @@ class FedAvgFTClient(PFLClient):
         loss, acc = evaluate(tuned, self.x_test, self.y_test, extra=extra)
         _, acc_global = evaluate(self.model, self.x_test, self.y_test)
         return loss, {"accuracy": acc, "accuracy-global": acc_global, **extra}
+
+
+CLIENTS = {"fedrep": FedRepClient, "fedavg-ft": FedAvgFTClient}

@@ -53,9 +53,6 @@ class DittoParams(MethodParams):
 METHODS = (
     Method(
         "ditto",
-        "methods.ditto.model:personal_copy",
-        "methods.ditto.client:DittoClient",
-        transform="methods.ditto.model:with_personal_copy",
         params=DittoParams,
         schedule=baseline_schedule,
     ),

@@ -46,3 +46,6 @@ class DittoClient(PFLClient):
             loss_fn=proximal,
         )
         return {"train-loss": personal_loss, "global-loss": global_loss}
+
+
+CLIENTS = {"ditto": DittoClient}

@@ -8,6 +8,7 @@ import copy
 import torch
 from torch import nn
 
+from methods import ModelSide
 from pflower.config.schema import RunConfig
 
 
@@ -32,3 +33,6 @@ def with_personal_copy(model: nn.Module, cfg: RunConfig) -> nn.Module:
 def personal_copy(model: nn.Module) -> set[str]:
     """The split rule: every entry of the personal copy stays home."""
     return {n for n in model.state_dict() if n.startswith("personal.")}
+
+
+MODEL_SIDES = {"ditto": ModelSide(personal_copy, transform=with_personal_copy)}

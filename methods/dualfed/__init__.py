@@ -80,10 +80,7 @@ def dualfed_schedule(raw: dict[str, Any]) -> dict[str, Any]:
 METHODS = (
     Method(
         "dualfed",
-        "methods.dualfed.model:dualfed_personal",
-        "methods.dualfed.client:DualFedClient",
         aggregation="mean",
-        transform="methods.dualfed.model:to_dualfed",
         params=DualFedParams,
         schedule=dualfed_schedule,
     ),

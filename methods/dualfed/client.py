@@ -189,3 +189,6 @@ class DualFedClient(PFLClient):
             metrics[f"logit-norm-{name}"] = float(logits.norm(dim=1).mean()) if len(z) else 0.0
             metrics[f"confidence-{name}"] = float(top.mean()) if len(z) else 0.0
         return loss, metrics
+
+
+CLIENTS = {"dualfed": DualFedClient}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from methods import ModelSide
 from methods.dualfed import DualFedParams
 from models.backbones import Backbone
 from models.roles import batchnorm_entries
@@ -60,3 +61,6 @@ def dualfed_personal(model: nn.Module) -> set[str]:
     encoder parameters, the encoder's BN affine and the global classifier are shared."""
     names = {n for n in model.state_dict() if n.startswith(PERSONAL_PREFIXES)}
     return names | batchnorm_entries(model, running_stats_only=True)
+
+
+MODEL_SIDES = {"dualfed": ModelSide(dualfed_personal, transform=to_dualfed)}

@@ -75,10 +75,6 @@ def reference_schedule(raw: dict[str, Any]) -> dict[str, Any]:
 
 _PER_CLIENT = "its aggregation is a per-client mixture of the individual uploads"
 _COMMON: dict[str, Any] = dict(
-    client_ref="methods.factorized_fl.client:FactorizedFLClient",
-    strategy_ref="methods.factorized_fl.strategy:FactorizedFLStrategy",
-    transform="methods.factorized_fl.model:factorize",
-    wire="methods.factorized_fl.model:FactorizedWire",
     params=FactorizedFLParams,
     schedule=reference_schedule,
     per_client=_PER_CLIENT,
@@ -87,11 +83,10 @@ _COMMON: dict[str, Any] = dict(
 METHODS = (
     Method(
         "factorized-fl-alpha",
-        "methods.factorized_fl.model:alpha_personal",
         disclosures=alpha_disclosures,
         disclosure_kinds=(MATCHING_VECTOR,),
         attacks=("match-magnet",),
         **_COMMON,
     ),
-    Method("factorized-fl-beta", "methods.factorized_fl.model:beta_personal", **_COMMON),
+    Method("factorized-fl-beta", **_COMMON),
 )

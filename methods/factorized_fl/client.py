@@ -21,3 +21,6 @@ class FactorizedFLClient(PFLClient):
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Cross-entropy plus the L1 sparsity penalty on every mu (differentiable)."""
         return F.cross_entropy(model(x), y) + FactorizedFLParams.of(self.cfg).l1 * mu_l1(model)
+
+
+CLIENTS = {"factorized-fl-alpha": FactorizedFLClient, "factorized-fl-beta": FactorizedFLClient}

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
+from methods import ModelSide
 from methods.factorized_fl import FactorizedFLParams
 from models.roles import Roles, TensorSpec, batchnorm_entries, get_arrays
 from models.wire import Wire
@@ -284,3 +285,9 @@ class FactorizedWire(Wire):
                 except ValueError as err:
                     return f"'{s.name}': {err}"
         return None
+
+
+MODEL_SIDES = {
+    "factorized-fl-alpha": ModelSide(alpha_personal, transform=factorize, wire=FactorizedWire),
+    "factorized-fl-beta": ModelSide(beta_personal, transform=factorize, wire=FactorizedWire),
+}

@@ -131,3 +131,9 @@ class FactorizedFLStrategy(PFLStrategy):
             kept = sum(int(np.count_nonzero(a)) for a in mus)
             extra["ffl_mu_density"] = kept / max(1, sum(a.size for a in mus))
         self.note(server_round, **extra)
+
+
+STRATEGIES = {
+    "factorized-fl-alpha": FactorizedFLStrategy,
+    "factorized-fl-beta": FactorizedFLStrategy,
+}

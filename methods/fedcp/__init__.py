@@ -61,10 +61,6 @@ def paper_schedule(raw: dict[str, Any]) -> dict[str, Any]:
 METHODS = (
     Method(
         "fedcp",
-        "methods.fedcp.model:fedcp_split",
-        "methods.fedcp.client:FedCPClient",
-        "methods.fedcp.strategy:FedCPStrategy",
-        transform="methods.fedcp.model:fedcp_transform",
         params=FedCPParams,
         schedule=paper_schedule,
         disclosures=fedcp_disclosures,

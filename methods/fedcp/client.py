@@ -85,3 +85,6 @@ class FedCPClient(PFLClient):
         loss, acc = evaluate(self.model, self.x_test, self.y_test, predict=predict, extra=extra)
         cells = int(self.y_test.shape[0]) * self.model.feature_dim
         return loss, {"accuracy": acc, "pir": float(pm_sum) / max(cells, 1), **extra}
+
+
+CLIENTS = {"fedcp": FedCPClient}

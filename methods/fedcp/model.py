@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from methods import ModelSide
 from methods.fedcp import FedCPParams
 from pflower.config.schema import RunConfig
 
@@ -98,3 +99,6 @@ def fedcp_transform(model: nn.Module, cfg: RunConfig) -> FedCPModel:
 def fedcp_split(model: nn.Module) -> set[str]:
     """Personal: the personal head h_p only; phi, h_g and the CPN are shared."""
     return {n for n in model.state_dict() if n.startswith("head.")}
+
+
+MODEL_SIDES = {"fedcp": ModelSide(fedcp_split, transform=fedcp_transform)}

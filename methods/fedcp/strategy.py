@@ -28,3 +28,6 @@ class FedCPStrategy(PFLStrategy):
                 pir_mean=float(np.mean(list(pir.values()))),
             )
         return super().record_round(server_round, evals)
+
+
+STRATEGIES = {"fedcp": FedCPStrategy}

@@ -70,10 +70,7 @@ def paper_schedule(raw: dict[str, Any]) -> dict[str, Any]:
 METHODS = (
     Method(
         "feddecomp",
-        "methods.feddecomp.model:feddecomp_split",
-        "methods.feddecomp.client:FedDecompClient",
         aggregation="mean",
-        transform="methods.feddecomp.model:decompose",
         params=FedDecompParams,
         schedule=paper_schedule,
     ),

@@ -49,3 +49,6 @@ class FedDecompClient(PFLClient):
         """Global sigma + own tau on the own test split."""
         with frozen_tau(self.model):
             return super().score()
+
+
+CLIENTS = {"feddecomp": FedDecompClient}

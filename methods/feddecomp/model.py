@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
+from methods import ModelSide
 from methods.feddecomp import FedDecompParams
 from pflower.config.schema import RunConfig
 
@@ -130,3 +131,6 @@ def feddecomp_split(model: nn.Module) -> set[str]:
     if getattr(model, "feddecomp_reverse", False):
         return set(model.state_dict()) - taus
     return taus
+
+
+MODEL_SIDES = {"feddecomp": ModelSide(feddecomp_split, transform=decompose)}

@@ -155,11 +155,6 @@ DISCLOSURE_MODES: dict[str, tuple[dict[str, Any], ...]] = {
 METHODS = tuple(
     Method(
         name,
-        "models.roles:nothing_personal",  # the split is per element, decided by FA
-        "methods.fedfac.client:FedFacClient",
-        "methods.fedfac.strategy:FedFacStrategy",
-        check="methods.fedfac.model:check_fa_layers",
-        wire="methods.fedfac.model:FedFacWire",
         params=FedFacParams,
         schedule=fedfac_schedule,
         disclosures=fedfac_disclosures,

@@ -183,3 +183,6 @@ class FedFacClient(PFLClient):
         acc = float((probs.argmax(dim=1) == y).float().mean())
         loss = float(torch.nn.functional.nll_loss(probs.clamp_min(1e-12).log(), y))
         return loss, acc
+
+
+CLIENTS = {"fedfac-static": FedFacClient, "fedfac-dynamic": FedFacClient}

@@ -9,8 +9,9 @@ import numpy as np
 from flwr.common import NDArrays
 from torch import nn
 
+from methods import ModelSide
 from methods.fedfac import FedFacParams, parse_layers
-from models.roles import Roles, TensorSpec, get_arrays
+from models.roles import Roles, TensorSpec, get_arrays, nothing_personal
 from models.wire import Wire
 from pflower.config.schema import ConfigError, RunConfig
 
@@ -206,3 +207,10 @@ class FedFacWire(Wire):
     def decode_up(self, arrays: NDArrays) -> tuple[NDArrays, NDArrays]:
         """(the shared tensors as uploaded, the personal rows' start values if any)."""
         return arrays[: len(self.names)], arrays[len(self.names) :]
+
+
+# the split is per element, decided by factor analysis on the server: by layer, nothing
+MODEL_SIDES = {
+    name: ModelSide(nothing_personal, check=check_fa_layers, wire=FedFacWire)
+    for name in ("fedfac-static", "fedfac-dynamic")
+}

@@ -208,3 +208,6 @@ class FedFacStrategy(PFLStrategy):
             fa_shared_fraction=sum(int(m.sum()) for m in self.shared.values()) / total,
             fa_shared_mask={k: m.astype(int).tolist() for k, m in self.shared.items()},
         )
+
+
+STRATEGIES = {"fedfac-static": FedFacStrategy, "fedfac-dynamic": FedFacStrategy}

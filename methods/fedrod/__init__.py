@@ -22,9 +22,6 @@ from methods.baselines import baseline_schedule
 METHODS = (
     Method(
         "fedrod",
-        "methods.fedrod.model:personal_head",
-        "methods.fedrod.client:FedRoDClient",
-        transform="methods.fedrod.model:with_personal_head",
         schedule=baseline_schedule,
     ),
 )

@@ -52,3 +52,6 @@ class FedRoDClient(PFLClient):
             loss_fn=loss,
         )
         return {"train-loss": train_loss}
+
+
+CLIENTS = {"fedrod": FedRoDClient}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from methods import ModelSide
 from models.backbones import Backbone
 from pflower.config.schema import RunConfig
 
@@ -44,3 +45,6 @@ def with_personal_head(model: nn.Module, cfg: RunConfig) -> nn.Module:
 def personal_head(model: nn.Module) -> set[str]:
     """The split rule: the personal head stays home."""
     return {n for n in model.state_dict() if n.startswith("personal_head.")}
+
+
+MODEL_SIDES = {"fedrod": ModelSide(personal_head, transform=with_personal_head)}

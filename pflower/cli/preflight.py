@@ -241,7 +241,9 @@ def model_checks(cfg: RunConfig, info: Any, data: Any) -> None:
             f"{type(err).__name__}: {message[:160]}"
         ) from None
     if cfg.resume_from:
-        method.build_strategy(cfg, model).resume(cfg.resume_from)
+        from server_app.method_strategy import build_method_strategy
+
+        build_method_strategy(method, cfg, model).resume(cfg.resume_from)
 
 
 def preflight(

@@ -1,0 +1,34 @@
+"""A method's client: its package's ``CLIENTS`` entry (methods/__init__.py), else
+the base's schedule, built on the model, roles and wire the server builds alike."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from client_app.base import PFLClient
+from client_app.state import PersonalStore
+from methods import Method, side_table
+from pflower.config.schema import RunConfig
+from pflower.data import ClientData
+
+
+def client_class(method: Method) -> type[PFLClient]:
+    """The class of ``method``'s local schedule."""
+    return side_table(method.package, "client").get(method.name, PFLClient)
+
+
+def build_method_client(
+    method: Method,
+    model: nn.Module,
+    data: ClientData,
+    cfg: RunConfig,
+    store: PersonalStore,
+    device: torch.device,
+    client_key: str,
+) -> PFLClient:
+    """``method``'s client of ``model`` on ``device``."""
+    model = model.to(device)
+    roles = method.roles(model)
+    wire = method.build_wire(model, roles, cfg)
+    return client_class(method)(model, roles, data, cfg, store, device, client_key, wire)
