@@ -64,7 +64,7 @@ case "${1:-}" in
         "$VENV/bin/ruff" check .
         "$VENV/bin/ruff" format --check .
         "$VENV/bin/lint-imports"  # the directions of dependency (pyproject.toml)
-        "$VENV/bin/python" -m pytest -q -rs "$@"
+        "$VENV/bin/python" -m pytest -q -rs --durations=40 "$@"  # the slowest 40 named
         # then the deployment in containers (root, Docker; installs Debian's if missing)
         if [ "${CI:-}" = true ] || [ "${PFLOWER_COMPOSE_TEST:-}" = 1 ]; then
             exec bash scripts/compose_ci.sh
