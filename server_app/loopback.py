@@ -301,8 +301,9 @@ class LoopbackFederation(FlwrCli):
     # authenticated with the SuperExec secret
     isolation: str = "subprocess"
     # with isolation "process": the sites' SuperExec is deploy.warm_superexec
-    # (ClientApps forked from a process that has imported their libraries) and
-    # their SuperNodes deploy.fast_supernode (an idle poll that backs off)
+    # (ClientApps forked from a process that has imported their libraries), their
+    # SuperNodes deploy.fast_supernode (an idle poll that backs off) and the SuperLink
+    # deploy.fast_superlink (an empty pull held open until a message comes)
     warm: bool = False
     procs: list[Proc] = field(default_factory=list)
     nodes: dict[str, Proc] = field(default_factory=dict)  # for callers' bookkeeping
@@ -335,8 +336,10 @@ class LoopbackFederation(FlwrCli):
     # ---- SuperLink ---------------------------------------------------------------------------
 
     def start_superlink(self) -> Proc:
+        # warm: deploy.fast_superlink, whose Fleet API holds an empty pull open
+        superlink = [sys.executable, "-m", "deploy.fast_superlink"] if self.warm else []
         cmd = [
-            str(BIN / "flower-superlink"),
+            *(superlink or [str(BIN / "flower-superlink")]),
             "--port",
             str(self.http_port),
             "--fleet-api-address",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -161,6 +162,74 @@ def test_the_site_idle_poll_backs_off_and_resets_on_a_message(monkeypatch):
     loop.time.sleep(3)
     loop.time.sleep(0.5)  # waiting for the local ClientApp's reply
     assert slept[-2:] == pytest.approx([0.1, 0.1])
+
+
+def test_the_site_asks_again_at_once_after_a_pull_the_superlink_held_open(monkeypatch):
+    import pflower.patches
+
+    slept: list[float] = []
+    monkeypatch.setattr(pflower.patches.time, "sleep", slept.append)
+    backoff = pflower.patches.IdleBackoff()
+    backoff.pulled(False, pflower.patches.LONG_POLL)  # held open, then empty
+    backoff.sleep(3)
+    assert slept == []
+    backoff.pulled(False, 0.01)  # answered at once (an unpatched SuperLink): back off
+    backoff.sleep(3)
+    backoff.sleep(3)
+    assert slept == pytest.approx([0.1, 0.15])
+
+
+def _long_poll(monkeypatch, stored: list, held: int = 100):
+    """fleet-long-poll over a stand-in state: ``stored`` is its message queue."""
+    from types import SimpleNamespace
+
+    from flwr.server.superlink.fleet.message_handler import message_handler
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+    from flwr.server.superlink.linkstate.sql_linkstate import SqlLinkState
+
+    import pflower.patches
+
+    def pull(request, state, store):  # Flower's handler: at once, message or not
+        return SimpleNamespace(messages_list=stored[:1])
+
+    monkeypatch.setattr(message_handler, "pull_messages", pull)
+    monkeypatch.setattr(InMemoryLinkState, "store_message_ins", lambda self, m: stored.append(m))
+    monkeypatch.setattr(SqlLinkState, "store_message_ins", SqlLinkState.store_message_ins)
+    monkeypatch.setattr(pflower.patches, "LONG_POLLS_HELD", held)
+    assert pflower.patches.fleet_long_poll()
+    return message_handler.pull_messages, InMemoryLinkState.store_message_ins
+
+
+def test_the_superlink_answers_a_held_pull_when_a_message_is_stored(monkeypatch):
+    import pflower.patches
+
+    monkeypatch.setattr(pflower.patches, "LONG_POLL", 20.0)
+    stored: list = []
+    pull, store = _long_poll(monkeypatch, stored)
+    threading.Timer(0.3, store, args=(None, "message")).start()
+    start = time.monotonic()
+    assert pull(None, None, None).messages_list == ["message"]
+    assert 0.25 < time.monotonic() - start < 10  # woken by the store, not the 20 s limit
+
+
+def test_the_superlink_holds_an_empty_pull_for_long_poll_seconds_and_no_more_pulls_than_its_cap(
+    monkeypatch,
+):
+    import pflower.patches
+
+    monkeypatch.setattr(pflower.patches, "LONG_POLL", 0.5)
+    pull, _ = _long_poll(monkeypatch, [], held=1)
+    start = time.monotonic()
+    assert pull(None, None, None).messages_list == []
+    assert 0.45 < time.monotonic() - start < 5
+    # one pull held: a second one at the same time is answered at once, as Flower does
+    first = threading.Thread(target=pull, args=(None, None, None))
+    first.start()
+    time.sleep(0.1)
+    start = time.monotonic()
+    assert pull(None, None, None).messages_list == []
+    assert time.monotonic() - start < 0.3
+    first.join()
 
 
 def test_the_warm_superexec_forgets_exactly_the_projects_packages():

@@ -17,6 +17,7 @@ ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 def test_the_table_lists_every_patch_and_every_patch_function_is_in_it() -> None:
     doc = pflower.patches.__doc__ or ""
     functions = {"linkstate-index", "supernode-backoff", "object-retries", "superexec-fork"}
+    functions |= {"fleet-long-poll"}
     functions |= {"fab-reuse"}
     functions |= {"optimizers-without-dynamo", "secagg-masks"}
     assert set(pflower.patches.PATCHES) == functions

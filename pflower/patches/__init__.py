@@ -7,6 +7,7 @@ speed measured in docs/PERFORMANCE.md; none changes what is computed or sent.
 |---|---|---|---|
 | ``linkstate-index`` | flwr ``InMemoryLinkState.store_message_ins`` / ``get_message_ins``, ``vce_api.add_messages_to_queue`` | the simulation engine scanned every stored message for every node ten times a second (N^2 per round) | flwr 1.39.0 |
 | ``supernode-backoff`` | flwr ``start_client_internal``'s ``time`` and ``_pull_and_store_message`` | a SuperNode slept 3 s between empty pulls | flwr 1.39.0 |
+| ``fleet-long-poll`` | flwr ``message_handler.pull_messages`` (the SuperLink's Fleet ``PullMessages``), ``InMemoryLinkState`` / ``SqlLinkState.store_message_ins`` | a site learnt of its next message at its next poll, 0.4-0.7 s a message in a deployed round | flwr 1.39.0 |
 | ``object-retries`` | the ``initial_backoff`` and ``backoff_cap`` defaults of flwr's ``pull_objects`` / ``pull_and_inflate_object_from_tree`` | a message part not there yet was asked for again after 1 s, then up to 10 s apart | flwr 1.39.0 |
 | ``fab-reuse`` | flwr ``run_clientapp.install_from_fab`` | a ClientApp unpacked and hashed the whole FAB on every message, then used the copy installed before | flwr 1.39.0 |
 | ``superexec-fork`` | flwr ``run_superexec.get_executor`` | a ClientApp started a fresh Python per message | flwr 1.39.0 |
@@ -43,6 +44,7 @@ TESTED: dict[str, tuple[str, ...]] = {"flwr": ("1.39.",), "torch": ("2.13.", "2.
 PATCHES: dict[str, str] = {  # patch -> the library it patches
     "linkstate-index": "flwr",
     "supernode-backoff": "flwr",
+    "fleet-long-poll": "flwr",
     "object-retries": "flwr",
     "fab-reuse": "flwr",
     "superexec-fork": "flwr",
@@ -170,22 +172,27 @@ def linkstate_index() -> bool:
     return True
 
 
-# ---- flwr: a SuperNode's idle poll, a message part's first retry ----------------------------
+# ---- flwr: a SuperNode's idle poll, the SuperLink's long poll, a message part's first retry ----------------------------
 
 FIRST_WAIT, GROWTH = 0.1, 1.5
 FLOWER_IDLE_WAIT = 3.0  # start_client_internal's sleep when no message came
 LOCAL_WAIT = 0.1  # in place of its 0.5 s polls of the node's own state
 FIRST_OBJECT_RETRY = 0.05  # Flower's first retry of a missing object: 1 s
 OBJECT_RETRY_CAP = 0.5  # Flower's longest wait between retries: 10 s
+LONG_POLL = 2.0  # how long a patched SuperLink holds a SuperNode's empty pull open
+LONG_POLLS_HELD = 100  # at most this many at once (of Flower's 1,000 Fleet threads)
+HELD_PULL = 0.5 * LONG_POLL  # an empty pull this long was held open
 
 
 class IdleBackoff:
     """Stands in for the ``time`` module inside Flower's SuperNode loop: the idle
     sleep starts at 0.1 s after each message and grows 1.5 times per empty pull up
-    to Flower's 3 s; the waits for a local ClientApp's reply become 0.1 s."""
+    to Flower's 3 s, and is skipped after a pull the SuperLink held open (its
+    ``fleet-long-poll``); the waits for a local ClientApp's reply become 0.1 s."""
 
     def __init__(self) -> None:
         self.wait = FIRST_WAIT
+        self.held = False  # the last empty pull was held open: ask again at once
 
     def __getattr__(self, name: str) -> Any:
         return getattr(time, name)
@@ -193,8 +200,17 @@ class IdleBackoff:
     def message_arrived(self) -> None:
         self.wait = FIRST_WAIT
 
+    def pulled(self, message: bool, seconds: float) -> None:
+        """After each pull: whether it brought a message, how long it took."""
+        if message:
+            self.message_arrived()
+        self.held = not message and seconds >= HELD_PULL
+
     def sleep(self, seconds: float) -> None:
         if seconds >= FLOWER_IDLE_WAIT:  # idle: back off towards Flower's pace
+            if self.held:  # the SuperLink already waited for us
+                self.held = False
+                return
             time.sleep(self.wait)
             self.wait = min(FLOWER_IDLE_WAIT, self.wait * GROWTH)
         else:
@@ -213,14 +229,68 @@ def supernode_backoff() -> IdleBackoff | None:
     pull = loop._pull_and_store_message
 
     def pull_and_reset(*args: Any, **kwargs: Any) -> Any:
+        start = time.monotonic()
         run_id = pull(*args, **kwargs)
-        if run_id is not None:
-            backoff.message_arrived()
+        backoff.pulled(run_id is not None, time.monotonic() - start)
         return run_id
 
     loop.time = backoff  # type: ignore[assignment]
     loop._pull_and_store_message = pull_and_reset
     return backoff
+
+
+def fleet_long_poll() -> bool:
+    """``fleet-long-poll``, in the SuperLink: a SuperNode's pull that finds no
+    message is held open up to ``LONG_POLL`` s and answered as soon as a message is
+    stored for any node (the pull is then made again), so a site learns of its next
+    message at once, not at its next poll. At most ``LONG_POLLS_HELD`` pulls are held;
+    beyond that a pull is answered at once, as Flower does. A SuperNode with
+    ``supernode-backoff`` asks again at once after a held pull; an unpatched one
+    sleeps as it always does."""
+    if not enabled():
+        return False
+    check(("flwr",))
+    from flwr.server.superlink.fleet.message_handler import message_handler
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+    from flwr.server.superlink.linkstate.sql_linkstate import SqlLinkState
+
+    stored = threading.Condition()
+    count = [0]  # messages stored so far
+    held = threading.BoundedSemaphore(LONG_POLLS_HELD)
+
+    def storing(store: Callable[..., Any]) -> Callable[..., Any]:
+        def store_message_ins(self: Any, message: Any) -> Any:
+            out = store(self, message)
+            with stored:
+                count[0] += 1
+                stored.notify_all()
+            return out
+
+        return store_message_ins
+
+    for state in (InMemoryLinkState, SqlLinkState):
+        state.store_message_ins = storing(state.store_message_ins)  # type: ignore[method-assign]
+    pull = message_handler.pull_messages
+
+    def pull_messages(request: Any, state: Any, store: Any) -> Any:
+        if not held.acquire(blocking=False):
+            return pull(request, state, store)
+        try:
+            deadline = time.monotonic() + LONG_POLL
+            while True:
+                with stored:
+                    seen = count[0]
+                response = pull(request, state, store)
+                left = deadline - time.monotonic()
+                if response.messages_list or left <= 0:
+                    return response
+                with stored:
+                    stored.wait_for(lambda s=seen: count[0] != s, timeout=left)
+        finally:
+            held.release()
+
+    message_handler.pull_messages = pull_messages
+    return True
 
 
 def object_retries() -> bool:
