@@ -179,8 +179,20 @@ def test_the_site_asks_again_at_once_after_a_pull_the_superlink_held_open(monkey
     assert slept == pytest.approx([0.1, 0.15])
 
 
+def _message(node: int):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(metadata=SimpleNamespace(dst_node_id=node))
+
+
+def _pull_for(node: int):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(node=SimpleNamespace(node_id=node))
+
+
 def _long_poll(monkeypatch, stored: list, held: int = 100):
-    """fleet-long-poll over a stand-in state: ``stored`` is its message queue."""
+    """fleet-long-poll over a stand-in state: ``stored`` is its messages."""
     from types import SimpleNamespace
 
     from flwr.server.superlink.fleet.message_handler import message_handler
@@ -190,7 +202,8 @@ def _long_poll(monkeypatch, stored: list, held: int = 100):
     import pflower.patches
 
     def pull(request, state, store):  # Flower's handler: at once, message or not
-        return SimpleNamespace(messages_list=stored[:1])
+        mine = [m for m in stored if m.metadata.dst_node_id == request.node.node_id]
+        return SimpleNamespace(messages_list=mine[:1])
 
     monkeypatch.setattr(message_handler, "pull_messages", pull)
     monkeypatch.setattr(InMemoryLinkState, "store_message_ins", lambda self, m: stored.append(m))
@@ -200,16 +213,18 @@ def _long_poll(monkeypatch, stored: list, held: int = 100):
     return message_handler.pull_messages, InMemoryLinkState.store_message_ins
 
 
-def test_the_superlink_answers_a_held_pull_when_a_message_is_stored(monkeypatch):
+def test_the_superlink_answers_a_held_pull_when_its_nodes_message_is_stored(monkeypatch):
     import pflower.patches
 
     monkeypatch.setattr(pflower.patches, "LONG_POLL", 20.0)
     stored: list = []
     pull, store = _long_poll(monkeypatch, stored)
-    threading.Timer(0.3, store, args=(None, "message")).start()
+    mine, other = _message(7), _message(8)
+    threading.Timer(0.2, store, args=(None, other)).start()  # another site's: keeps waiting
+    threading.Timer(0.6, store, args=(None, mine)).start()
     start = time.monotonic()
-    assert pull(None, None, None).messages_list == ["message"]
-    assert 0.25 < time.monotonic() - start < 10  # woken by the store, not the 20 s limit
+    assert pull(_pull_for(7), None, None).messages_list == [mine]
+    assert 0.55 < time.monotonic() - start < 10  # woken by the store, not the 20 s limit
 
 
 def test_the_superlink_holds_an_empty_pull_for_long_poll_seconds_and_no_more_pulls_than_its_cap(
@@ -220,14 +235,14 @@ def test_the_superlink_holds_an_empty_pull_for_long_poll_seconds_and_no_more_pul
     monkeypatch.setattr(pflower.patches, "LONG_POLL", 0.5)
     pull, _ = _long_poll(monkeypatch, [], held=1)
     start = time.monotonic()
-    assert pull(None, None, None).messages_list == []
+    assert pull(_pull_for(7), None, None).messages_list == []
     assert 0.45 < time.monotonic() - start < 5
     # one pull held: a second one at the same time is answered at once, as Flower does
-    first = threading.Thread(target=pull, args=(None, None, None))
+    first = threading.Thread(target=pull, args=(_pull_for(7), None, None))
     first.start()
     time.sleep(0.1)
     start = time.monotonic()
-    assert pull(None, None, None).messages_list == []
+    assert pull(_pull_for(8), None, None).messages_list == []
     assert time.monotonic() - start < 0.3
     first.join()
 

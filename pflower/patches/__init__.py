@@ -241,9 +241,9 @@ def supernode_backoff() -> IdleBackoff | None:
 
 def fleet_long_poll() -> bool:
     """``fleet-long-poll``, in the SuperLink: a SuperNode's pull that finds no
-    message is held open up to ``LONG_POLL`` s and answered as soon as a message is
-    stored for any node (the pull is then made again), so a site learns of its next
-    message at once, not at its next poll. At most ``LONG_POLLS_HELD`` pulls are held;
+    message is held open up to ``LONG_POLL`` s and made again as soon as a message
+    is stored for that node, so a site learns of its next message at once, not at
+    its next poll. At most ``LONG_POLLS_HELD`` pulls are held;
     beyond that a pull is answered at once, as Flower does. A SuperNode with
     ``supernode-backoff`` asks again at once after a held pull; an unpatched one
     sleeps as it always does."""
@@ -255,14 +255,15 @@ def fleet_long_poll() -> bool:
     from flwr.server.superlink.linkstate.sql_linkstate import SqlLinkState
 
     stored = threading.Condition()
-    count = [0]  # messages stored so far
+    count: dict[int, int] = {}  # node id -> messages stored for it so far
     held = threading.BoundedSemaphore(LONG_POLLS_HELD)
 
     def storing(store: Callable[..., Any]) -> Callable[..., Any]:
         def store_message_ins(self: Any, message: Any) -> Any:
             out = store(self, message)
+            node = message.metadata.dst_node_id
             with stored:
-                count[0] += 1
+                count[node] = count.get(node, 0) + 1
                 stored.notify_all()
             return out
 
@@ -276,16 +277,16 @@ def fleet_long_poll() -> bool:
         if not held.acquire(blocking=False):
             return pull(request, state, store)
         try:
-            deadline = time.monotonic() + LONG_POLL
+            node, deadline = request.node.node_id, time.monotonic() + LONG_POLL
             while True:
                 with stored:
-                    seen = count[0]
+                    seen = count.get(node, 0)
                 response = pull(request, state, store)
                 left = deadline - time.monotonic()
                 if response.messages_list or left <= 0:
                     return response
-                with stored:
-                    stored.wait_for(lambda s=seen: count[0] != s, timeout=left)
+                with stored:  # woken by any node's message; pulls again only on its own
+                    stored.wait_for(lambda s=seen: count.get(node, 0) != s, timeout=left)
         finally:
             held.release()
 
