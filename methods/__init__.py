@@ -5,7 +5,8 @@ aggregation rule and what its protocol reveals beyond the shared tensors. The ca
 imports no torch: the pre-flight reads every card in well under a second.
 
 Its code lives beside the card, one module per side, each with a table from the
-method's name to that code (direct imports, no names in strings):
+method's name to that code, imported directly (no code named in a string; the
+registry finds a side module by its name, as it finds the cards):
 
 * ``model.py``, ``MODEL_SIDES``: the **split rule** (which of the model's tensors
   are personal), the model transform and check, the wire; built alike on both sides;
