@@ -8,19 +8,29 @@ and waits for one collector thread, which asks the SuperLink for every reply sti
 awaited in one pull, 0.02 s after the last reply arrived, then 1.5 times longer after
 each empty pull, at most 0.25 s (a round in flight costs the SuperLink at most one
 pull every 0.25 s between replies, whatever the number of clients).
+
+Flower's ``pull_messages`` downloads the parts of the replies it found one reply
+after another, retrying a part that is not there yet for minutes; one site that
+died while uploading its reply would hold back every other reply of the round.
+So, on Flower's deployed grid, the collector's one request only finds the replies,
+and each reply's parts are downloaded on a thread of its own, by Flower's own
+``pull_messages`` handed that one reply.
 """
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from flwr.common import Message
 from flwr.server import Grid
 
 FIRST_WAIT, GROWTH, LONGEST_WAIT = 0.02, 1.5, 0.25
+DOWNLOADS_AT_ONCE = 32  # replies whose parts are downloaded at the same time
 
 
 class _Awaited:
@@ -40,6 +50,8 @@ class PollingGrid(Grid):
         self._lock = threading.Condition()
         self._collector: threading.Thread | None = None
         self._pushing = threading.Lock()
+        self._downloading: set[str] = set()  # replies found, their parts on their way
+        self._downloads = ThreadPoolExecutor(DOWNLOADS_AT_ONCE, "pflower-reply-download")
 
     def __getattr__(self, name: str) -> Any:  # anything a Grid subclass adds
         return getattr(self._grid, name)
@@ -90,15 +102,15 @@ class PollingGrid(Grid):
         return list(awaited.replies)
 
     def _collect(self) -> None:
-        """Pull every awaited reply in one request; hand each to its caller."""
+        """Find every awaited reply in one request; hand each to its caller."""
         wait = FIRST_WAIT
         while True:
             with self._lock:
                 while not self._awaited:
                     self._lock.wait()
-                ids = list(self._awaited)
+                ids = [i for i in self._awaited if i not in self._downloading]
             try:
-                got = list(self.pull_messages(ids))
+                found = self._find(ids) if ids else 0
             except Exception as err:  # noqa: BLE001 - each caller raises it, as Flower's would
                 with self._lock:
                     for awaited in self._awaited.values():
@@ -106,14 +118,73 @@ class PollingGrid(Grid):
                         awaited.done.set()
                     self._awaited.clear()
                 continue
-            with self._lock:
-                for reply in got:
-                    to = reply.metadata.reply_to_message_id
-                    if (awaited := self._awaited.pop(to, None)) is not None:
-                        awaited.ids.discard(to)
-                        awaited.replies.append(reply)
-                        if not awaited.ids:
-                            awaited.done.set()
-            wait = FIRST_WAIT if got else wait
+            wait = FIRST_WAIT if found else wait
             time.sleep(wait)
             wait = min(LONGEST_WAIT, wait * GROWTH)
+
+    def _find(self, ids: list[str]) -> int:
+        """Ask the SuperLink for these replies; how many it had. On Flower's deployed
+        grid each found reply's parts are downloaded on their own thread; on any
+        other grid (in-memory) the replies come whole and are handed over here."""
+        client = self._runtime_client()
+        if client is None:
+            got = list(self.pull_messages(ids))
+            self._hand_over(got)
+            return len(got)
+        from flwr.proto.runtime_pb2 import PullAppMessagesRequest, PullAppMessagesResponse
+
+        res = client.PullMessages(PullAppMessagesRequest(message_ids=ids))
+        for proto, tree in zip(res.messages_list, res.message_object_trees, strict=True):
+            one = PullAppMessagesResponse(messages_list=[proto], message_object_trees=[tree])
+            reply_to = proto.metadata.reply_to_message_id
+            with self._lock:
+                self._downloading.add(reply_to)
+            self._downloads.submit(self._download, client, one, reply_to)
+        return len(res.messages_list)
+
+    def _runtime_client(self) -> Any:
+        """Flower's deployed grid's Runtime API client, or None for another grid."""
+        if not isinstance(getattr(type(self._grid), "_runtime_client", None), property):
+            return None
+        client = self._grid._runtime_client  # connects on first use, as Flower's own calls
+        return client if getattr(self._grid, "_client", None) is client else None
+
+    def _download(self, client: Any, found: Any, reply_to: str) -> None:
+        """One found reply's parts, by Flower's own pull_messages (its retries, its
+        receipt to the SuperLink, its error reply when a part never arrives)."""
+        view = copy.copy(self._grid)  # the same grid, answering its pull with ``found``
+        view._client = _Found(client, found)
+        try:
+            self._hand_over(list(view.pull_messages([reply_to])))
+        except Exception as err:  # noqa: BLE001 - raised in this reply's caller only
+            with self._lock:
+                if (awaited := self._awaited.get(reply_to)) is not None:
+                    awaited.error = err
+                    awaited.done.set()
+        finally:
+            with self._lock:
+                self._downloading.discard(reply_to)
+
+    def _hand_over(self, replies: list[Message]) -> None:
+        with self._lock:
+            for reply in replies:
+                to = reply.metadata.reply_to_message_id
+                if (awaited := self._awaited.pop(to, None)) is not None:
+                    awaited.ids.discard(to)
+                    awaited.replies.append(reply)
+                    if not awaited.ids:
+                        awaited.done.set()
+
+
+class _Found:
+    """A Runtime API client whose PullMessages answers with replies already found;
+    everything else (PullObject, ConfirmMessageReceived) is the real client's."""
+
+    def __init__(self, client: Any, response: Any) -> None:
+        self._client, self._response = client, response
+
+    def PullMessages(self, request: Any) -> Any:  # noqa: N802 - Flower's RPC name
+        return self._response
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)

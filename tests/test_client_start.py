@@ -140,6 +140,80 @@ def test_the_server_grid_collects_every_clients_reply_in_one_poll(monkeypatch):
         grid.send_and_receive(["e"], timeout=30)
 
 
+class _FakeRuntime:
+    """The ServerApp's Runtime API on the SuperLink, as Flower's HttpGrid calls it:
+    replies that are stored whole, except ``stuck``'s parts until ``gate`` is set
+    (a site that is still uploading, or died while it did)."""
+
+    def __init__(self, stuck: str) -> None:
+        from flwr.app import ConfigRecord, Metadata, RecordDict
+        from flwr.app.message import make_message, remove_content_from_message
+        from flwr.common.serde import message_to_proto
+        from flwr.supercore.inflatable.inflatable_object import (
+            get_all_nested_objects,
+            get_object_tree,
+        )
+
+        self.stuck, self.gate, self.confirmed = stuck, threading.Event(), []
+        self.stored, self.parts, self.owner = {}, {}, {}
+        for n, to in enumerate(["m-stuck", "m-fine"]):  # the stuck one comes first
+            meta = Metadata(7, "", n + 1, 1, to, "g", 0.0, 60.0, "train")
+            reply = make_message(meta, content=RecordDict({"r": ConfigRecord({"n": n})}))
+            reply.metadata.__dict__["_message_id"] = reply.object_id  # as a SuperNode sets it
+            objects = get_all_nested_objects(reply)
+            self.stored[to] = (message_to_proto(remove_content_from_message(reply)),
+                               get_object_tree(reply))  # fmt: skip
+            for oid, obj in objects.items():
+                self.parts[oid], self.owner[oid] = obj.deflate(), to
+
+    def PullMessages(self, request):  # noqa: N802
+        from flwr.proto.runtime_pb2 import PullAppMessagesResponse
+
+        found = [self.stored.pop(i) for i in ["m-stuck", "m-fine"] if i in self.stored]
+        return PullAppMessagesResponse(
+            messages_list=[m for m, _ in found], message_object_trees=[t for _, t in found]
+        )
+
+    def PullObject(self, request):  # noqa: N802
+        from flwr.proto.message_pb2 import PullObjectResponse
+
+        if self.owner[request.object_id] == self.stuck and not self.gate.is_set():
+            return PullObjectResponse(object_found=True, object_available=False)
+        content = self.parts[request.object_id]
+        return PullObjectResponse(object_found=True, object_available=True, object_content=content)
+
+    def ConfirmMessageReceived(self, request):  # noqa: N802
+        self.confirmed.append(request.message_object_id)
+
+
+def test_a_reply_whose_parts_have_not_arrived_holds_back_no_other_reply():
+    """Flower's pull downloads the replies it finds one after another; the collector
+    must not let a reply whose parts are missing (its site died uploading it) keep
+    another caller waiting: that caller's round would time out without its reply."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from flwr.supercore.run import Run
+    from flwr.superlink.grid.http_grid import HttpGrid
+
+    from server_app import grid as polling
+
+    http = HttpGrid(token="t")  # Flower's deployed grid, over a fake Runtime API
+    http.set_run(Run.create_empty(7))
+    http._client = runtime = _FakeRuntime(stuck="m-stuck")
+    http.push_messages = lambda messages: list(messages)  # the ids, as pushed
+    grid = polling.PollingGrid(http)
+    with ThreadPoolExecutor(2) as pool:
+        stuck = pool.submit(grid.send_and_receive, ["m-stuck"], timeout=30)
+        fine = pool.submit(grid.send_and_receive, ["m-fine"], timeout=30)
+        (reply,) = fine.result(timeout=10)  # the stuck reply's retries go on meanwhile
+        assert reply.metadata.reply_to_message_id == "m-fine"
+        assert reply.content["r"]["n"] == 1 and not stuck.done()
+        runtime.gate.set()  # the rest of the stuck reply arrives
+        (late,) = stuck.result(timeout=20)
+    assert late.metadata.reply_to_message_id == "m-stuck" and late.content["r"]["n"] == 0
+    assert len(runtime.confirmed) == 2  # each receipt went to the SuperLink, once
+
+
 def test_the_site_idle_poll_backs_off_and_resets_on_a_message(monkeypatch):
     import flwr.supernode.start_client_internal as loop
 
