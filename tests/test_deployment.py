@@ -9,6 +9,7 @@ test, bounded in time and killed by pid in the fixture's teardown.
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import io
 import json
@@ -675,9 +676,16 @@ def test_compose_file_is_valid_against_flower_1_39(compose: str) -> None:
         kind = re.fullmatch(r"flwr/(superlink|supernode|superexec):1\.39\.\d+", base).group(1)
         entry = re.search(r'^ENTRYPOINT \["([\w-]+)"\]$', text, re.M).group(1)
         assert entry == ENTRYPOINTS[kind], name
+        ignore = dockerfile.with_name(dockerfile.name + ".dockerignore")
+        lines = ignore.read_text().splitlines() if ignore.exists() else []
+        kept = [p[1:] for p in lines if p.startswith("!")]
         for src in re.findall(r"^COPY (.+) \S+$", text, re.M):
             for path in src.split():
                 assert (DOCKER.parent / path).exists(), (dockerfile.name, path)
+                # BuildKit reads the Dockerfile's own .dockerignore: what it leaves out
+                # of the build context, a COPY cannot find
+                if ignore.exists():
+                    assert any(fnmatch.fnmatch(path + "/x", k) or path == k for k in kept), path
         # a compose entrypoint `python -m M` (Flower's CLI wrapped): M is in the image
         if svc.get("entrypoint", [])[:2] == ["python", "-m"] and kind != "superexec":
             module = svc["entrypoint"][2].replace(".", "/") + ".py"
