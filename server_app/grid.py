@@ -23,14 +23,12 @@ import copy
 import threading
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from flwr.common import Message
 from flwr.server import Grid
 
 FIRST_WAIT, GROWTH, LONGEST_WAIT = 0.02, 1.5, 0.25
-DOWNLOADS_AT_ONCE = 32  # replies whose parts are downloaded at the same time
 
 
 class _Awaited:
@@ -51,7 +49,6 @@ class PollingGrid(Grid):
         self._collector: threading.Thread | None = None
         self._pushing = threading.Lock()
         self._downloading: set[str] = set()  # replies found, their parts on their way
-        self._downloads = ThreadPoolExecutor(DOWNLOADS_AT_ONCE, "pflower-reply-download")
 
     def __getattr__(self, name: str) -> Any:  # anything a Grid subclass adds
         return getattr(self._grid, name)
@@ -139,7 +136,14 @@ class PollingGrid(Grid):
             reply_to = proto.metadata.reply_to_message_id
             with self._lock:
                 self._downloading.add(reply_to)
-            self._downloads.submit(self._download, client, one, reply_to)
+            # a daemon thread, not a pool's: a reply whose parts never come is retried
+            # for minutes, and must not hold the ServerApp's exit at the end of a run
+            threading.Thread(
+                target=self._download,
+                args=(client, one, reply_to),
+                name="pflower-reply-download",
+                daemon=True,
+            ).start()
         return len(res.messages_list)
 
     def _runtime_client(self) -> Any:

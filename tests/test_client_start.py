@@ -208,6 +208,9 @@ def test_a_reply_whose_parts_have_not_arrived_holds_back_no_other_reply():
         (reply,) = fine.result(timeout=10)  # the stuck reply's retries go on meanwhile
         assert reply.metadata.reply_to_message_id == "m-fine"
         assert reply.content["r"]["n"] == 1 and not stuck.done()
+        # the stuck download would hold the ServerApp's exit if its thread were not a daemon
+        downloads = [t for t in threading.enumerate() if t.name == "pflower-reply-download"]
+        assert downloads and all(t.daemon for t in downloads)
         runtime.gate.set()  # the rest of the stuck reply arrives
         (late,) = stuck.result(timeout=20)
     assert late.metadata.reply_to_message_id == "m-stuck" and late.content["r"]["n"] == 0
