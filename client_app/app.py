@@ -43,6 +43,7 @@ from pflower.data import (
     run_class_names,
     site_class_names,
 )
+from pflower.packing import is_packed, pack, unpack
 from pflower.privacy.policy import DEFAULT_MIN_SECAGG_SITES, REFUSED, PolicyError, SitePolicy
 from pflower.privacy.secagg import ROSTER_KEY, sign_setup_reply, stage_refusal
 from pflower.store import PERSONAL_STATE_DIR
@@ -273,6 +274,19 @@ def dropped_out(rate: float, seed: int, server_round: str, site: str) -> bool:
     return random.Random(f"{seed}/{server_round}/{site}").random() < rate
 
 
+def packing_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """A deployed server sends each array record in one part (pflower/packing.py): the
+    other mods and the client see the arrays, and the reply goes back packed. A
+    ClientApp composed of ``build_client`` puts this mod first."""
+    if not (msg.has_content() and is_packed(msg.content)):
+        return call_next(msg, context)
+    msg.content = unpack(msg.content)
+    reply = call_next(msg, context)
+    if reply.has_content():
+        reply.content = pack(reply.content)
+    return reply
+
+
 def make_client_app(overrides: dict[str, Any] | None = None) -> ClientApp:
     """A ClientApp whose run config is ``overrides`` over Flower's run config."""
 
@@ -337,7 +351,9 @@ def make_client_app(overrides: dict[str, Any] | None = None) -> ClientApp:
     def client_fn(context: Context) -> Client:
         return build_client(context, overrides)
 
-    return ClientApp(client_fn=client_fn, mods=[phases_mod, policy_mod, dropout_mod, secure_mod])
+    return ClientApp(
+        client_fn=client_fn, mods=[packing_mod, phases_mod, policy_mod, dropout_mod, secure_mod]
+    )
 
 
 app = make_client_app()

@@ -201,6 +201,18 @@ def _arrays(record_dict: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _unpacked(content: Any) -> Any:
+    """The arrays as packed; a manifest that does not match its bytes is logged, and
+    the packed array listed as it left (the ledger lists what left, whatever it is)."""
+    from pflower.packing import unpack
+
+    try:
+        return unpack(content)
+    except ValueError as err:
+        log.error("site ledger: a packed reply's manifest does not match (%s)", err)
+        return content
+
+
 def _keys(records: dict[str, Any]) -> list[str]:
     return sorted(f"{name}.{key}" for name, record in records.items() for key in record)
 
@@ -246,10 +258,11 @@ def ledger_line(
 ) -> dict[str, Any]:
     """One ledger entry: what this reply carried off the site."""
     meta = reply.metadata
-    arrays = [] if reply.has_error() else _arrays(reply.content)
+    # a packed reply (pflower/packing.py) is listed array by array, as it was packed
+    content = None if reply.has_error() else _unpacked(reply.content)
+    arrays = [] if content is None else _arrays(content)
     # every scalar the reply carries (the legacy API keeps a fit's metrics in a config
     # record and its sample count in a metric record)
-    content = None if reply.has_error() else reply.content
     metrics = [] if content is None else _keys({**content.metric_records, **content.config_records})
     error = reply.error.reason if reply.has_error() else ""
     incoming = (

@@ -15,6 +15,10 @@ died while uploading its reply would hold back every other reply of the round.
 So, on Flower's deployed grid, the collector's one request only finds the replies,
 and each reply's parts are downloaded on a thread of its own, by Flower's own
 ``pull_messages`` handed that one reply.
+
+On Flower's deployed grid each message leaves with its arrays packed in one part, and
+each reply is unpacked before its caller sees it (pflower/packing.py): every part is
+a request of its own at every hop.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from typing import Any
 
 from flwr.common import Message
 from flwr.server import Grid
+
+from pflower.packing import pack, unpack
 
 FIRST_WAIT, GROWTH, LONGEST_WAIT = 0.02, 1.5, 0.25
 
@@ -67,6 +73,11 @@ class PollingGrid(Grid):
         return self._grid.get_node_ids()
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        if self._runtime_client() is not None:  # deployed: each array record in one part
+            messages = list(messages)
+            for message in messages:
+                if isinstance(message, Message) and message.has_content():
+                    message.content = pack(message.content)
         # one push at a time: a part that several messages share (the global payload)
         # is uploaded by the first and already stored for the next; pushed at once from
         # the legacy loop's threads, every message uploaded it again
@@ -159,7 +170,8 @@ class PollingGrid(Grid):
         view = copy.copy(self._grid)  # the same grid, answering its pull with ``found``
         view._client = _Found(client, found)
         try:
-            self._hand_over(list(view.pull_messages([reply_to])))
+            got = [_unpacked(m) for m in view.pull_messages([reply_to])]
+            self._hand_over(got)
         except Exception as err:  # noqa: BLE001 - raised in this reply's caller only
             with self._lock:
                 if (awaited := self._awaited.get(reply_to)) is not None:
@@ -178,6 +190,12 @@ class PollingGrid(Grid):
                     awaited.replies.append(reply)
                     if not awaited.ids:
                         awaited.done.set()
+
+
+def _unpacked(reply: Message) -> Message:
+    if reply.has_content():
+        reply.content = unpack(reply.content)
+    return reply
 
 
 class _Found:

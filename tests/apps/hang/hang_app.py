@@ -8,7 +8,7 @@ from flwr.client import Client, ClientApp
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.common import Context, Message, MessageType
 
-from client_app.app import build_client
+from client_app.app import build_client, packing_mod
 from server_app.app import make_server_app
 
 server = make_server_app()
@@ -27,4 +27,4 @@ def client_fn(context: Context) -> Client:
     return build_client(context)
 
 
-client = ClientApp(client_fn=client_fn, mods=[hang_mod])
+client = ClientApp(client_fn=client_fn, mods=[packing_mod, hang_mod])  # as the project's
