@@ -1,11 +1,14 @@
 """Where a ClientApp message's time goes (``log-phases=true``).
 
-A deployed ClientApp is a fresh process per message (Flower 1.39), so the phases
-run from the server creating the message to the reply leaving the handler:
+A deployed ClientApp's first message starts its process (Flower 1.39: a fresh
+process per message; a warm site: a worker's first), so its phases run from the
+server creating the message to the reply leaving the handler:
 ``queued`` (the SuperNode's next poll and the process spawn), ``python+flwr``
 (interpreter start, Flower's imports, loading the app), ``app imports`` (torch and
 this project), ``handover`` (Flower's reading of the message), then the handler's
-own marks (config, data, model, personal state, training, evaluation, upload).
+own marks (config, data, model, personal state, training, evaluation, upload). A
+later message in the same process is ``queued`` until the handler starts, then the
+handler's marks.
 One ``pflower-phases {...}`` log line per message; the benchmarks parse it.
 """
 
@@ -40,7 +43,7 @@ _marks: list[tuple[str, float]] = []
 def begin(created_at: float) -> None:
     """A message arrived (``created_at``: when the server made it, epoch seconds)."""
     _marks.clear()
-    if PROCESS_STARTED < created_at:  # a process that outlives messages (simulation)
+    if PROCESS_STARTED < created_at:  # a process that outlives messages (simulation, a worker)
         _marks.extend([("created", created_at), ("queued", time.time())])
         return
     _marks.extend(

@@ -7,12 +7,15 @@ Flower 1.39 runs every ClientApp message in a fresh ``flwr-clientapp`` process,
 which starts Python and imports Flower, torch and the app before it reads the
 message: seconds per message (docs/PERFORMANCE.md). This is Flower's own
 ``flower-superexec`` (same flags, same Runtime API, same authentication), except
-that it imports the ClientApp's libraries once, then forks a child per task, and
-the child runs Flower's ``run_clientapp`` exactly as ``flwr-clientapp`` would
-(asking again soon for message parts still on their way, and not unpacking a FAB
-that is installed already: pflower.patches).
-The app's own modules are not kept: each child imports them from the installed
-FAB, so a new app version is never served from a stale import.
+that it imports the ClientApp's libraries once, then forks a worker that runs
+Flower's ``run_clientapp`` exactly as ``flwr-clientapp`` would (asking again soon
+for message parts still on their way, and not unpacking a FAB that is installed
+already: pflower.patches), task after task of the same app build (patch
+``clientapp-task-end``): the app imported, its model built and its data read once,
+not once a message. The app's own modules are not kept in this process: a worker
+imports them from the installed FAB and serves only tasks of that FAB's hash, so a
+new app version is never served from a stale import. Each task still passes the
+site's checks below, and its state goes back to the SuperNode as Flower sends it.
 
 Use it with ``flower-supernode --isolation process`` in place of
 ``flower-superexec`` (``LoopbackFederation(isolation="process", warm=True)``).
@@ -37,6 +40,9 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
+from multiprocessing import Pipe
+from multiprocessing.connection import Connection
 from typing import Any
 
 # The app's top-level packages (pyproject's wheel packages but deploy/): imported
@@ -54,6 +60,8 @@ PROJECT_PACKAGES = (
 TASK_POLL_INTERVAL = "0.1"
 # a ClientApp task running longer is killed: the default round-timeout (900 s)
 DEFAULT_TASK_TIMEOUT = 900.0
+# a worker waits this long for its app's next task, then exits (its memory freed)
+WORKER_IDLE = 600.0
 
 log = logging.getLogger("flwr")
 
@@ -76,25 +84,45 @@ def preload() -> list[str]:
     return sorted({m.split(".")[0] for m in sys.modules if not m.startswith("_")})
 
 
+@dataclass
+class Worker:
+    """A forked ClientApp process: the app build it serves, its pipe, its task."""
+
+    fab: str | None  # the FAB hash it imported (None: one task, then it exits)
+    conn: Connection  # the parent's end: task specs out, "task done" in
+    task: int | None  # the task it runs now; None: idle; -1: stopping or killed
+    since: float  # when that task began
+
+
 class ForkExecutor:
     """Flower's Executor protocol: a ClientApp task runs in a fork of this process.
 
+    A fork (a worker) that ran a task well waits up to ``WORKER_IDLE`` seconds for the
+    next task of the same app build (the same FAB hash) and runs it in the process that
+    has imported the app and built its model (patch ``clientapp-task-end``); a task of
+    another build gets a fresh fork, and idle workers of other builds are stopped.
     Bounded: at most ``max_tasks`` ClientApps at once (no new one is acquired while
     that many run), and one that runs longer than ``task_timeout`` seconds is killed
     (SIGKILL), logged, and reaped; its round goes on without it (round-timeout)."""
 
-    def __init__(self, fallback: Any, task_timeout: float = 0.0, max_tasks: int = 1) -> None:
+    def __init__(
+        self, fallback: Any, task_timeout: float = 0.0, max_tasks: int = 1, keep: bool = False
+    ) -> None:
         self.fallback = fallback  # Flower's SubprocessExecutor, for any other task
-        self.children: set[int] = set()
-        self.started: dict[int, tuple[int, float]] = {}  # pid -> (task id, start time)
+        self.workers: dict[int, Worker] = {}  # pid -> worker
         self.task_timeout = task_timeout
         self.max_tasks = max_tasks
+        self.keep = keep  # workers serve further tasks (patch clientapp-task-end applied)
+
+    def busy(self) -> int:
+        """Workers running a task (not those idle, stopping or killed)."""
+        return sum(w.task is not None and w.task >= 0 for w in self.workers.values())
 
     def get_eligible_capacity(self, supported_task_types: Any, **kw: Any) -> Any:
         from flwr.supercore.constant import TaskType
 
         types, hashes = self.fallback.get_eligible_capacity(supported_task_types, **kw)
-        if len(self.children) >= self.max_tasks:
+        if self.busy() >= self.max_tasks:
             types = set(types) - {TaskType.CLIENT_APP}
         return types, hashes
 
@@ -107,47 +135,103 @@ class ForkExecutor:
 
         if spec.task_type != TaskType.CLIENT_APP or spec.runtime_dependency_install:
             return self.fallback.launch(spec)
+        fab = getattr(spec, "fab_hash", None) if self.keep else None
+        for pid, worker in self.workers.items():
+            if worker.task is None and fab is not None and worker.fab == fab:
+                try:
+                    worker.conn.send(spec)
+                except OSError:  # it is exiting: reaped later; fork another
+                    worker.task = -1
+                    continue
+                worker.task, worker.since = spec.task_id, time.monotonic()
+                log.info("warm superexec: ClientApp task %d to worker pid %d", spec.task_id, pid)
+                return LaunchResult.accepted()
+        for worker in self.workers.values():  # idle workers of other builds: stop them
+            if worker.task is None:
+                worker.task = -1
+                worker.conn.close()  # it sees the pipe closed, and exits
+        parent_end, child_end = Pipe()
         pid = os.fork()
         if pid == 0:  # the child: never returns into the parent's loop
-            os._exit(_run_child(spec))
-        self.children.add(pid)
-        self.started[pid] = (spec.task_id, time.monotonic())
+            parent_end.close()
+            for worker in self.workers.values():
+                if not worker.conn.closed:
+                    worker.conn.close()
+            os._exit(_serve(spec, child_end, keep=fab is not None))
+        child_end.close()
+        self.workers[pid] = Worker(fab, parent_end, spec.task_id, time.monotonic())
         log.info("warm superexec: ClientApp task %d forked as pid %d", spec.task_id, pid)
         return LaunchResult.accepted()
 
     def reconcile(self) -> None:
-        """Reap finished children (no zombies); kill those past the task timeout."""
+        """Reap finished workers (no zombies); note those done with their task; kill
+        those past the task timeout."""
         now = time.monotonic()
-        for pid in list(self.children):
+        for pid, worker in list(self.workers.items()):
             try:
                 done, _ = os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
                 done = pid
             if done:
-                self.children.discard(pid)
-                self.started.pop(pid, None)
+                del self.workers[pid]
+                if not worker.conn.closed:
+                    worker.conn.close()
                 continue
-            task, since = self.started.get(pid, (-1, now))
-            if self.task_timeout > 0 and now - since > self.task_timeout:
+            if worker.task is None or worker.task < 0:
+                continue
+            if _told_done(worker.conn):
+                worker.task = None  # idle: it waits for its app's next task
+            elif self.task_timeout > 0 and now - worker.since > self.task_timeout:
                 log.error(
                     "warm superexec: ClientApp task %d (pid %d) ran past --task-timeout %gs: "
                     "killed",
-                    task,
+                    worker.task,
                     pid,
                     self.task_timeout,
                 )
                 os.kill(pid, signal.SIGKILL)
-                self.started[pid] = (task, float("inf"))  # killed once; reaped next time
+                worker.task = -1  # killed once; reaped next time
         self.fallback.reconcile()
 
     def close(self) -> None:
+        for worker in self.workers.values():
+            if not worker.conn.closed:
+                worker.conn.close()
         self.fallback.close()
 
 
-def _run_child(spec: Any) -> int:
+def _told_done(conn: Connection) -> bool:
+    """Whether the worker said its task is done (a closed pipe: it is exiting)."""
+    try:
+        return conn.poll() and conn.recv() is not None
+    except (EOFError, OSError):
+        return False
+
+
+def _serve(spec: Any, conn: Connection, keep: bool) -> int:
+    """A worker: run ``spec``'s task, then (``keep``, the task went well) wait for the
+    next one over ``conn``; its exit code."""
+    first = True
+    while True:
+        code = _run_task(spec, watch_parent=first)
+        first = False
+        if code != 0 or not keep:
+            return code
+        try:
+            conn.send(spec.task_id)
+            if not conn.poll(WORKER_IDLE):
+                return 0
+            spec = conn.recv()
+        except (EOFError, OSError):  # the SuperExec closed the pipe (or is gone)
+            return 0
+
+
+def _run_task(spec: Any, watch_parent: bool) -> int:
     """Flower's ``flwr-clientapp`` body for one task; the exit code."""
     from flwr.supercore.tls import validate_and_resolve_root_certificates
     from flwr.supernode.runtime.run_clientapp import run_clientapp
+
+    from pflower.patches import TaskEnded
 
     code = 1
     try:
@@ -158,15 +242,20 @@ def _run_child(spec: Any) -> int:
             certificates=validate_and_resolve_root_certificates(
                 spec.root_certificates_path, spec.insecure
             ),
-            parent_pid=spec.parent_pid,
+            # one thread watches the SuperExec for the worker's whole life
+            parent_pid=spec.parent_pid if watch_parent else None,
             runtime_dependency_install=False,
         )
         code = 0
+    except TaskEnded as done:  # flwr_exit, patched: 0-99 are Flower's success codes
+        code = 0 if 0 <= done.code < 100 else 1
     except SystemExit as done:  # run_clientapp ends with flwr_exit -> sys.exit
         code = done.code if isinstance(done.code, int) else 1
     except BaseException:  # noqa: BLE001 - the child must not unwind into the parent's loop
         logging.getLogger("flwr").exception("warm superexec: the ClientApp task failed")
     finally:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):  # the task's handlers
+            signal.signal(sig, signal.SIG_DFL)
         sys.stdout.flush()
         sys.stderr.flush()
     return code
@@ -223,12 +312,14 @@ def main() -> None:
     def fork_executor(executor_type: Any, **kw: Any) -> ForkExecutor:
         if executor_type != ExecutorType.SUBPROCESS:
             raise ValueError("the warm superexec runs ClientApps by fork, not by an executor")
-        return ForkExecutor(get_executor(executor_type, **kw), ours.task_timeout, ours.max_tasks)
+        fallback = get_executor(executor_type, **kw)
+        return ForkExecutor(fallback, ours.task_timeout, ours.max_tasks, keep=kept)
 
     # the change to Flower's SuperExec: its executor (looked up by this name), and
     # children that ask again for a message part soon (pflower.patches)
     pflower.patches.superexec_fork(fork_executor)
     pflower.patches.object_retries()
+    kept = pflower.patches.clientapp_task_end()  # in the workers: applied before the forks
     log.info("warm superexec: %d libraries preloaded (torch: %s)", len(loaded), "torch" in loaded)
     flower_superexec()  # Flower's CLI: its flags, its task loop, its signal handling
 

@@ -18,7 +18,7 @@ def test_the_table_lists_every_patch_and_every_patch_function_is_in_it() -> None
     doc = pflower.patches.__doc__ or ""
     functions = {"linkstate-index", "supernode-backoff", "object-retries", "superexec-fork"}
     functions |= {"fleet-long-poll"}
-    functions |= {"fab-reuse"}
+    functions |= {"fab-reuse", "clientapp-task-end"}
     functions |= {"optimizers-without-dynamo", "secagg-masks"}
     assert set(pflower.patches.PATCHES) == functions
     for name in functions:
@@ -115,3 +115,28 @@ def test_the_switch_runs_flower_and_torch_as_they_are() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT
     )
     assert out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_a_clientapp_task_ends_with_flowers_exit_handlers_and_the_worker_goes_on(
+    monkeypatch,
+) -> None:
+    """In a warm worker, the end of a task runs what Flower's flwr_exit runs before it
+    exits (the task's status to the SuperNode, its heartbeat stopped), then returns."""
+    import threading
+
+    from flwr.supercore.exit.exit_handler import add_exit_handler
+    from flwr.supernode.runtime import run_clientapp as runner
+
+    monkeypatch.setattr(runner, "flwr_exit", runner.flwr_exit)  # restored after the test
+    assert pflower.patches.clientapp_task_end()
+    ran: list[str] = []
+    add_exit_handler(lambda: ran.append("status pushed"), run_before_force_exit=True)
+    add_exit_handler(lambda: ran.append("heartbeat stopped"))
+    threads = threading.active_count()
+    with pytest.raises(pflower.patches.TaskEnded) as ended:
+        runner.flwr_exit(0)  # as run_clientapp ends a task
+    assert ended.value.code == 0 and ran == ["status pushed", "heartbeat stopped"]
+    assert threading.active_count() == threads  # no force-exit timer left behind
+    with pytest.raises(pflower.patches.TaskEnded):
+        runner.flwr_exit(101)  # the next task's end: its own handlers only
+    assert ran == ["status pushed", "heartbeat stopped"]

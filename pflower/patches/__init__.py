@@ -11,6 +11,7 @@ speed measured in docs/PERFORMANCE.md; none changes what is computed or sent.
 | ``object-retries`` | the ``initial_backoff`` and ``backoff_cap`` defaults of flwr's ``pull_objects`` / ``pull_and_inflate_object_from_tree`` | a message part not there yet was asked for again after 1 s, then up to 10 s apart | flwr 1.39.0 |
 | ``fab-reuse`` | flwr ``run_clientapp.install_from_fab`` | a ClientApp unpacked and hashed the whole FAB on every message, then used the copy installed before | flwr 1.39.0 |
 | ``superexec-fork`` | flwr ``run_superexec.get_executor`` | a ClientApp started a fresh Python per message | flwr 1.39.0 |
+| ``clientapp-task-end`` | flwr ``run_clientapp.flwr_exit``, in a warm SuperExec's worker | a ClientApp process exited after each message: the app imported, its config read and its model built again for the next | flwr 1.39.0 |
 | ``optimizers-without-dynamo`` | the ``torch._dynamo`` wrappers of ``torch.optim.SGD`` / ``Adam`` | torch imported ``torch._dynamo`` on an optimizer's first use: 2-5 s per process | torch 2.13, 2.14 |
 | ``secagg-masks`` | flwr ``pseudo_rand_gen`` where SecAgg+ masks (client mod, server workflow) | it folds every seed to 32 bits and expands it with a Mersenne Twister (flwr issue #7522) | flwr 1.39.0 |
 
@@ -48,6 +49,7 @@ PATCHES: dict[str, str] = {  # patch -> the library it patches
     "object-retries": "flwr",
     "fab-reuse": "flwr",
     "superexec-fork": "flwr",
+    "clientapp-task-end": "flwr",
     "optimizers-without-dynamo": "torch",
     "secagg-masks": "flwr",
 }
@@ -357,6 +359,36 @@ def fab_reuse() -> bool:
         return unpack(fab_file, install_dir, skip_prompt)
 
     runner.install_from_fab = install_from_fab
+    return True
+
+
+class TaskEnded(Exception):
+    """A ClientApp task ended with Flower's exit ``code``, and the process goes on."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"ClientApp task ended with exit code {code}")
+        self.code = code
+
+
+def clientapp_task_end() -> bool:
+    """``clientapp-task-end``, in a warm SuperExec's worker (deploy/warm_superexec.py):
+    Flower's ClientApp runner ends each task with ``flwr_exit``, which runs the task's
+    exit handlers (its status and context to the SuperNode, its heartbeat stopped, its
+    connection closed), then exits the process, from a thread after 5 s if need be.
+    Here it runs the same handlers and raises ``TaskEnded``: the worker that imported
+    the app and built its model serves the app's next task."""
+    if not enabled():
+        return False
+    check(("flwr",))
+    from flwr.supercore.exit.exit_handler import trigger_exit_handlers
+    from flwr.supernode.runtime import run_clientapp as runner
+
+    def task_end(code: int, *args: Any, **kwargs: Any) -> None:
+        trigger_exit_handlers(run_before_force_exit=True)
+        trigger_exit_handlers(run_before_force_exit=False)
+        raise TaskEnded(code)
+
+    runner.flwr_exit = task_end
     return True
 
 
