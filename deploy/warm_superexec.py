@@ -60,7 +60,7 @@ PROJECT_PACKAGES = (
 TASK_POLL_INTERVAL = "0.1"
 # a ClientApp task running longer is killed: the default round-timeout (900 s)
 DEFAULT_TASK_TIMEOUT = 900.0
-# a worker waits this long for its app's next task, then exits (its memory freed)
+# a worker idle this long is stopped by the SuperExec (its memory freed)
 WORKER_IDLE = 600.0
 
 log = logging.getLogger("flwr")
@@ -91,13 +91,13 @@ class Worker:
     fab: str | None  # the FAB hash it imported (None: one task, then it exits)
     conn: Connection  # the parent's end: task specs out, "task done" in
     task: int | None  # the task it runs now; None: idle; -1: stopping or killed
-    since: float  # when that task began
+    since: float  # when that task began, or when it went idle
 
 
 class ForkExecutor:
     """Flower's Executor protocol: a ClientApp task runs in a fork of this process.
 
-    A fork (a worker) that ran a task well waits up to ``WORKER_IDLE`` seconds for the
+    A fork (a worker) that ran a task well waits (stopped after ``idle`` seconds) for the
     next task of the same app build (the same FAB hash) and runs it in the process that
     has imported the app and built its model (patch ``clientapp-task-end``); a task of
     another build gets a fresh fork, and idle workers of other builds are stopped.
@@ -106,13 +106,19 @@ class ForkExecutor:
     (SIGKILL), logged, and reaped; its round goes on without it (round-timeout)."""
 
     def __init__(
-        self, fallback: Any, task_timeout: float = 0.0, max_tasks: int = 1, keep: bool = False
+        self,
+        fallback: Any,
+        task_timeout: float = 0.0,
+        max_tasks: int = 1,
+        keep: bool = False,
+        idle: float = WORKER_IDLE,
     ) -> None:
         self.fallback = fallback  # Flower's SubprocessExecutor, for any other task
         self.workers: dict[int, Worker] = {}  # pid -> worker
         self.task_timeout = task_timeout
         self.max_tasks = max_tasks
         self.keep = keep  # workers serve further tasks (patch clientapp-task-end applied)
+        self.idle = idle
 
     def busy(self) -> int:
         """Workers running a task (not those idle, stopping or killed)."""
@@ -177,10 +183,17 @@ class ForkExecutor:
                 if not worker.conn.closed:
                     worker.conn.close()
                 continue
-            if worker.task is None or worker.task < 0:
+            if worker.task is None:
+                # only the SuperExec ends an idle worker: a worker that left on its own
+                # could be sent a task in the moment it left, and the task would be lost
+                if now - worker.since > self.idle:
+                    worker.task = -1
+                    worker.conn.close()  # it sees the pipe closed, and exits
+                continue
+            if worker.task < 0:
                 continue
             if _told_done(worker.conn):
-                worker.task = None  # idle: it waits for its app's next task
+                worker.task, worker.since = None, now  # idle: waits for its app's next task
             elif self.task_timeout > 0 and now - worker.since > self.task_timeout:
                 log.error(
                     "warm superexec: ClientApp task %d (pid %d) ran past --task-timeout %gs: "
@@ -219,9 +232,7 @@ def _serve(spec: Any, conn: Connection, keep: bool) -> int:
             return code
         try:
             conn.send(spec.task_id)
-            if not conn.poll(WORKER_IDLE):
-                return 0
-            spec = conn.recv()
+            spec = conn.recv()  # the next task; the pipe closed (EOFError): stop
         except (EOFError, OSError):  # the SuperExec closed the pipe (or is gone)
             return 0
 

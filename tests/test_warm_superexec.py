@@ -110,6 +110,25 @@ def test_a_worker_serves_its_app_builds_next_task_and_no_other(monkeypatch, tmp_
     assert last != other
 
 
+def test_an_idle_worker_waits_until_the_superexec_stops_it(monkeypatch) -> None:
+    """A worker never leaves on its own (a task sent as it left would be lost): it waits
+    for the next task until the SuperExec, after ``idle`` seconds, closes its pipe."""
+    monkeypatch.setattr(warm_superexec, "_run_task", lambda spec, **kw: 0)
+    executor = ForkExecutor(Fallback(), keep=True, idle=1.0)
+    executor.launch(_spec(1, "h"))
+    _settle(executor, idle=1)
+    (pid,) = executor.workers
+    time.sleep(0.5)
+    executor.reconcile()
+    assert executor.workers[pid].task is None  # still idle, still there
+    os.kill(pid, 0)
+    time.sleep(0.6)
+    executor.reconcile()  # idle past the limit: its pipe is closed, and it exits
+    _settle(executor, idle=0)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
 def test_without_the_patch_or_a_build_hash_every_task_is_a_fresh_fork(monkeypatch, tmp_path):
     monkeypatch.setattr(warm_superexec, "_run_task", lambda spec, **kw: 0)
     for executor, fab in ((ForkExecutor(Fallback(), keep=False), "h"),
