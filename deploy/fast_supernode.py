@@ -8,10 +8,10 @@ it (docs/PERFORMANCE.md). Here (``pflower.patches``: supernode-backoff, object-r
 the idle sleep starts at 0.1 s after each message
 and grows 1.5 times per empty pull up to Flower's 3 s: a site picks up the next
 round quickly while the federation is busy and costs the SuperLink no more than
-Flower's own pace when it is idle. The waits for a local ClientApp's reply
-(0.5 s in Flower) become 0.1 s, and a message part not yet on the SuperLink is
-asked for again after 0.05 s (Flower: 1 s), doubling. Nothing else changes: same
-flags, same protocol.
+Flower's own pace when it is idle. The waits for a local ClientApp's reply and for
+each of its parts (0.5 s in Flower) become 0.02 s, and a message part not yet on the
+SuperLink is asked for again after 0.05 s (Flower: 1 s), then every 0.1 s. Nothing
+else changes: same flags, same protocol.
 """
 
 from __future__ import annotations

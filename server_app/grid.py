@@ -6,8 +6,14 @@ a round waits up to 3 s after its last reply, and N clients make N polls. Here e
 Grid call is the wrapped grid's except ``send_and_receive``: it pushes its messages
 and waits for one collector thread, which asks the SuperLink for every reply still
 awaited in one pull, 0.02 s after the last reply arrived, then 1.5 times longer after
-each empty pull, at most 0.25 s (a round in flight costs the SuperLink at most one
-pull every 0.25 s between replies, whatever the number of clients).
+each empty pull, at most 0.1 s (a round in flight costs the SuperLink at most one
+pull every 0.1 s between replies, whatever the number of clients).
+
+Pushes go one request at a time, and every message pushed while a request is in
+flight goes in the next one: the legacy loop pushes each client's message from its
+own thread at once, so a round's messages leave in a few requests (two in the
+deployment benchmark's rounds, where there were three) and the payload they share
+is uploaded once.
 
 Flower's ``pull_messages`` downloads the parts of the replies it found one reply
 after another, retrying a part that is not there yet for minutes; one site that
@@ -34,7 +40,7 @@ from flwr.server import Grid
 
 from pflower.packing import pack, unpack
 
-FIRST_WAIT, GROWTH, LONGEST_WAIT = 0.02, 1.5, 0.25
+FIRST_WAIT, GROWTH, LONGEST_WAIT = 0.02, 1.5, 0.1
 
 
 class _Awaited:
@@ -45,6 +51,14 @@ class _Awaited:
         self.error: Exception | None = None  # the pull failed: raised in the caller
 
 
+class _Push:
+    """One push_messages call's messages, and what their push returned."""
+
+    def __init__(self, messages: list[Message]) -> None:
+        self.messages, self.ids, self.done = messages, [], False
+        self.error: Exception | None = None
+
+
 class PollingGrid(Grid):
     """Delegates to ``grid``; only ``send_and_receive`` waits differently."""
 
@@ -53,7 +67,8 @@ class PollingGrid(Grid):
         self._awaited: dict[str, _Awaited] = {}  # message id -> its caller's record
         self._lock = threading.Condition()
         self._collector: threading.Thread | None = None
-        self._pushing = threading.Lock()
+        self._pushing = threading.Lock()  # held by the one push request in flight
+        self._queued: list[_Push] = []  # push calls waiting for the next request
         self._downloading: set[str] = set()  # replies found, their parts on their way
 
     def __getattr__(self, name: str) -> Any:  # anything a Grid subclass adds
@@ -73,16 +88,47 @@ class PollingGrid(Grid):
         return self._grid.get_node_ids()
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        messages = list(messages)
         if self._runtime_client() is not None:  # deployed: each array record in one part
-            messages = list(messages)
             for message in messages:
                 if isinstance(message, Message) and message.has_content():
                     message.content = pack(message.content)
-        # one push at a time: a part that several messages share (the global payload)
-        # is uploaded by the first and already stored for the next; pushed at once from
-        # the legacy loop's threads, every message uploaded it again
+        # One push request at a time, and the messages that came while it ran go
+        # together in the next: the legacy loop's threads push a message each, at
+        # once; pushed apart, each request stored the shared payload again (or, one
+        # after another, waited for the one before); pushed together, Flower's grid
+        # uploads each distinct part once, in one request per part.
+        push = _Push(messages)
+        with self._lock:
+            self._queued.append(push)
         with self._pushing:
-            return self._grid.push_messages(messages)
+            if not push.done:  # not pushed by the request before: push every queued one
+                with self._lock:
+                    group, self._queued = self._queued, []
+                self._push_group(group)
+        if push.error is not None:
+            raise push.error
+        return push.ids
+
+    def _push_group(self, group: list[_Push]) -> None:
+        try:
+            ids = list(self._grid.push_messages([m for p in group for m in p.messages]))
+            if len(ids) == sum(len(p.messages) for p in group):  # an id (or None) each, in order
+                for push in group:
+                    push.ids, ids = ids[: len(push.messages)], ids[len(push.messages) :]
+            else:  # a grid that leaves out what it did not store (Flower's in-memory one)
+                stored = set(ids)
+                for push in group:
+                    push.ids = [
+                        m.metadata.message_id
+                        for m in push.messages
+                        if m.metadata.message_id in stored
+                    ]
+        except Exception as err:  # noqa: BLE001 - raised in each caller, as its own push would
+            for push in group:
+                push.error = err
+        for push in group:
+            push.done = True
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         return self._grid.pull_messages(message_ids)

@@ -237,8 +237,8 @@ def test_the_site_idle_poll_backs_off_and_resets_on_a_message(monkeypatch):
     assert slept[-1] == 3.0
     assert loop._pull_and_store_message(run_id=7) == 7  # a message: fast again
     loop.time.sleep(3)
-    loop.time.sleep(0.5)  # waiting for the local ClientApp's reply
-    assert slept[-2:] == pytest.approx([0.1, 0.1])
+    loop.time.sleep(0.5)  # waiting for the local ClientApp's reply, or a part of it
+    assert slept[-2:] == pytest.approx([0.1, 0.02])
 
 
 def test_the_site_asks_again_at_once_after_a_pull_the_superlink_held_open(monkeypatch):
@@ -345,17 +345,73 @@ def test_the_warm_superexec_forgets_exactly_the_projects_packages():
     assert out.stdout.strip() == "ok", out.stderr
 
 
+class _SlowPushGrid:
+    """Its first push waits until ``waiting`` more calls are queued behind it."""
+
+    def __init__(self, grid_of, waiting: int) -> None:
+        self.grid_of, self.waiting, self.pushes, self.fail = grid_of, waiting, [], False
+        self.entered = threading.Event()
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        self.entered.set()
+        if not self.pushes:
+            deadline = time.monotonic() + 30
+            while len(self.grid_of()._queued) < self.waiting and time.monotonic() < deadline:
+                time.sleep(0.005)
+        self.pushes.append(messages)
+        if self.fail:
+            raise ConnectionError("superlink gone")
+        return [f"id-{m}" for m in messages]
+
+
+def test_pushes_that_come_while_one_is_in_flight_go_together_in_the_next() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from server_app import grid as polling
+
+    fake = _SlowPushGrid(lambda: grid, waiting=3)
+    grid = polling.PollingGrid(fake)
+    with ThreadPoolExecutor(4) as pool:
+        first = pool.submit(grid.push_messages, ["a"])
+        assert fake.entered.wait(30)  # "a" is in flight: the next three queue behind it
+        rest = {c: pool.submit(grid.push_messages, [c, c.upper()]) for c in "bcd"}
+        assert list(first.result(timeout=30)) == ["id-a"]
+        for c, call in rest.items():  # each caller gets its own messages' ids, in order
+            assert list(call.result(timeout=30)) == [f"id-{c}", f"id-{c.upper()}"]
+    # two requests, not four: the three that queued behind the first went in one
+    assert [sorted(p) for p in fake.pushes] == [["a"], ["B", "C", "D", "b", "c", "d"]]
+    # a failed request fails every call it carried; the next push is a new request
+    fake.fail, fake.pushes, fake.waiting = True, [], 0
+    with ThreadPoolExecutor(3) as pool:
+        calls = [pool.submit(grid.push_messages, [c]) for c in "xyz"]
+        for call in calls:
+            with pytest.raises(ConnectionError, match="superlink gone"):
+                call.result(timeout=30)
+    fake.fail = False
+    assert list(grid.push_messages(["w"])) == ["id-w"] and fake.pushes[-1] == ["w"]
+
+
 def test_a_missing_message_part_is_asked_for_again_soon(monkeypatch):
     from flwr.supercore.inflatable import inflatable_utils as objects
 
-    from pflower.patches import FIRST_OBJECT_RETRY, OBJECT_RETRY_CAP, object_retries
+    from pflower.patches import (
+        FIRST_OBJECT_RETRY,
+        OBJECT_PATIENCE,
+        OBJECT_RETRY_CAP,
+        object_retries,
+    )
 
     for fn in (objects.pull_objects, objects.pull_and_inflate_object_from_tree):
         monkeypatch.setitem(fn.__kwdefaults__, "initial_backoff", 1)  # Flower's, restored after
         monkeypatch.setitem(fn.__kwdefaults__, "backoff_cap", 10)
+        monkeypatch.setitem(fn.__kwdefaults__, "max_tries_per_object", 500)
     assert object_retries()
-    assert objects.pull_objects.__kwdefaults__["backoff_cap"] == OBJECT_RETRY_CAP < 1
-    tries = iter([objects.ObjectUnavailableError("x"), objects.ObjectUnavailableError("x")])
+    kw = objects.pull_objects.__kwdefaults__
+    assert kw["backoff_cap"] == OBJECT_RETRY_CAP < 1
+    # as patient as before the cap came down (500 tries at 0.5 s): a slow upload still lands
+    assert kw["max_tries_per_object"] * OBJECT_RETRY_CAP >= 500 * 0.5 == OBJECT_PATIENCE
+    tries = iter([objects.ObjectUnavailableError("x")] * 5)
 
     def pull(object_id: str) -> bytes:
         if (err := next(tries, None)) is not None:
@@ -364,8 +420,9 @@ def test_a_missing_message_part_is_asked_for_again_soon(monkeypatch):
 
     t0 = time.monotonic()
     assert objects.pull_objects(["x"], pull) == {"x": b"part"}
-    # two retries: about 0.05 + 0.1 s (jitter 20%), where Flower waits about 1 + 2 s
-    assert FIRST_OBJECT_RETRY == 0.05 and time.monotonic() - t0 < 0.5
+    # five retries: about 0.05 + 4 x 0.1 s (jitter 20%), where Flower waits about 1 + 2 +
+    # 4 + 8 + 10 s, and a cap of 0.5 s about 1.25 s
+    assert FIRST_OBJECT_RETRY == 0.05 and time.monotonic() - t0 < 0.9
 
 
 def test_median_phases_reads_only_phase_lines_and_takes_each_phase_median() -> None:

@@ -8,7 +8,7 @@ speed measured in docs/PERFORMANCE.md; none changes what is computed or sent.
 | ``linkstate-index`` | flwr ``InMemoryLinkState.store_message_ins`` / ``get_message_ins``, ``vce_api.add_messages_to_queue`` | the simulation engine scanned every stored message for every node ten times a second (N^2 per round) | flwr 1.39.0 |
 | ``supernode-backoff`` | flwr ``start_client_internal``'s ``time`` and ``_pull_and_store_message`` | a SuperNode slept 3 s between empty pulls | flwr 1.39.0 |
 | ``fleet-long-poll`` | flwr ``message_handler.pull_messages`` (the SuperLink's Fleet ``PullMessages``), ``InMemoryLinkState`` / ``SqlLinkState.store_message_ins`` | a site learnt of its next message at its next poll, 0.4-0.7 s a message in a deployed round | flwr 1.39.0 |
-| ``object-retries`` | the ``initial_backoff`` and ``backoff_cap`` defaults of flwr's ``pull_objects`` / ``pull_and_inflate_object_from_tree`` | a message part not there yet was asked for again after 1 s, then up to 10 s apart | flwr 1.39.0 |
+| ``object-retries`` | the ``initial_backoff``, ``backoff_cap`` and ``max_tries_per_object`` defaults of flwr's ``pull_objects`` / ``pull_and_inflate_object_from_tree`` | a message part not there yet was asked for again after 1 s, then up to 10 s apart | flwr 1.39.0 |
 | ``fab-reuse`` | flwr ``run_clientapp.install_from_fab`` | a ClientApp unpacked and hashed the whole FAB on every message, then used the copy installed before | flwr 1.39.0 |
 | ``superexec-fork`` | flwr ``run_superexec.get_executor`` | a ClientApp started a fresh Python per message | flwr 1.39.0 |
 | ``clientapp-task-end`` | flwr ``run_clientapp.flwr_exit``, in a warm SuperExec's worker | a ClientApp process exited after each message: the app imported, its config read and its model built again for the next | flwr 1.39.0 |
@@ -178,9 +178,10 @@ def linkstate_index() -> bool:
 
 FIRST_WAIT, GROWTH = 0.1, 1.5
 FLOWER_IDLE_WAIT = 3.0  # start_client_internal's sleep when no message came
-LOCAL_WAIT = 0.1  # in place of its 0.5 s polls of the node's own state
+LOCAL_WAIT = 0.02  # in place of its 0.5 s polls of the node's own state
 FIRST_OBJECT_RETRY = 0.05  # Flower's first retry of a missing object: 1 s
-OBJECT_RETRY_CAP = 0.5  # Flower's longest wait between retries: 10 s
+OBJECT_RETRY_CAP = 0.1  # Flower's longest wait between retries: 10 s
+OBJECT_PATIENCE = 250.0  # about how long a missing part is asked for before the pull fails
 LONG_POLL = 2.0  # how long a patched SuperLink holds a SuperNode's empty pull open
 LONG_POLLS_HELD = 100  # at most this many at once (of Flower's 1,000 Fleet threads)
 HELD_PULL = 0.5 * LONG_POLL  # an empty pull this long was held open
@@ -190,7 +191,8 @@ class IdleBackoff:
     """Stands in for the ``time`` module inside Flower's SuperNode loop: the idle
     sleep starts at 0.1 s after each message and grows 1.5 times per empty pull up
     to Flower's 3 s, and is skipped after a pull the SuperLink held open (its
-    ``fleet-long-poll``); the waits for a local ClientApp's reply become 0.1 s."""
+    ``fleet-long-poll``); its 0.5 s waits for a local ClientApp's reply, and for each
+    of its parts, become 0.02 s (a lookup in the node's own state)."""
 
     def __init__(self) -> None:
         self.wait = FIRST_WAIT
@@ -298,7 +300,9 @@ def fleet_long_poll() -> bool:
 
 def object_retries() -> bool:
     """``object-retries``: a message part that is not there yet is asked for again
-    after 0.05 s, doubling up to 0.5 s, not after 1 s up to 10 s. A receiver learns
+    after 0.05 s, doubling up to 0.1 s, not after 1 s up to 10 s, and as many more
+    times that a part is still waited for about 250 s, as with a 0.5 s cap (a
+    reply's download waited up to 0.4 s past its last part's upload). A receiver learns
     of a message before its parts have all arrived (a warm ClientApp, a SuperNode
     while the ServerApp still uploads, the ServerApp while a site still uploads its
     reply), and each wait past the arrival is time the round waits."""
@@ -312,6 +316,7 @@ def object_retries() -> bool:
             raise UntestedVersion(f"flwr's {fn.__name__} takes no initial_backoff")
         fn.__kwdefaults__["initial_backoff"] = FIRST_OBJECT_RETRY
         fn.__kwdefaults__["backoff_cap"] = OBJECT_RETRY_CAP
+        fn.__kwdefaults__["max_tries_per_object"] = int(OBJECT_PATIENCE / OBJECT_RETRY_CAP)
     return True
 
 
