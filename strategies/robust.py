@@ -81,6 +81,7 @@ class NormCheck:
     limit: float | None = None  # r x median norm; None when off
     clipped: int = 0
     rejected: list[int] | None = None  # indices of rejected replies
+    norms: list[float] | None = None  # each update's norm as it came; None when off
 
 
 def bound_updates(
@@ -95,7 +96,7 @@ def bound_updates(
     check = NormCheck(rejected=[])
     if ratio <= 0 or not uploads:
         return uploads, check
-    norms = [update_norm(u, r) for u, r in zip(uploads, references)]
+    norms = check.norms = [update_norm(u, r) for u, r in zip(uploads, references)]
     check.limit = ratio * lower_median(norms + list(history or []))
     out = []
     for i, (u, r, n) in enumerate(zip(uploads, references, norms)):
@@ -291,9 +292,8 @@ def bound_replies(
             decoded[id(payload)] = align(arrays) if align else arrays
         references.append(decoded[id(payload)])
     earlier = history.values() if history is not None else []
-    uploads, check = bound_updates(
-        [r.arrays for r in replies], references, bounds.norm_bound, bounds.action, earlier
-    )
+    came = [r.arrays for r in replies]
+    uploads, check = bound_updates(came, references, bounds.norm_bound, bounds.action, earlier)
     for r, u in zip(replies, uploads):
         r.arrays = u
     if check.limit is not None:
@@ -321,8 +321,15 @@ def bound_replies(
             )
         extra["against_the_round"] = len(against)
     kept = [i for i in range(len(replies)) if i not in reasons]
-    if history is not None:
-        history.add([update_norm(uploads[i], references[i]) for i in kept])
+    if history is not None:  # a norm taken above holds for an update left as it came
+        history.add(
+            [
+                check.norms[i]
+                if check.norms is not None and uploads[i] is came[i]
+                else update_norm(uploads[i], references[i])
+                for i in kept
+            ]
+        )
     return [replies[i] for i in kept], [reasons[i] for i in sorted(reasons)]
 
 

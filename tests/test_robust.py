@@ -282,3 +282,29 @@ def test_the_median_update_in_slices_is_the_whole_stacks_median(monkeypatch) -> 
     )
     assert abs(moved @ unit) < 1e-3  # the component along the median is gone
     assert out[0][3] is uploads[0][3] and out[0][4] is uploads[0][4]
+
+
+def test_the_norm_history_takes_each_norm_once_and_as_the_update_was_kept(monkeypatch) -> None:
+    """The norms the history keeps are those of the updates as aggregated (a clipped one
+    after its clip), and an update left as it came is not measured a second time."""
+    import strategies.robust as robust
+
+    rng = np.random.default_rng(3)
+    strategy = make_strategy(config(method="fedavg"))
+    start = [a.copy() for a in strategy.global_arrays]
+    honest = [_honest(start, k, rng) for k in range(4)]
+    scaled = [(s + 50.0 * (b - s)).astype(b.dtype) for s, b in zip(start, honest[0])]
+    kept: list[list[np.ndarray]] = []
+    calls = []
+    monkeypatch.setattr(robust, "update_norm", lambda u, r: calls.append(1) or update_norm(u, r))
+    weighted_mean = robust.weighted_mean  # the arrays the round averages: what was kept
+    monkeypatch.setattr(
+        robust, "weighted_mean", lambda arrays, w: kept.extend(arrays) or weighted_mean(arrays, w)
+    )
+    replies = [(FakeProxy(i), fit_res(u, f"c{i}", 48)) for i, u in enumerate([*honest, scaled])]
+    strategy.aggregate_fit(1, replies, [])
+    assert len(kept) == 5
+    want = [update_norm(u, [a.astype(np.float64) for a in start]) for u in kept]
+    assert strategy.norm_history.values() == pytest.approx(want, rel=1e-12)
+    assert want[-1] < 4 * min(want[:-1])  # the 50x update was clipped before it was kept
+    assert len(calls) == 5 + 1  # each update once, and the clipped one again after its clip
