@@ -124,11 +124,12 @@ class PollingGrid(Grid):
                         for m in push.messages
                         if m.metadata.message_id in stored
                     ]
-        except Exception as err:  # noqa: BLE001 - raised in each caller, as its own push would
+        except BaseException as err:  # noqa: BLE001 - raised in each caller, as its own push would
             for push in group:
                 push.error = err
-        for push in group:
-            push.done = True
+        finally:
+            for push in group:
+                push.done = True
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         return self._grid.pull_messages(message_ids)
