@@ -232,6 +232,9 @@ def _pfl_research(cell: Cell) -> None:
     os.execv(str(python), [str(python), "-m", "benchmarks.pfl_peer", str(cell.dir)])
 
 
+LOG_TAIL = 30  # lines of a failed deployed run's log in its cell's error
+
+
 def _deployment(cell: Cell, warm: bool) -> None:
     """A loopback deployment, one SuperNode per client, dialing the SuperLink through
     a byte-counting relay; the run's results.json gains the wire bytes. ``warm``: the
@@ -253,8 +256,16 @@ def _deployment(cell: Cell, warm: bool) -> None:
             for site, proc in fed.nodes.items():
                 fed.wait_for(lambda p=proc: "SuperNode ID" in p.text(), 300, site, proc)
             t0 = time.perf_counter()
-            status = fed.wait_run(fed.run({**cell.config, "log-phases": True}), 3600)
+            run_id = fed.run({**cell.config, "log-phases": True})
+            status = fed.wait_run(run_id, 3600)
             wall = time.perf_counter() - t0
+            if not (cell.dir / "results.json").exists():  # the ServerApp's log says why
+                log = fed.flwr("log", str(run_id), "loopback", "--show").stdout
+                tail = "\n".join(log.strip().splitlines()[-LOG_TAIL:])
+                raise RuntimeError(
+                    f"the deployed run ended '{status}' and wrote no results; "
+                    f"the end of its log (flwr log {run_id}):\n{tail}"
+                )
         finally:
             fed.close()
         # a SuperNode's, or its SuperExec's (warm) ClientApps' phase lines

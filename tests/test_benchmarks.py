@@ -405,6 +405,68 @@ sim-samples = 40
     assert {"queued", "python+flwr", "app imports", "train"} <= set(phases)
 
 
+class _FailingFederation:
+    """A loopback federation whose run ends failed with no results, as a crashed
+    ServerApp's does; its ``flwr log`` is a traceback."""
+
+    def __init__(self, root: Path, isolation: str, warm: bool) -> None:
+        from types import SimpleNamespace
+
+        self.nodes, self.procs, self.fleet_port, self.asked = {}, [], 1, []
+        self.site = SimpleNamespace(text=lambda: "SuperNode ID")
+
+    def start_superlink(self) -> None:
+        pass
+
+    def start_supernode(self, *args):
+        return self.site
+
+    def wait_for(self, *args) -> None:
+        pass
+
+    def run(self, config) -> int:
+        return 7
+
+    def wait_run(self, run_id: int, timeout: float) -> str:
+        return "finished:failed"
+
+    def flwr(self, *args):
+        from types import SimpleNamespace
+
+        self.asked.append(args)
+        return SimpleNamespace(stdout="early line\n" * 50 + "RuntimeError: planted\n")
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_deployed_run_that_fails_stops_its_cell_with_the_end_of_its_log(tmp_path, monkeypatch):
+    import server_app.loopback as loopback
+
+    feds: list[_FailingFederation] = []
+    monkeypatch.setattr(
+        loopback,
+        "LoopbackFederation",
+        lambda *a, **k: feds.append(_FailingFederation(*a, **k)) or feds[-1],
+    )
+    monkeypatch.setattr(loopback, "CountingRelay", lambda port: type("R", (), {"port": 2})())
+    text = """
+description = "one deployed round"
+methods = ["fedper"]
+engine = "deployment"
+clients = 2
+rounds = 1
+"""
+    cell = _preset(tmp_path, text).cells(runs=tmp_path / "runs")[0]
+    cell.dir.mkdir(parents=True)
+    with pytest.raises(RuntimeError, match="ended 'finished:failed'") as err:
+        runner._deployment(cell, warm=False)
+    assert feds[0].asked == [("log", "7", "loopback", "--show")]
+    message = str(err.value)
+    assert message.endswith("RuntimeError: planted")  # the ServerApp's own error
+    assert message.count("early line") == runner.LOG_TAIL - 1  # the end of the log only
+
+
 @pytest.mark.slow
 def test_pfl_research_runs_the_same_workload_beside_our_engine(tmp_path):
     """The side-by-side's CI variant: pfl-research (installed into its own environment
