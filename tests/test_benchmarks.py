@@ -382,9 +382,7 @@ def test_the_report_draws_heatmaps_and_tabulates_phases(tmp_path):
     assert report.phases_table(rows) == []
 
 
-@pytest.mark.slow
-def test_a_deployment_cell_counts_wire_bytes_and_logs_each_message(tmp_path):
-    text = """
+ONE_DEPLOYED_ROUND = """
 description = "one deployed round"
 methods = ["fedper"]
 engine = "deployment"
@@ -394,7 +392,11 @@ rounds = 1
 dataset = "synthetic"
 sim-samples = 40
 """
-    cell = _preset(tmp_path, text).cells(runs=tmp_path / "runs")[0]
+
+
+@pytest.mark.slow
+def test_a_deployment_cell_counts_wire_bytes_and_logs_each_message(tmp_path):
+    cell = _preset(tmp_path, ONE_DEPLOYED_ROUND).cells(runs=tmp_path / "runs")[0]
     runner.run_cell(cell, timeout=600)
     res = json.loads((cell.dir / "results.json").read_text())
     assert res["run_status"] == "finished:completed" and len(res["rounds"]) == 1
@@ -450,14 +452,7 @@ def test_a_deployed_run_that_fails_stops_its_cell_with_the_end_of_its_log(tmp_pa
         lambda *a, **k: feds.append(_FailingFederation(*a, **k)) or feds[-1],
     )
     monkeypatch.setattr(loopback, "CountingRelay", lambda port: type("R", (), {"port": 2})())
-    text = """
-description = "one deployed round"
-methods = ["fedper"]
-engine = "deployment"
-clients = 2
-rounds = 1
-"""
-    cell = _preset(tmp_path, text).cells(runs=tmp_path / "runs")[0]
+    cell = _preset(tmp_path, ONE_DEPLOYED_ROUND).cells(runs=tmp_path / "runs")[0]
     cell.dir.mkdir(parents=True)
     with pytest.raises(RuntimeError, match="ended 'finished:failed'") as err:
         runner._deployment(cell, warm=False)
