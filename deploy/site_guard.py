@@ -202,15 +202,19 @@ def _arrays(record_dict: Any) -> list[dict[str, Any]]:
 
 
 def _unpacked(content: Any) -> Any:
-    """The arrays as packed; a manifest that does not match its bytes is logged, and
-    the packed array listed as it left (the ledger lists what left, whatever it is)."""
-    from pflower.packing import unpack
+    """The records as packed; a header that does not match its bytes is logged, and
+    the packed bytes listed as one uint8 array, as they left (the ledger lists what
+    left, whatever it is)."""
+    from flwr.common import Array, ArrayRecord, RecordDict
+
+    from pflower.packing import PACKED, packed_body, unpack
 
     try:
         return unpack(content)
     except ValueError as err:
-        log.error("site ledger: a packed reply's manifest does not match (%s)", err)
-        return content
+        log.error("site ledger: a packed reply's header does not match (%s)", err)
+        body = packed_body(content)
+        return RecordDict({PACKED: ArrayRecord({"body": Array("uint8", (len(body),), "", body)})})
 
 
 def _keys(records: dict[str, Any]) -> list[str]:

@@ -1,6 +1,6 @@
-"""A message's arrays in one part on the deployed wire (pflower/packing.py): the same
-content back, fewer parts, a manifest that must describe its bytes exactly, and each
-side (the ServerApp's grid, the ClientApp, the site's ledger) doing its part."""
+"""A message's content in one part on the deployed wire (pflower/packing.py): the same
+content back, 3 parts, a header that must describe its bytes exactly, and each side
+(the ServerApp's grid, the ClientApp, the site's ledger) doing its part."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from flwr.common import (
     FitIns,
     FitRes,
     MessageType,
+    MetricRecord,
     RecordDict,
     Status,
     ndarrays_to_parameters,
@@ -30,7 +31,7 @@ from flwr.compat.common.recorddict_compat import fitins_to_recorddict, fitres_to
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
 from deploy.site_guard import ledger_line
-from pflower.packing import MANIFEST, is_packed, pack, unpack
+from pflower.packing import BODY, HEADER, PACKED, is_packed, pack, unpack
 
 # a cnn4-like state: ten tensors of several shapes and dtypes
 TENSORS = [np.random.default_rng(i).random(s).astype(np.float32) for i, s in enumerate(
@@ -46,58 +47,98 @@ def _message(content: RecordDict) -> Message:
     return Message(content, metadata=Metadata(7, "", 1, 0, "m", "3", 0.0, 60.0, "train"))
 
 
-def test_packed_content_is_the_same_content_in_fewer_parts() -> None:
+def _parts(content: RecordDict) -> int:
+    return len(get_all_nested_objects(_message(content)))
+
+
+def test_packed_content_is_the_same_content_in_three_parts() -> None:
     content = _fit_ins()
     packed = pack(content)
-    assert is_packed(packed) and [len(r) for r in packed.array_records.values()] == [1]
-    assert packed.config_records["fitins.config"] == content.config_records["fitins.config"]
-    parts = len(get_all_nested_objects(_message(content)))
-    packed_parts = len(get_all_nested_objects(_message(packed)))
-    assert parts >= 2 * len(TENSORS) + 3 and packed_parts <= 7, (parts, packed_parts)
-    # the same bytes in the same order: a digest of the sent payload does not change
-    (blob,) = [a.data for r in packed.array_records.values() for a in r.values()]
-    arrays = [a.data for r in content.array_records.values() for a in r.values()]
-    assert hashlib.sha256(blob).digest() == hashlib.sha256(b"".join(arrays)).digest()
+    assert is_packed(packed) and list(packed.keys()) == [PACKED]
+    assert _parts(content) >= 2 * len(TENSORS) + 4 and _parts(packed) == 3
+    # the arrays' bytes, in their order, one after another
+    arrays = b"".join(a.data for r in content.array_records.values() for a in r.values())
+    body = packed.config_records[PACKED][BODY]
+    assert hashlib.sha256(body[: len(arrays)]).digest() == hashlib.sha256(arrays).digest()
     back = unpack(packed)
     assert back.object_id == content.object_id  # exactly what was packed, records and all
+    assert list(back.keys()) == list(content.keys())
     assert pack(packed) is packed  # packed once
 
 
-def test_content_with_nothing_to_pack_is_left_as_it_is() -> None:
-    one = RecordDict({"a": ArrayRecord([np.ones(3)]), "c": ConfigRecord({"x": 1})})
-    assert pack(one) is one and unpack(one) is one and not is_packed(one)
+def test_every_kind_of_record_comes_back_as_it_was() -> None:
+    content = RecordDict(
+        {
+            "m": MetricRecord({"loss": 0.25, "counts": [1, 2]}),
+            "a": ArrayRecord({"w": Array(np.ones((2, 3), np.float32))}),
+            "empty": ArrayRecord(),
+            "c": ConfigRecord({"b": b"\x00raw", "s": "text", "t": True, "f": [0.5]}),
+        }
+    )
+    packed = pack(content)
+    assert is_packed(packed) and _parts(packed) == 3 < _parts(content)
+    back = unpack(packed)
+    assert back.object_id == content.object_id and list(back.keys()) == list(content.keys())
+    assert isinstance(back["m"], MetricRecord) and isinstance(back["c"], ConfigRecord)
+
+
+def test_one_array_alone_is_packed_too() -> None:
+    content = RecordDict({"a": ArrayRecord({"w": Array(np.ones(3))})})  # 5 parts: 3 packed
+    assert _parts(pack(content)) == 3 < _parts(content) == 5
+
+
+def test_content_with_nothing_to_gain_is_left_as_it_is() -> None:
+    for content in (RecordDict(), RecordDict({"c": ConfigRecord({"x": 1})})):
+        assert pack(content) is content and unpack(content) is content
+        assert not is_packed(content)
 
 
 def _tampered(change: str) -> RecordDict:
     packed = pack(_fit_ins())
-    entries = json.loads(packed.config_records[MANIFEST]["fitins.parameters"])
+    record = packed.config_records[PACKED]
+    header = json.loads(record[HEADER])
+    params, config = header  # fitins.parameters, fitins.config
     if change == "short":
-        entries[-1][4] -= 1
+        params[2][-1][4] -= 1
     elif change == "long":
-        entries[-1][4] += 1
+        config[2] += 1
     elif change == "duplicate key":
-        entries[1][0] = entries[0][0]
+        params[2][1][0] = params[2][0][0]
+    elif change == "duplicate record":
+        config[0] = params[0]
     elif change == "negative size":
-        entries[0][4], entries[1][4] = -1, entries[1][4] + entries[0][4] + 1
+        params[2][0][4], params[2][1][4] = -1, params[2][1][4] + params[2][0][4] + 1
     elif change == "not a size":
-        entries[0][4] = "many"
-    elif change == "a record not there":
-        packed.config_records[MANIFEST]["elsewhere"] = "[]"
-    elif change == "two arrays":
-        packed.array_records["fitins.parameters"]["extra"] = Array(np.ones(2))
-    packed.config_records[MANIFEST]["fitins.parameters"] = json.dumps(entries)
+        params[2][0][4] = "many"
+    elif change == "a size that is a bool":
+        config[2] = True
+    elif change == "unknown kind":
+        config[1] = "secret"
+    elif change == "config as metric":
+        config[1] = "metric"
+    elif change == "a value beside":
+        record["extra"] = 1
+    elif change == "a record beside":
+        packed["elsewhere"] = ConfigRecord({"x": 1})
+    elif change == "body not bytes":
+        record[BODY] = "text"
+    record[HEADER] = json.dumps(header)
     if change == "not json":
-        packed.config_records[MANIFEST]["fitins.parameters"] = "[["
+        record[HEADER] = "[["
     return packed
 
 
-@pytest.mark.parametrize(
-    "change",
-    ["short", "long", "duplicate key", "negative size", "not a size", "not json",
-     "a record not there", "two arrays"],
-)  # fmt: skip
-def test_a_manifest_that_does_not_describe_its_bytes_unpacks_nothing(change: str) -> None:
-    with pytest.raises(ValueError, match="pack"):
+CHANGES = [
+    "short", "long", "duplicate key", "duplicate record", "negative size", "not a size",
+    "a size that is a bool", "unknown kind", "config as metric", "a value beside",
+    "a record beside", "body not bytes", "not json",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_a_header_that_does_not_describe_its_bytes_unpacks_nothing(change: str) -> None:
+    unpack(_tampered("none"))  # the helper itself leaves a valid packing
+    with pytest.raises(ValueError, match="packed content"):
         unpack(_tampered(change))
 
 
@@ -220,13 +261,13 @@ def test_the_ledger_lists_a_packed_reply_array_by_array(caplog) -> None:
     packed = ledger_line(_message(pack(_fit_reply_content())), None, {"method": "fedper"}, app="a")
     assert packed["arrays"] == plain["arrays"] and len(plain["arrays"]) == len(TENSORS)
     assert packed["metrics"] == plain["metrics"] and packed["bytes"] == plain["bytes"]
-    # a manifest that lies about its bytes: the packed array is listed as it left, and said
-    reply = _fit_reply_content()
-    tampered = pack(reply)
-    entries = json.loads(tampered.config_records[MANIFEST]["fitres.parameters"])
-    entries[0][4] -= 4
-    tampered.config_records[MANIFEST]["fitres.parameters"] = json.dumps(entries)
+    # a header that lies about its bytes: the packed bytes are listed as they left, and said
+    tampered = pack(_fit_reply_content())
+    header = json.loads(tampered.config_records[PACKED][HEADER])
+    header[0][2] -= 4  # fitres.metrics: shorter than its bytes
+    tampered.config_records[PACKED][HEADER] = json.dumps(header)
     with caplog.at_level(logging.ERROR, logger="flwr"):
         line = ledger_line(_message(tampered), None, {"method": "fedper"}, app="a")
-    assert [a["name"] for a in line["arrays"]] == ["fitres.parameters.packed"]
-    assert line["bytes"] == plain["bytes"] and "does not match" in caplog.text
+    body = tampered.config_records[PACKED][BODY]
+    assert [a["name"] for a in line["arrays"]] == [f"{PACKED}.body"]
+    assert line["bytes"] == len(body) > plain["bytes"] and "does not match" in caplog.text
