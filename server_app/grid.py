@@ -30,6 +30,7 @@ a request of its own at every hop.
 from __future__ import annotations
 
 import copy
+import logging
 import threading
 import time
 from collections.abc import Iterable
@@ -41,6 +42,8 @@ from flwr.server import Grid
 from pflower.packing import pack, unpack
 
 FIRST_WAIT, GROWTH, LONGEST_WAIT = 0.02, 1.5, 0.1
+
+log = logging.getLogger("flwr")
 
 
 class _Awaited:
@@ -137,7 +140,12 @@ class PollingGrid(Grid):
     def send_and_receive(
         self, messages: Iterable[Message], *, timeout: float | None = None
     ) -> Iterable[Message]:
-        awaited = _Awaited(set(self.push_messages(messages)))
+        ids = list(self.push_messages(messages))
+        if None in ids:  # Flower's HttpGrid could not store these: no reply will come
+            log.warning(
+                "%d of %d messages were not pushed; not waiting for them", ids.count(None), len(ids)
+            )
+        awaited = _Awaited({i for i in ids if i is not None})
         if not awaited.ids:
             return []
         with self._lock:

@@ -111,6 +111,16 @@ class _FakeGrid:
         return [1, 2]
 
 
+class _Unstored(_FakeGrid):
+    """Stores nothing: every pushed message's id is None."""
+
+    def __init__(self) -> None:
+        super().__init__(delay=0)
+
+    def push_messages(self, messages):
+        return [None for _ in messages]
+
+
 def test_the_server_grid_collects_every_clients_reply_in_one_poll(monkeypatch):
     from concurrent.futures import ThreadPoolExecutor
 
@@ -134,6 +144,15 @@ def test_the_server_grid_collects_every_clients_reply_in_one_poll(monkeypatch):
     assert (
         list(polling.PollingGrid(_FakeGrid(delay=10**9)).send_and_receive(["x"], timeout=0.2)) == []
     )
+    # a message the SuperLink did not store (Flower's HttpGrid returns None for it) is
+    # not awaited: the caller gets the replies to the others, and the collector never
+    # asks for None
+    partial = _FakeGrid(delay=1)
+    partial.push_messages = lambda messages: [None, *_FakeGrid.push_messages(partial, messages[1:])]
+    replies = polling.PollingGrid(partial).send_and_receive(["lost", "kept"], timeout=30)
+    assert [r.metadata.reply_to_message_id for r in replies] == ["m0"]
+    assert partial.asked and all(None not in ids for ids in partial.asked)
+    assert list(polling.PollingGrid(_Unstored()).send_and_receive(["x"], timeout=None)) == []
     # a failed pull reaches the caller, as Flower's own send_and_receive would raise it
     fake.fail = True
     with pytest.raises(ConnectionError, match="superlink gone"):
