@@ -215,6 +215,8 @@ class PFLStrategy(Strategy):
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
         if self.cfg.eval_in_fit and server_round < self.cfg.num_server_rounds:
             return []  # the next round's fit replies carry this round's evaluation
+        if self.cfg.eval_in_fit and server_round in self.rounds:  # the closing evaluation
+            self.rounds[server_round].closing = time.perf_counter()
         sent = instructions(self, server_round, client_manager, self.cfg.fraction_evaluate, False)
         return [(proxy, EvaluateIns(payload, config)) for proxy, payload, config in sent]
 

@@ -36,6 +36,9 @@ class RoundLog:
 
     started: float = field(default_factory=time.perf_counter)
     ended: float | None = None  # eval-in-fit: when the next round began
+    # eval-in-fit: when the closing evaluation began (the last round ends there, as
+    # every other ends where the next round begins; the evaluation is timed apart)
+    closing: float | None = None
     bytes_down: int = 0
     bytes_up: int = 0
     bytes_down_eval: int = 0
@@ -201,7 +204,7 @@ class Rounds(dict[int, RoundLog]):
             "bytes_down": rl.bytes_down,
             "bytes_up": rl.bytes_up,
             "bytes_down_eval": rl.bytes_down_eval,
-            "seconds": (rl.ended or time.perf_counter()) - rl.started,
+            "seconds": (rl.ended or rl.closing or time.perf_counter()) - rl.started,
             "server_seconds": rl.server_seconds(),
             "replies": rl.replies,
             "rejected": rl.rejected,
@@ -209,6 +212,8 @@ class Rounds(dict[int, RoundLog]):
         }
         for name, values in sorted(means.items()):
             record[name.replace("-", "_") + "_mean"] = float(np.mean(values))
+        if rl.closing is not None:
+            record["closing_evaluation_seconds"] = time.perf_counter() - rl.closing
         record.update(rl.extra)
         if self.recorder is not None:
             self.recorder.extra.update(self.facts.summary())

@@ -85,6 +85,33 @@ def test_a_message_logs_its_phases_and_the_server_records_its_own(tmp_path, capl
         assert sum(server.values()) <= record["seconds"] + 1e-6
 
 
+def test_the_last_round_ends_where_the_closing_evaluation_begins(tmp_path, monkeypatch):
+    """With eval-in-fit a round ends where the next begins; the last one ends where the
+    closing evaluation begins, and that evaluation is timed on its own (it used to
+    land in the last round's seconds, which the benchmarks' medians count)."""
+    from strategies import base
+
+    accept, slow = base.accept_evaluations, 2.0
+
+    def slow_closing(*args, **kwargs):  # only the closing evaluation goes through here
+        time.sleep(slow)
+        return accept(*args, **kwargs)
+
+    monkeypatch.setattr(base, "accept_evaluations", slow_closing)
+    cfg = {
+        "method": "fedper",
+        "dataset": "synthetic",
+        "sim-samples": 40,
+        "num-server-rounds": 3,
+        "output-dir": str(tmp_path),
+        "run-name": "closing",
+    }
+    assert parse_run_config(cfg).eval_in_fit
+    rounds = run_inprocess(cfg, 2)["rounds"]
+    assert [("closing_evaluation_seconds" in r) for r in rounds] == [False, False, True]
+    assert rounds[-1]["closing_evaluation_seconds"] >= slow > rounds[-1]["seconds"]
+
+
 class _FakeGrid:
     """Replies to each message ``delay`` pulls after it was pushed."""
 
