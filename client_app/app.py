@@ -275,8 +275,8 @@ def dropped_out(rate: float, seed: int, server_round: str, site: str) -> bool:
 
 
 def packing_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
-    """A deployed server sends each array record in one part (pflower/packing.py): the
-    other mods and the client see the arrays, and the reply goes back packed. A
+    """A deployed server sends a message's whole content in one part (pflower/packing.py):
+    the other mods and the client see its records, and the reply goes back packed. A
     ClientApp composed of ``build_client`` puts this mod first."""
     if not (msg.has_content() and is_packed(msg.content)):
         return call_next(msg, context)

@@ -22,9 +22,9 @@ So, on Flower's deployed grid, the collector's one request only finds the replie
 and each reply's parts are downloaded on a thread of its own, by Flower's own
 ``pull_messages`` handed that one reply.
 
-On Flower's deployed grid each message leaves with its arrays packed in one part, and
-each reply is unpacked before its caller sees it (pflower/packing.py): every part is
-a request of its own at every hop.
+On Flower's deployed grid each message leaves with its whole content packed in one
+part, and each reply is unpacked before its caller sees it (pflower/packing.py):
+every part is a request of its own at every hop.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class PollingGrid(Grid):
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         messages = list(messages)
-        if self._runtime_client() is not None:  # deployed: each array record in one part
+        if self._runtime_client() is not None:  # deployed: the whole content in one part
             for message in messages:
                 if isinstance(message, Message) and message.has_content():
                     message.content = pack(message.content)
