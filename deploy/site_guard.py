@@ -212,7 +212,7 @@ def _unpacked(content: Any) -> Any:
     try:
         return unpack(content)
     except ValueError as err:
-        log.error("site ledger: a packed reply's header does not match (%s)", err)
+        log.error("site ledger: a packed message's header does not match (%s)", err)
         body = packed_body(content)
         return RecordDict({PACKED: ArrayRecord({"body": Array("uint8", (len(body),), "", body)})})
 
@@ -269,10 +269,12 @@ def ledger_line(
     # record and its sample count in a metric record)
     metrics = [] if content is None else _keys({**content.metric_records, **content.config_records})
     error = reply.error.reason if reply.has_error() else ""
+    # what arrived packed is digested as unpacked: the same arrays, whether or not the
+    # ClientApp's packing_mod has unpacked the message in place by now
     incoming = (
         []
         if received is None or not received.has_content()
-        else [a for r in received.content.array_records.values() for a in r.values()]
+        else [a for r in _unpacked(received.content).array_records.values() for a in r.values()]
     )
     return {
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

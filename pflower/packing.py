@@ -51,7 +51,7 @@ def pack(content: RecordDict) -> RecordDict:
             header.append([name, "array", entries])
             body += [a.data for _, a in arrays]
         else:
-            kind = "config" if isinstance(record, ConfigRecord) else "metric"
+            kind = next(k for k, kind_of in KINDS.items() if isinstance(record, kind_of))
             data = record.deflate()
             header.append([name, kind, len(data)])
             body.append(data)

@@ -261,6 +261,12 @@ def test_the_ledger_lists_a_packed_reply_array_by_array(caplog) -> None:
     packed = ledger_line(_message(pack(_fit_reply_content())), None, {"method": "fedper"}, app="a")
     assert packed["arrays"] == plain["arrays"] and len(plain["arrays"]) == len(TENSORS)
     assert packed["metrics"] == plain["metrics"] and packed["bytes"] == plain["bytes"]
+    # what the server sent, as it arrived (packed) or as the ClientApp unpacked it
+    ins = _fit_ins()
+    reply = _message(_fit_reply_content())
+    sent = [ledger_line(reply, _message(c), {}, app="a")["received"] for c in (ins, pack(ins))]
+    arrays = [a.data for r in ins.array_records.values() for a in r.values()]
+    assert sent[0] == sent[1] and sent[1]["bytes"] == sum(map(len, arrays)) > 0
     # a header that lies about its bytes: the packed bytes are listed as they left, and said
     tampered = pack(_fit_reply_content())
     header = json.loads(tampered.config_records[PACKED][HEADER])
