@@ -42,6 +42,9 @@ from flwr.server import Grid
 from pflower.packing import pack, unpack
 
 FIRST_WAIT, GROWTH, LONGEST_WAIT = 0.02, 1.5, 0.1
+# How long a deployed grid's node list is reused: Flower's legacy loop asks the
+# SuperLink for it before every client-manager call, about 7 requests a round.
+NODE_LIST_SECONDS = 1.0
 
 log = logging.getLogger("flwr")
 
@@ -73,6 +76,7 @@ class PollingGrid(Grid):
         self._pushing = threading.Lock()  # held by the one push request in flight
         self._queued: list[_Push] = []  # push calls waiting for the next request
         self._downloading: set[str] = set()  # replies found, their parts on their way
+        self._nodes: tuple[float, list[int]] | None = None  # (when asked, the node ids)
 
     def __getattr__(self, name: str) -> Any:  # anything a Grid subclass adds
         return getattr(self._grid, name)
@@ -88,7 +92,16 @@ class PollingGrid(Grid):
         return self._grid.create_message(*args, **kwargs)
 
     def get_node_ids(self) -> Iterable[int]:
-        return self._grid.get_node_ids()
+        if self._runtime_client() is None:  # in memory: asking costs nothing
+            return self._grid.get_node_ids()
+        with self._lock:
+            if self._nodes is not None and time.monotonic() - self._nodes[0] < NODE_LIST_SECONDS:
+                return list(self._nodes[1])
+        asked = time.monotonic()
+        nodes = list(self._grid.get_node_ids())
+        with self._lock:
+            self._nodes = (asked, nodes)
+        return list(nodes)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         messages = list(messages)

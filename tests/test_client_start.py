@@ -186,6 +186,54 @@ def test_the_server_grid_collects_every_clients_reply_in_one_poll(monkeypatch):
         grid.send_and_receive(["e"], timeout=30)
 
 
+class _NodesRuntime:
+    """A Runtime API that answers GetNodes with the node ids it holds, counting asks."""
+
+    def __init__(self) -> None:
+        self.node_ids, self.asked = [1, 2], 0
+
+    def GetNodes(self, request):  # noqa: N802 - Flower's RPC name
+        from flwr.proto.node_pb2 import NodeInfo
+        from flwr.proto.runtime_pb2 import GetNodesResponse
+
+        self.asked += 1
+        return GetNodesResponse(nodes=[NodeInfo(node_id=i) for i in self.node_ids])
+
+
+def test_a_deployed_node_list_is_asked_for_once_a_second_at_most(monkeypatch):
+    """Flower's legacy loop asks the grid for the node ids before every client-manager
+    call (about 7 a round, each a request to the SuperLink). The deployed grid reuses
+    the list for NODE_LIST_SECONDS; a node that joins is seen after that."""
+    from flwr.supercore.run import Run
+    from flwr.superlink.grid.http_grid import HttpGrid
+
+    from server_app import grid as polling
+
+    now = [100.0]
+    monkeypatch.setattr(polling.time, "monotonic", lambda: now[0])
+    http = HttpGrid(token="t")
+    http.set_run(Run.create_empty(7))
+    http._client = runtime = _NodesRuntime()
+    grid = polling.PollingGrid(http)
+    assert [list(grid.get_node_ids()) for _ in range(7)] == [[1, 2]] * 7
+    assert runtime.asked == 1
+    runtime.node_ids = [1, 2, 3]  # a site joins
+    now[0] += polling.NODE_LIST_SECONDS / 2
+    assert list(grid.get_node_ids()) == [1, 2] and runtime.asked == 1
+    now[0] += polling.NODE_LIST_SECONDS / 2
+    assert list(grid.get_node_ids()) == [1, 2, 3] and runtime.asked == 2
+    grid.get_node_ids().append(9)  # a caller's list is its own
+    assert list(grid.get_node_ids()) == [1, 2, 3]
+    # a grid in memory (the simulation's) is asked every time: it costs nothing there
+    memory = _FakeGrid(delay=0)
+    asked = []
+    memory.get_node_ids = lambda: asked.append(1) or [1, 2]
+    in_memory = polling.PollingGrid(memory)
+    for _ in range(3):
+        assert list(in_memory.get_node_ids()) == [1, 2]
+    assert len(asked) == 3
+
+
 class _FakeRuntime:
     """The ServerApp's Runtime API on the SuperLink, as Flower's HttpGrid calls it:
     replies that are stored whole, except ``stuck``'s parts until ``gate`` is set
