@@ -267,6 +267,40 @@ def test_site_launcher_builds_the_supernode_command(capsys: pytest.CaptureFixtur
 # ---- Ray: the simulation joins an existing cluster --------------------------------------------
 
 
+def test_waiting_for_a_run_asks_the_cli_rarely_while_its_serverapp_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each status is a ``flwr`` CLI process (about 1 s of CPU): while a ServerApp
+    process of the harness is alive, wait_run asks for it every STATUS_WHILE_SERVING
+    s, not every STATUS_EVERY s, and once that process ends it finds the end soon."""
+    from server_app import loopback
+
+    monkeypatch.setattr(loopback, "STATUS_EVERY", 0.2)
+    monkeypatch.setattr(loopback, "WATCH_EVERY", 0.05)
+
+    class Watched(loopback.FlwrCli):
+        def __init__(self) -> None:
+            self.root, self.procs, self.asked = tmp_path, [], []
+
+        def status(self, run_id: int) -> str:
+            self.asked.append(time.monotonic())
+            return "running" if self.serverapp_running() else "finished:completed"
+
+    fed = Watched()
+    # a ServerApp for 2 s, a child of a process the harness started (as a SuperExec's)
+    fed._spawn("superexec", ["bash", "-c", "(exec -a flwr-serverapp sleep 2); sleep 60"], tmp_path)
+    try:
+        fed.wait_for(fed.serverapp_running, 10, "the ServerApp")
+        start = time.monotonic()
+        assert fed.wait_run(1, timeout=30) == "finished:completed"
+        took = time.monotonic() - start
+    finally:
+        fed.close()
+    assert 1.0 < took < 2 + 2 * loopback.STATUS_EVERY  # found the end soon after it came
+    assert len(fed.asked) <= 2  # asked every 0.2 s, as without a ServerApp: about 10
+    assert not fed.serverapp_running()  # the harness's processes are gone
+
+
 def test_simulation_joins_an_existing_ray_cluster(tmp_path: Path) -> None:
     (port,) = free_ports(1)
     temp = Path(f"/tmp/pflr{port}")  # Ray's socket paths must stay short
