@@ -53,8 +53,9 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def descendants(pid: int) -> list[int]:
-    """All live descendants of ``pid`` (children first found, then theirs)."""
+def descendants(*pids: int) -> list[int]:
+    """All live descendants of ``pids`` (children first found, then theirs), from
+    one read of /proc."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -65,7 +66,7 @@ def descendants(pid: int) -> list[int]:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
         children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [pid]
+    out, todo = [], list(pids)
     while todo:
         for child in children.get(todo.pop(), []):
             out.append(child)
@@ -286,13 +287,12 @@ class FlwrCli(ProcessGroup):
     def serverapp_running(self) -> bool:
         """Whether a ServerApp process (``flwr-serverapp``) started by this harness's
         processes is alive."""
-        for proc in self.procs:
-            for pid in descendants(proc.popen.pid):
-                try:
-                    if b"flwr-serverapp" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                        return True
-                except OSError:
-                    continue
+        for pid in descendants(*(proc.popen.pid for proc in self.procs)):
+            try:
+                if b"flwr-serverapp" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return True
+            except OSError:
+                continue
         return False
 
     def wait_run(self, run_id: int, timeout: float) -> str:
