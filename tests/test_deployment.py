@@ -296,7 +296,8 @@ def test_waiting_for_a_run_asks_the_cli_rarely_while_its_serverapp_runs(
         took = time.monotonic() - start
     finally:
         fed.close()
-    assert 1.0 < took < 2 + 2 * loopback.STATUS_EVERY  # found the end soon after it came
+    # found soon after it came (not at the backstop), with room for a loaded machine
+    assert 1.0 < took < 2 + 5 * loopback.STATUS_EVERY < loopback.STATUS_WHILE_SERVING
     assert len(fed.asked) <= 2  # asked every 0.2 s, as without a ServerApp: about 10
     assert not fed.serverapp_running()  # the harness's processes are gone
 
