@@ -310,7 +310,8 @@ def run_cell(cell: Cell, timeout: float | None, resume_at: int = 0) -> tuple[boo
         (cell.dir / "results.json").unlink(missing_ok=True)  # a partial run from before
     log_path = cell.dir / "cell.log"
     peak, t0, reason = [0], time.perf_counter(), ""
-    with open(log_path, "w") as log:
+    # a resumed cell's log goes on after its earlier part
+    with open(log_path, "a" if resume_at else "w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "benchmarks", "cell", cell_spec(spec)],
             cwd=REPO,
