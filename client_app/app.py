@@ -94,8 +94,11 @@ def build_client(context: Context, overrides: dict[str, Any] | None = None) -> C
     site = str(node.get("site", "") or f"client-{partition_id}")
     data_path = str(node.get("data-path", ""))
     device = pick_device(str(node.get("device", "")))
-    if device.type == "cpu" and torch.get_num_threads() > 1 and "num-partitions" in node:
-        torch.set_num_threads(1)  # simulated clients share the machine's cores
+    threads = int(node.get("torch-threads", 0))  # the in-process engine: one client at a time
+    if device.type == "cpu" and threads > 0:
+        torch.set_num_threads(threads)
+    elif device.type == "cpu" and torch.get_num_threads() > 1 and "num-partitions" in node:
+        torch.set_num_threads(1)  # simulated clients (Ray actors) share the machine's cores
     method = get_method(cfg.method)
     state_dir = str(node.get("state-dir", ""))
     model = copy.deepcopy(_template(cfg, data_path, state_dir))

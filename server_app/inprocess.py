@@ -136,6 +136,8 @@ def build_inprocess(
         node = {
             "partition-id": i,
             "num-partitions": num_clients,
+            # it trains one client at a time: that client gets every thread torch has
+            "torch-threads": torch.get_num_threads(),
             **(node_configs or [{}] * num_clients)[i],
         }
         context = Context(run_id, i + 1, node, RecordDict(), {})

@@ -104,3 +104,35 @@ def test_every_method_trains_with_partial_participation(method: str, tmp_path) -
     res = __import__("json").loads(server.strategy.recorder.results_path.read_text())
     assert [r["round"] for r in res["rounds"]] == [1, 2, 3]
     assert all(r["replies"] == 2 or method == "local" for r in res["rounds"])
+
+
+def test_the_in_process_client_trains_on_every_thread_a_ray_node_on_one(tmp_path, monkeypatch):
+    """The in-process engine runs one client at a time and gives it every thread torch
+    has (its node config's ``torch-threads``); a simulated node without that key (a
+    Ray actor, one per core) is pinned to one thread."""
+    import torch
+    from flwr.common import Context, RecordDict
+
+    import client_app.base
+    from client_app.app import build_client
+
+    seen: list[int] = []
+    train = client_app.base.train_epochs
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        seen.append(torch.get_num_threads())
+        return train(*args, **kwargs)
+
+    monkeypatch.setattr(client_app.base, "train_epochs", counting)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        config = {**SMALL, "method": "fedavg", "output-dir": str(tmp_path), "num-server-rounds": 1}
+        server, rounds = build_inprocess(config, 2)
+        server.fit(rounds, timeout=None)
+        assert seen == [3, 3]
+        ray_node = Context(0, 1, {"partition-id": 0, "num-partitions": 2}, RecordDict(), {})
+        build_client(ray_node, config)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
