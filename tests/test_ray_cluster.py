@@ -1,0 +1,143 @@
+"""A simulation past one machine (#60): a Ray cluster of two nodes, a head and a
+worker in two network namespaces joined by a veth pair, each with its own address,
+and ``bash scripts/dev.sh run`` (the real ``flwr run``) joining it through
+``RAY_ADDRESS``: clients run on both nodes (docs/DEPLOYMENT.md section 11)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from server_app.loopback import BIN, REPO, free_ports
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root"),
+]
+
+
+def sh(*args: str) -> None:
+    subprocess.run(args, check=True, capture_output=True)
+
+
+def netns_inode(name: str) -> int:
+    return os.stat(f"/run/netns/{name}").st_ino
+
+
+def pids_in(name: str) -> list[int]:
+    out = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def actors_in(name: str) -> list[int]:
+    """Ray's ClientApp actors whose process lives in the network namespace ``name``."""
+    inode, found = netns_inode(name), []
+    for proc in Path("/proc").iterdir():
+        try:
+            if (
+                os.stat(proc / "ns" / "net").st_ino == inode
+                and b"ClientAppActor" in (proc / "cmdline").read_bytes()
+            ):
+                found.append(int(proc.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def ray_node(ns: str, address: str, temp: Path, head: str = "") -> subprocess.Popen:
+    role = ["--address", f"{head}"] if head else ["--head", f"--port={address.split(':')[1]}"]
+    return subprocess.Popen(
+        ["ip", "netns", "exec", ns, str(BIN / "ray"), "start", "--block", *role]
+        + [f"--node-ip-address={address.split(':')[0]}", "--num-cpus=1", "--num-gpus=0"]
+        + ["--object-store-memory=100000000", "--disable-usage-stats", f"--temp-dir={temp}"]
+        + (["--include-dashboard=false"] if not head else []),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def test_flwr_run_places_clients_on_both_nodes_of_a_two_namespace_ray_cluster(tmp_path):
+    (port,) = free_ports(1)
+    head_ns, worker_ns = f"pflh{port}", f"pflw{port}"
+    net = f"10.{200 + port % 50}.{port % 250}"
+    head_ip, worker_ip = f"{net}.1", f"{net}.2"
+    temp = {ns: Path(f"/tmp/pflr{ns}") for ns in (head_ns, worker_ns)}  # short socket paths
+    sh("ip", "netns", "add", head_ns)
+    sh("ip", "netns", "add", worker_ns)
+    try:
+        sh("ip", "link", "add", f"h{port}", "type", "veth", "peer", "name", f"w{port}")
+        for ns, dev, ip in ((head_ns, f"h{port}", head_ip), (worker_ns, f"w{port}", worker_ip)):
+            sh("ip", "link", "set", dev, "netns", ns)
+            sh("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev)
+            sh("ip", "-n", ns, "link", "set", dev, "up")
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+        address = f"{head_ip}:{port}"
+        ray_node(head_ns, address, temp[head_ns])
+        deadline = time.monotonic() + 120
+        while not list(temp[head_ns].glob("session_*/logs/gcs_server.out")):
+            assert time.monotonic() < deadline, "the Ray head did not start"
+            time.sleep(1)
+        ray_node(worker_ns, f"{worker_ip}:0", temp[worker_ns], head=address)
+        alive = [
+            str(BIN / "python"),
+            "-c",
+            f"import ray; ray.init(address='{address}', logging_level='ERROR'); "
+            "print(sorted(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']))",
+        ]
+        while True:  # the worker registered with the head, from its own address
+            out = subprocess.run(
+                ["ip", "netns", "exec", head_ns, *alive], capture_output=True, text=True
+            ).stdout
+            if str(sorted([head_ip, worker_ip])) in out:
+                break
+            assert time.monotonic() < deadline, f"the worker did not join: {out}"
+            time.sleep(2)
+
+        home = tmp_path / "flwr-home"
+        env = {
+            **os.environ,
+            "RAY_ADDRESS": address,
+            "FLWR_HOME": str(home),
+            "PFLOWER_SKIP_SETUP": "1",
+            "VENV": str(BIN.parent),
+        }
+        out_dir = tmp_path / "out"
+        run = subprocess.Popen(
+            ["ip", "netns", "exec", head_ns, "bash", "scripts/dev.sh", "run"]
+            + ["--run-config", f"num-server-rounds=3 output-dir='{out_dir}'"]
+            + ["--federation-config", "num-supernodes=6"],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        on_head: set[int] = set()
+        on_worker: set[int] = set()
+        while run.poll() is None:  # the actors each node runs, while they run
+            on_head.update(actors_in(head_ns))
+            on_worker.update(actors_in(worker_ns))
+            time.sleep(0.5)
+        log = run.stdout.read() if run.stdout else ""
+        assert run.returncode == 0, log[-3000:]
+        assert on_worker, "no ClientApp actor ran in the worker's namespace"
+        assert on_head, "no ClientApp actor ran in the head's namespace"
+        (results,) = out_dir.glob("*/results.json")
+        rounds = json.loads(results.read_text())["rounds"]
+        assert [r["round"] for r in rounds] == [1, 2, 3]
+        assert len(rounds[-1]["per_client_accuracy"]) == 6
+    finally:
+        for ns in (head_ns, worker_ns):  # every process in them was started here
+            for signal_name in ("TERM", "KILL"):
+                pids = pids_in(ns)
+                if pids:
+                    subprocess.run(["kill", f"-{signal_name}", *map(str, pids)])
+                    time.sleep(3)
+            subprocess.run(["ip", "netns", "del", ns])
+        for path in temp.values():
+            subprocess.run(["rm", "-rf", str(path)])
