@@ -106,9 +106,24 @@ def test_dirichlet_client_exact_sizes_and_disjoint():
         assert np.array_equal(tr, tr2) and np.array_equal(te, te2)
         seen += list(tr) + list(te)
     assert len(set(seen)) == len(seen)  # pools large enough: no repeats across clients
-    # train and test drawn with the same class proportions (same dominant class mostly)
-    tr, te = parts[0]
-    assert set(labels[te]) <= set(range(10))
+
+
+def test_dirichlet_client_train_and_test_share_their_clients_class_proportions():
+    """A client's train and test sets come from its one q_i ~ Dir(alpha): their class
+    histograms are close (total variation), those of two clients are far apart."""
+    labels = np.arange(50_000) % 10
+    parts = dirichlet_client_partitions(labels, 10, 6, 0.5, 400, 400, seed=1)
+
+    def share(rows: np.ndarray) -> np.ndarray:
+        return np.bincount(labels[rows], minlength=10) / len(rows)
+
+    def tv(a: np.ndarray, b: np.ndarray) -> float:
+        return 0.5 * float(np.abs(a - b).sum())
+
+    own = [tv(share(tr), share(te)) for tr, te in parts]
+    other = [tv(share(a[0]), share(b[1])) for a in parts for b in parts if a is not b]
+    assert max(own) < 0.12  # multinomial noise of 400 draws
+    assert np.mean(other) > 0.4 and min(other) > 2 * max(own)
 
 
 def test_dirichlet_client_refills_pools(caplog):

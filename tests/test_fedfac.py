@@ -364,10 +364,38 @@ def test_end_to_end(tmp_path, method):
         assert "fa_changed_fraction" in rounds[1]
 
 
-def test_fixed_split_is_never_reestimated_and_updates_input_runs():
+def test_fixed_split_is_never_reestimated_and_updates_input_runs(monkeypatch):
     cfg, m, model, roles, strategy = make("fedfac-dynamic", fa_split="random", num=4)
     strategy.set_split(imposed_split(strategy))
     assert not strategy.wire.full_upload()  # personal rows never leave under a fixed split
+    split = {k: v.copy() for k, v in strategy.shared.items()}
+
+    def no_fa(*args, **kwargs):
+        raise AssertionError("factor analysis ran under a fixed split")
+
+    monkeypatch.setattr(strategy, "run_fa", no_fa)
+    monkeypatch.setattr(strategy, "factor_analysis", no_fa)
+    from strategies.base import RoundLog
+
+    noise = np.random.default_rng(0)
+    for rnd in (1, 2):  # two rounds of uploads: the shared rows of the Lambda layer only
+        before = [a.copy() for a in strategy.global_arrays]
+        compact = strategy.wire.encode_down(strategy.global_arrays)[len(strategy.sizes) :]
+        uploads = [
+            [a + noise.standard_normal(a.shape).astype(a.dtype) for a in compact] for _ in range(3)
+        ]
+        assert all(strategy.check_reply("c", u, 5) is None for u in uploads)
+        strategy.rounds[rnd] = RoundLog()
+        strategy.aggregate(rnd, [Reply(f"client-{k}", u, 5, {}) for k, u in enumerate(uploads)])
+        assert all(np.array_equal(split[k], strategy.shared[k]) for k in split)
+        i = strategy.wire.position["features.1.weight"]
+        personal = ~split["features.1"]
+        assert personal.any() and split["features.1"].any()
+        assert np.array_equal(strategy.global_arrays[i][personal], before[i][personal])
+        assert not np.allclose(
+            strategy.global_arrays[i][split["features.1"]], before[i][split["features.1"]]
+        )
+    monkeypatch.undo()
     cfg, m, model, roles, strategy = make("fedfac-dynamic", fa_input="updates")
     assert strategy.wire.full_upload()
     rng = np.random.default_rng(1)

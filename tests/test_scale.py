@@ -38,11 +38,67 @@ def test_spilled_personal_state_gives_the_same_run_and_leaves_memory_empty(tmp_p
         assert a["per_client_accuracy"] == b["per_client_accuracy"]
 
 
-def test_the_linkstate_index_is_applied_on_this_flower() -> None:
+def test_the_linkstate_index_finds_what_flowers_lookup_finds_in_the_same_order() -> None:
+    """Three nodes, five messages (one expired before it is asked for), lookups with and
+    without a limit: the patched LinkState and Flower's own give the same messages in
+    the same order, and a second lookup of a node finds nothing in either."""
+    import secrets
+    import time
+    import uuid
+
+    from flwr.common import Message, Metadata, RecordDict
+    from flwr.common.constant import (
+        HEARTBEAT_INTERVAL_INF,
+        NOOP_ACCOUNT_NAME,
+        NOOP_FLWR_AID,
+        SUPERLINK_NODE_ID,
+    )
+    from flwr.server.superlink.linkstate import LinkStateFactory
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+    from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.superlink.federation import NoOpFederationManager
+    from flwr.superlink.federation.noop_federation_manager import NOOP_FEDERATION_ID
 
     assert pflower.patches.linkstate_index()
-    assert InMemoryLinkState._pflower_indexed
+    flower = InMemoryLinkState._pflower_flower
+    states = []
+    for _ in range(2):
+        factory = LinkStateFactory(
+            FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory()
+        )
+        state = factory.state()
+        for _ in range(3):
+            node = state.create_node(
+                NOOP_FLWR_AID, NOOP_ACCOUNT_NAME, secrets.token_bytes(32), HEARTBEAT_INTERVAL_INF
+            )
+            state.acknowledge_node_heartbeat(
+                node_id=node, heartbeat_interval=HEARTBEAT_INTERVAL_INF
+            )
+        run = state.create_run(None, None, None, {}, NOOP_FEDERATION_ID, None, NOOP_FLWR_AID, "x")
+        states.append((state, sorted(state.nodes), run))
+    (patched, nodes_p, run_p), (plain, nodes_f, run_f) = states
+    plan = [(0, 30.0), (1, 30.0), (0, 1.0), (0, 30.0), (1, 30.0)]  # (node, ttl): one expires
+    for k, ttl in plan:
+        message_id, created = str(uuid.uuid4()), time.time()
+        for state, nodes, run, store in (
+            (patched, nodes_p, run_p, InMemoryLinkState.store_message_ins),
+            (plain, nodes_f, run_f, flower["store"]),
+        ):
+            meta = Metadata(
+                run, message_id, SUPERLINK_NODE_ID, nodes[k], "", "1", created, ttl, "train"
+            )
+            assert store(state, Message(metadata=meta, content=RecordDict())) == message_id
+    time.sleep(1.2)  # the 1-second message expires
+    asks = [(1, 1), (0, None), (2, None), (1, 1), (1, None), (0, None)]
+    found = {"patched": [], "flower": []}
+    for k, limit in asks:
+        got_p = InMemoryLinkState.get_message_ins(patched, node_id=nodes_p[k], limit=limit)
+        got_f = flower["get"](plain, node_id=nodes_f[k], limit=limit)
+        found["patched"].append([m.metadata.message_id for m in got_p])
+        found["flower"].append([m.metadata.message_id for m in got_f])
+    assert found["patched"] == found["flower"]
+    assert [len(ids) for ids in found["flower"]] == [1, 2, 0, 1, 0, 0]  # not a vacuous match
 
 
 def test_many_clients_per_client_figures_go_to_a_file(tmp_path, monkeypatch) -> None:

@@ -156,12 +156,20 @@ def test_the_recipe_reproduces_flambys_split_row_by_row(tmp_path) -> None:
     assert load_client_data(cfg, 2, 4).num_train == 30  # Switzerland
 
 
-def test_the_recipe_says_which_file_is_missing(tmp_path) -> None:
+def test_the_recipe_says_which_file_is_missing(tmp_path, capsys) -> None:
+    """Three of the four hospitals' files are there: the one missing is named."""
+    import shutil
+
     from pflower.data.recipes import main
 
-    assert (
-        main(["build", "fed-heart-disease", "--source", str(tmp_path), "--out", str(tmp_path)]) == 2
-    )
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("cleveland", "switzerland", "va"):
+        shutil.copyfile(HEART / f"processed.{name}.data", source / f"processed.{name}.data")
+    assert main(["build", "fed-heart-disease", "--source", str(source), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "processed.hungarian.data" in err and str(source) in err
+    assert "cleveland" not in err
 
 
 def test_the_report_interval_is_honest_about_few_and_equal_seeds() -> None:

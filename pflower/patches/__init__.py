@@ -167,6 +167,8 @@ def linkstate_index() -> bool:
                     queue.put(message)
             f_stop.wait(0.1)
 
+    # Flower's own two, for a side-by-side check (tests/test_scale.py)
+    InMemoryLinkState._pflower_flower = {"store": store, "get": InMemoryLinkState.get_message_ins}
     InMemoryLinkState.store_message_ins = store_message_ins
     InMemoryLinkState.get_message_ins = get_message_ins
     InMemoryLinkState._pflower_indexed = True
