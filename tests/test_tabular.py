@@ -166,7 +166,9 @@ def test_the_recipe_says_which_file_is_missing(tmp_path, capsys) -> None:
     source.mkdir()
     for name in ("cleveland", "switzerland", "va"):
         shutil.copyfile(HEART / f"processed.{name}.data", source / f"processed.{name}.data")
-    assert main(["build", "fed-heart-disease", "--source", str(source), "--out", str(tmp_path)]) == 2
+    assert (
+        main(["build", "fed-heart-disease", "--source", str(source), "--out", str(tmp_path)]) == 2
+    )
     err = capsys.readouterr().err
     assert "processed.hungarian.data" in err and str(source) in err
     assert "cleveland" not in err
