@@ -70,7 +70,21 @@ def test_a_client_that_misses_a_round_has_no_evaluation_for_the_round_before(tmp
         "output-dir": str(tmp_path),
         "run-name": "drop",
     }
-    res = run_inprocess(config, 3)
+    trained: dict[int, set[str]] = {}  # round -> the clients whose fit replied
+    closing: set[str] = set()
+
+    def record(kind: str, cid: str, instruction, reply) -> None:
+        key = f"client-{int(cid) - 1}"  # node i + 1 holds partition i
+        if kind == "fit":
+            trained.setdefault(int(instruction.config["server-round"]), set()).add(key)
+        else:
+            closing.add(key)
+
+    res = run_inprocess(config, 3, record=record)
     assert [r["round"] for r in res["rounds"]] == [1, 2, 3, 4]
-    sizes = [len(r["per_client_accuracy"]) for r in res["rounds"]]
-    assert min(sizes[:3]) < 3  # someone dropped out of a fit, so its evaluation is missing
+    scored = {r["round"]: set(r["per_client_accuracy"]) for r in res["rounds"]}
+    for r in (1, 2, 3):  # round r's model is scored by exactly the clients of round r + 1
+        assert scored[r] == trained[r + 1], r
+    assert scored[4] == closing  # the last, by the closing evaluation
+    # not vacuous: someone dropped out of a fit, and so has no score for the round before
+    assert any(len(trained[r + 1]) < 3 for r in (1, 2, 3))

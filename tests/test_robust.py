@@ -213,36 +213,73 @@ def test_robust_settings_that_cannot_work_name_the_key(raw: dict) -> None:
         parse_run_config(raw)
 
 
-@pytest.mark.parametrize("attack", ["inflate-count", "scale", "sign-flip", "label-flip"])
-def test_simulated_attackers_falsify_their_replies_and_sites_never_do(attack, tmp_path) -> None:
+def _first_round_fits(raw: dict, name: str, nodes: list | None = None) -> dict[str, tuple]:
+    """client key -> (its instruction, its upload, its sample count) in round 1; under
+    "results", the run's results.json."""
+    from flwr.common import parameters_to_ndarrays
+
     from server_app.inprocess import run_inprocess
 
-    seen: dict[str, list] = {}
+    fits: dict[str, tuple] = {}
 
     def record(kind, cid, ins, res) -> None:  # noqa: ANN001
-        if kind == "fit":
-            seen.setdefault(res.metrics["client-key"], []).append(res.num_examples)
+        if kind == "fit" and ins.config["server-round"] == 1:
+            upload = parameters_to_ndarrays(res.parameters)
+            fits[res.metrics["client-key"]] = (ins, upload, res.num_examples)
+
+    fits["results"] = run_inprocess({**raw, "run-name": name}, 3, record, nodes)
+    return fits
+
+
+@pytest.mark.parametrize("attack", ["inflate-count", "scale", "sign-flip", "label-flip"])
+def test_simulated_attackers_falsify_their_replies_and_sites_never_do(attack, tmp_path) -> None:
+    """Round 1, where every client starts from the same global model: the honest
+    clients' uploads are bitwise those of a run without attackers; the attacker's is
+    the honest one transformed as its attack says; deployed sites never attack."""
+    from flwr.common import Context, RecordDict, parameters_to_ndarrays
+
+    from client_app.app import build_client
 
     raw = {
         "method": "fedavg",
         "sim-samples": 60,
         "hidden-dim": 16,
-        "num-server-rounds": 2,
-        "attack": attack,
-        "attack-clients": 1,
+        "num-server-rounds": 1,
         "output-dir": str(tmp_path),
     }
-    res = run_inprocess({**raw, "run-name": "sim"}, 3, record)
-    rounds = res["rounds"]
-    if attack == "inflate-count":
-        assert seen["client-0"][0] == 48 * 10 * 100_000 and seen["client-1"][0] == 48
-        assert rounds[0]["weights_capped"] == 1  # and the default cap caught it
+    honest = _first_round_fits(raw, "honest")
+    attacked = _first_round_fits({**raw, "attack": attack, "attack-clients": 1}, "attacked")
+    for key in ("client-1", "client-2"):
+        assert attacked[key][2] == honest[key][2]
+        assert all(np.array_equal(a, b) for a, b in zip(attacked[key][1], honest[key][1]))
+    ins, mine, count = attacked["client-0"]
+    start = parameters_to_ndarrays(ins.parameters)
+    fair = honest["client-0"][1]
+    if attack == "inflate-count":  # attack-scale 10 x 1e5 times its 48 samples
+        assert count == 48 * 10 * 100_000 and honest["client-0"][2] == 48
+        assert all(np.array_equal(a, b) for a, b in zip(mine, fair))
+        assert attacked["results"]["rounds"][0]["weights_capped"] == 1  # the default cap
+        assert "weights_capped" not in honest["results"]["rounds"][0]
     elif attack in ("scale", "sign-flip"):
-        assert rounds[0]["updates_clipped"] >= (1 if attack == "scale" else 0)
-    seen.clear()
+        f = 10.0 if attack == "scale" else -1.0
+        want = [(p + f * (u.astype(np.float64) - p)).astype(u.dtype) for u, p in zip(fair, start)]
+        assert count == 48 and all(np.allclose(a, b, atol=1e-6) for a, b in zip(mine, want))
+        assert not all(np.allclose(a, b) for a, b in zip(mine, fair))
+    else:  # label-flip: the honest client trained on labels C - 1 - y (C = 2 here)
+        context = Context(0, 1, {"partition-id": 0, "num-partitions": 3}, RecordDict(), {})
+        client = build_client(context, {**raw, "run-name": "flipped"}).numpy_client
+        client.y_train = 1 - client.y_train
+        want, n, _ = client.fit(start, dict(ins.config))
+        assert count == n == 48
+        assert all(np.array_equal(a, b) for a, b in zip(mine, want))
+        assert not all(np.array_equal(a, b) for a, b in zip(mine, fair))
     nodes = [{"site": f"client-{i}"} for i in range(3)]  # deployed sites: no attack
-    run_inprocess({**raw, "run-name": "sites"}, 3, record, nodes)
-    assert seen["client-0"][0] == 48
+    sites = _first_round_fits({**raw, "attack": attack, "attack-clients": 1}, "sites", nodes)
+    del sites["results"]
+    assert sorted(sites) == ["client-0", "client-1", "client-2"]
+    for key, (_, upload, n) in sites.items():
+        assert n == honest[key][2]
+        assert all(np.array_equal(a, b) for a, b in zip(upload, honest[key][1])), key
 
 
 def test_the_median_update_in_slices_is_the_whole_stacks_median(monkeypatch) -> None:

@@ -152,14 +152,43 @@ def test_factorized_fl_per_client_aggregates_spill_past_the_budget(tmp_path) -> 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", method_names())
 def test_every_method_trains_with_partial_participation(method: str, tmp_path) -> None:
-    """fraction-fit 0.5 of 4 clients: 2 a round; the others keep their state and
-    come back (FedFac's factor analysis and Factorized-FL's matching see 2)."""
-    config = {**SMALL, "method": method, "fraction-fit": 0.5, "output-dir": str(tmp_path)}
-    server, rounds = build_inprocess(config, 4)
+    """fraction-fit 0.5 of 4 clients: 2 a round; the others keep their state through
+    the round they sit out and come back (FedFac's factor analysis and Factorized-FL's
+    matching see 2); every client is scored at some point."""
+    config = {
+        **SMALL,
+        "method": method,
+        "fraction-fit": 0.5,
+        "personal-state": "memory",  # in each client's Context, where the test reads it
+        "output-dir": str(tmp_path),
+    }
+    trained: dict[int, set[int]] = {}
+
+    def record(kind: str, cid: str, instruction: Any, reply: Any) -> None:
+        if kind == "fit":
+            trained.setdefault(int(instruction.config["server-round"]), set()).add(int(cid))
+
+    server, rounds = build_inprocess(config, 4, record)
+    contexts = {p.node_id: p.context for p in server.client_manager().all().values()}
+    states = [{n: c.state.object_id for n, c in contexts.items()}]  # before round 1
+    aggregate_fit = server.strategy.aggregate_fit
+
+    def after_fit(*args: Any) -> Any:
+        states.append({n: c.state.object_id for n, c in contexts.items()})
+        return aggregate_fit(*args)
+
+    server.strategy.aggregate_fit = after_fit
     server.fit(rounds, timeout=None)
     res = __import__("json").loads(server.strategy.recorder.results_path.read_text())
     assert [r["round"] for r in res["rounds"]] == [1, 2, 3]
     assert all(r["replies"] == 2 or method == "local" for r in res["rounds"])
+    assert [len(trained[r]) for r in (1, 2, 3)] == [2, 2, 2]
+    for r in (1, 2, 3):
+        for node in set(contexts) - trained[r]:  # sat out round r: its state as before
+            assert states[r][node] == states[r - 1][node], (r, node)
+    assert any(states[3][n] != states[0][n] for n in contexts)  # not vacuous: states move
+    scored = set().union(*(r["per_client_accuracy"] for r in res["rounds"]))
+    assert scored == {f"client-{i}" for i in range(4)}
 
 
 def test_the_in_process_client_trains_on_every_thread_a_ray_node_on_one(tmp_path, monkeypatch):
