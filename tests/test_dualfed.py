@@ -278,21 +278,6 @@ def test_score_reports_the_three_heads():
     assert loss == pytest.approx(float(F.cross_entropy(combined, client.y_test)), rel=1e-5)
 
 
-def test_imagenet_weights_offline_fall_back_to_random_init_with_a_log(monkeypatch, caplog):
-    from torchvision.models import ResNet18_Weights
-
-    from models.backbones import build_backbone
-
-    def offline(*args, **kwargs):
-        raise OSError("no network")
-
-    monkeypatch.setattr(type(ResNet18_Weights.IMAGENET1K_V1), "get_state_dict", offline)
-    with caplog.at_level("WARNING", logger="flwr.pflower"):
-        model = build_backbone("resnet18", (3, 32, 32), 10, weights_path="imagenet")
-    assert "RANDOM INIT" in caplog.text
-    assert model.head.in_features == 512
-
-
 @pytest.mark.slow
 def test_end_to_end_on_default_data(tmp_path):
     from server_app.simulate import simulate

@@ -100,39 +100,6 @@ def test_aggregation_is_the_sample_weighted_mean() -> None:
         np.testing.assert_allclose(g, 3.25)
 
 
-@pytest.mark.parametrize(
-    "corrupt",
-    ["wrong-shape", "nan", "missing-tensor", "wrong-dtype", "garbage-bytes", "no-client-key"],
-)
-def test_a_corrupt_reply_is_rejected_and_the_round_continues(corrupt: str, caplog) -> None:
-    cfg = config(method="fedavg")
-    strategy = make_strategy(cfg)
-    good = [np.full(s.shape, 2.0, dtype=s.dtype) for s in strategy.spec]
-    bad = [a.copy() for a in good]
-    key = "client-1"
-    if corrupt == "wrong-shape":
-        bad[0] = np.zeros((3, 3), dtype=bad[0].dtype)
-    elif corrupt == "nan":
-        bad[1][...] = np.nan
-    elif corrupt == "missing-tensor":
-        bad = bad[:-1]
-    elif corrupt == "wrong-dtype":
-        bad[0] = bad[0].astype(np.float64)
-    elif corrupt == "no-client-key":
-        key = ""
-    bad_res = fit_res(bad, key)
-    if corrupt == "garbage-bytes":
-        bad_res.parameters.tensors[0] = b"not a numpy array"
-    with caplog.at_level("WARNING", logger="flwr"):
-        strategy.aggregate_fit(
-            1, [(FakeProxy(1), fit_res(good, "client-0")), (FakeProxy(2), bad_res)], []
-        )
-    assert "rejected reply" in caplog.text and "node 2" in caplog.text
-    assert strategy.rounds[1].replies == 1 and len(strategy.rounds[1].rejected) == 1
-    for g in strategy.global_arrays:
-        np.testing.assert_allclose(g, 2.0)
-
-
 def test_too_few_replies_keep_the_global_state(caplog) -> None:
     cfg = config(method="fedavg", min_replies=2)
     strategy = make_strategy(cfg)

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from client_app.attacks import Attacker
-from methods import parse_run_config
 from methods.factorized_fl.strategy import cap_matches, matching_weights
 from methods.fedfac.factor_analysis import (
     layer_matrix,
@@ -16,7 +15,6 @@ from methods.fedfac.factor_analysis import (
     shared_elements,
     site_median_correlation,
 )
-from pflower.config.schema import ConfigError
 from tests.helpers import config, make_client
 
 # ---- FedFac: the factor analysis --------------------------------------------------------------
@@ -161,9 +159,3 @@ def test_head_flip_changes_the_shared_head_only(method: str, head: str) -> None:
             assert np.allclose(u - s, -10.0 * (h - s), atol=1e-4), name
         else:
             assert np.allclose(u, h), name
-
-
-@pytest.mark.parametrize(("attack", "method"), [("fa-steer", "fedavg"), ("match-magnet", "fedcp")])
-def test_a_method_attack_on_another_method_names_the_key(attack: str, method: str) -> None:
-    with pytest.raises(ConfigError, match="'attack'"):
-        parse_run_config({"method": method, "attack": attack})

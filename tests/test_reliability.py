@@ -43,6 +43,7 @@ CORRUPTIONS = [
     "non-finite-metric",
     "no-client-key",
     "zero-examples",
+    "garbage-bytes",  # a tensor's bytes that are no numpy array (set on the reply below)
 ]
 
 # the bounds on weights and update norms off: this checks which replies are rejected and
@@ -99,7 +100,11 @@ def test_bad_updates_are_rejected_and_the_good_ones_aggregated(kinds: list[str],
     ]
     for j, kind in enumerate(kinds):
         arrays, metrics, key, n = corrupt(kind, good[0], data)
-        results.append((FakeProxy(100 + j), fit_res(arrays, key, n, metrics)))
+        res = fit_res(arrays, key, n, metrics)
+        if kind == "garbage-bytes":
+            i = data.draw(st.integers(0, len(arrays) - 1), label="garbled tensor")
+            res.parameters.tensors[i] = data.draw(st.binary(max_size=64), label="bytes")
+        results.append((FakeProxy(100 + j), res))
         _count("bad-update")
     order = data.draw(st.permutations(range(len(results))))
     STRATEGY.set_global([np.zeros(s.shape, s.dtype) for s in SPEC])
@@ -107,6 +112,8 @@ def test_bad_updates_are_rejected_and_the_good_ones_aggregated(kinds: list[str],
     STRATEGY.aggregate_fit(1, [results[k] for k in order], [])
     assert STRATEGY.rounds[1].replies == len(good)
     assert len(STRATEGY.rounds[1].rejected) == len(kinds)
+    if "garbage-bytes" in kinds:
+        assert any("undecodable payload" in r for r in STRATEGY.rounds[1].rejected)
     total = sum(weights)
     for t, g in enumerate(STRATEGY.global_arrays):
         assert np.isfinite(g).all()

@@ -94,11 +94,35 @@ def test_secure_runs_equal_plain_runs_up_to_quantization(method: str, tmp_path: 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["client", "distributed"])
-def test_client_side_dp_composes_with_secure_aggregation(mode: str, tmp_path: Path) -> None:
-    """client: clipped on the clients, noised by the server; distributed: each client
-    adds its share of the noise too (it needs the number asked, sent with the fit)."""
+def test_client_side_dp_composes_with_secure_aggregation(
+    mode: str, tmp_path: Path, monkeypatch
+) -> None:
+    """client: clipped on the clients, noised by the server once a round; distributed:
+    the server adds no noise, each fit tells the client how many were asked, and the
+    clients' shares add up to the same noise on the mean. Both reach the target
+    multiplier when every client replies, and epsilon grows round by round."""
+    import strategies.privacy
+    from models.roles import DP_PARTICIPANTS
+    from pflower.privacy import noise_std
     from server_app.simulate import simulate
 
+    server_noise: list[float] = []
+    add_noise = strategies.privacy.add_noise
+
+    def counted(arrays, std, rng) -> None:  # noqa: ANN001
+        server_noise.append(std)
+        add_noise(arrays, std, rng)
+
+    monkeypatch.setattr(strategies.privacy, "add_noise", counted)
+    told: list = []
+    configure_fit = PFLStrategy.configure_fit
+
+    def telling(self, *args):  # noqa: ANN001
+        sent = configure_fit(self, *args)
+        told.extend(ins.config.get(DP_PARTICIPANTS) for _, ins in sent)
+        return sent
+
+    monkeypatch.setattr(PFLStrategy, "configure_fit", telling)
     config = {
         **SMALL,
         "method": "fedper",
@@ -115,6 +139,37 @@ def test_client_side_dp_composes_with_secure_aggregation(mode: str, tmp_path: Pa
     assert all(e is not None and np.isfinite(e) for e in eps) and eps[0] < eps[1]
     assert res["dp_epsilon"] == eps[-1]
     assert all("secagg_aggregate_max_abs" in r for r in res["rounds"])
+    assert len(told) == 6  # 3 clients, 2 rounds
+    std = noise_std(0.5, 0.5, 3)
+    if mode == "client":
+        assert server_noise == [std, std] and told == [None] * 6
+    else:
+        assert server_noise == [] and told == [3] * 6
+    for r in res["rounds"]:
+        assert r["dp_noise_multiplier_achieved"] == r["dp_noise_multiplier_target"] == 0.5
+        assert r["dp_noise_std"] == pytest.approx(std)
+
+
+def test_a_distributed_client_adds_its_share_of_the_noise_a_client_mode_one_none() -> None:
+    """The client's side of the two modes: both clip the update to the clipping norm;
+    only distributed adds noise, of std z C / sqrt(n) (n = the clients asked), so that
+    n shares summed and divided by n carry the server's noise std z C / n."""
+    from client_app.base import privatize
+    from models.roles import DP_PARTICIPANTS
+
+    received = [np.zeros(40_000, np.float32)]
+    update = [np.full(40_000, 0.01, np.float32)]  # norm 2: clipped to 0.5
+    base = {"method": "fedavg", "dp-noise-multiplier": 0.5, "dp-clipping-norm": 0.5}
+    client = privatize(
+        [update[0].copy()], received, parse_run_config({**base, "dp-mode": "client"}), {}
+    )
+    assert np.linalg.norm(client[0]) == pytest.approx(0.5, rel=1e-4)
+    cfg = parse_run_config({**base, "dp-mode": "distributed", "secure-aggregation": True})
+    shared = privatize([update[0].copy()], received, cfg, {DP_PARTICIPANTS: 4})
+    noise = shared[0] - client[0]
+    assert noise.std() == pytest.approx(0.5 * 0.5 / 2, rel=0.03) and abs(noise.mean()) < 0.003
+    with pytest.raises(ValueError, match=DP_PARTICIPANTS):
+        privatize([update[0].copy()], received, cfg, {})
 
 
 @pytest.mark.slow

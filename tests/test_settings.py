@@ -231,7 +231,19 @@ def images(tmp_path_factory) -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["mlp", "cnn4", "resnet8"])
 @pytest.mark.parametrize("method", method_names())
-def test_every_method_runs_on_every_backbone(method: str, model: str, images, tmp_path) -> None:
+def test_every_method_runs_on_every_backbone(
+    method: str, model: str, images, tmp_path, monkeypatch
+) -> None:
+    import torch
+
+    lrs: list[float] = []  # the learning rate of every optimizer the clients build
+    init = torch.optim.Optimizer.__init__
+
+    def seen(self, params, defaults) -> None:  # noqa: ANN001
+        lrs.append(float(defaults.get("lr", float("nan"))))
+        init(self, params, defaults)
+
+    monkeypatch.setattr(torch.optim.Optimizer, "__init__", seen)
     data = {"sim-samples": 60, "hidden-dim": 16} if model == "mlp" else {"dataset": images}
     cfg = {
         "method": method,
@@ -246,7 +258,8 @@ def test_every_method_runs_on_every_backbone(method: str, model: str, images, tm
     assert sorted(record["per_client_accuracy"]) == ["client-0", "client-1"]
     assert 0.0 <= record["accuracy_mean"] <= 1.0 and np.isfinite(record["accuracy_mean"])
     resolved = parse_run_config({"method": method, "model": model, **data})
-    assert res["config"]["lr"] == resolved.lr  # the method's own settings were used
+    assert res["config"]["lr"] == resolved.lr  # recorded as resolved
+    assert resolved.lr in lrs, lrs  # and the clients' training used it
     if method != "local":
         assert record["bytes_up"] > 0
 
