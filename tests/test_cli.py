@@ -89,15 +89,12 @@ def dev_sh(
 def test_a_bad_config_fails_fast_with_one_line_and_exit_2(
     command, run_config, key, bad_data: Path
 ) -> None:
-    started = time.monotonic()
     proc = dev_sh(command, "--run-config", run_config.replace("{probe}", str(bad_data)), timeout=60)
-    elapsed = time.monotonic() - started
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("config error:") and key in lines[0], lines
     assert "Traceback" not in proc.stdout + proc.stderr
-    assert "SuperLink" not in proc.stdout  # Flower was never started
-    assert elapsed < 30  # seconds, not the half minute of a SuperLink start (loose: CI load)
+    assert "SuperLink" not in proc.stdout  # fast: Flower was never started
 
 
 @pytest.fixture(scope="module")

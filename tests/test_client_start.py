@@ -89,12 +89,26 @@ def test_the_last_round_ends_where_the_closing_evaluation_begins(tmp_path, monke
     """With eval-in-fit a round ends where the next begins; the last one ends where the
     closing evaluation begins, and that evaluation is timed on its own (it used to
     land in the last round's seconds, which the benchmarks' medians count)."""
-    from strategies import base
+    from types import SimpleNamespace
 
+    from strategies import base, recording
+
+    # the strategy's round clock stands still but for the closing evaluation's 2 s
+    clock = [100.0]
+    frozen = SimpleNamespace(perf_counter=lambda: clock[0])
+    monkeypatch.setattr(base, "time", frozen)
+    monkeypatch.setattr(recording, "time", frozen)
+    init = recording.RoundLog.__init__
+
+    def started_now(self, *args, **kwargs) -> None:  # its default start is the real clock
+        init(self, *args, **kwargs)
+        self.started = clock[0]
+
+    monkeypatch.setattr(recording.RoundLog, "__init__", started_now)
     accept, slow = base.accept_evaluations, 2.0
 
     def slow_closing(*args, **kwargs):  # only the closing evaluation goes through here
-        time.sleep(slow)
+        clock[0] += slow
         return accept(*args, **kwargs)
 
     monkeypatch.setattr(base, "accept_evaluations", slow_closing)
@@ -109,7 +123,8 @@ def test_the_last_round_ends_where_the_closing_evaluation_begins(tmp_path, monke
     assert parse_run_config(cfg).eval_in_fit
     rounds = run_inprocess(cfg, 2)["rounds"]
     assert [("closing_evaluation_seconds" in r) for r in rounds] == [False, False, True]
-    assert rounds[-1]["closing_evaluation_seconds"] >= slow > rounds[-1]["seconds"]
+    assert rounds[-1]["closing_evaluation_seconds"] == slow
+    assert [r["seconds"] for r in rounds] == [0.0, 0.0, 0.0]  # none holds the closing 2 s
 
 
 class _FakeGrid:
@@ -362,8 +377,9 @@ def _pull_for(node: int):
     return SimpleNamespace(node=SimpleNamespace(node_id=node))
 
 
-def _long_poll(monkeypatch, stored: list, held: int = 100):
-    """fleet-long-poll over a stand-in state: ``stored`` is its messages."""
+def _long_poll(monkeypatch, stored: list, held: int = 100, asked: list | None = None):
+    """fleet-long-poll over a stand-in state: ``stored`` is its messages; ``asked``
+    gets the node of every look the SuperLink takes at the state."""
     from types import SimpleNamespace
 
     from flwr.server.superlink.fleet.message_handler import message_handler
@@ -373,6 +389,8 @@ def _long_poll(monkeypatch, stored: list, held: int = 100):
     import pflower.patches
 
     def pull(request, state, store):  # Flower's handler: at once, message or not
+        if asked is not None:
+            asked.append(request.node.node_id)
         mine = [m for m in stored if m.metadata.dst_node_id == request.node.node_id]
         return SimpleNamespace(messages_list=mine[:1])
 
@@ -387,15 +405,19 @@ def _long_poll(monkeypatch, stored: list, held: int = 100):
 def test_the_superlink_answers_a_held_pull_when_its_nodes_message_is_stored(monkeypatch):
     import pflower.patches
 
-    monkeypatch.setattr(pflower.patches, "LONG_POLL", 20.0)
+    monkeypatch.setattr(pflower.patches, "LONG_POLL", 1e6)  # only a store can end the hold
     stored: list = []
     pull, store = _long_poll(monkeypatch, stored)
     mine, other = _message(7), _message(8)
-    threading.Timer(0.2, store, args=(None, other)).start()  # another site's: keeps waiting
-    threading.Timer(0.6, store, args=(None, mine)).start()
-    start = time.monotonic()
-    assert pull(_pull_for(7), None, None).messages_list == [mine]
-    assert 0.55 < time.monotonic() - start < 10  # woken by the store, not the 20 s limit
+    answer: list = []
+    held = threading.Thread(target=lambda: answer.append(pull(_pull_for(7), None, None)))
+    held.start()
+    store(None, other)  # another site's message: the pull goes on waiting
+    held.join(0.2)
+    assert held.is_alive() and not answer
+    store(None, mine)
+    held.join(30)  # a guard against a hang, not a duration: the hold has no limit here
+    assert not held.is_alive() and answer[0].messages_list == [mine]
 
 
 def test_the_superlink_holds_an_empty_pull_for_long_poll_seconds_and_no_more_pulls_than_its_cap(
@@ -404,18 +426,28 @@ def test_the_superlink_holds_an_empty_pull_for_long_poll_seconds_and_no_more_pul
     import pflower.patches
 
     monkeypatch.setattr(pflower.patches, "LONG_POLL", 0.5)
-    pull, _ = _long_poll(monkeypatch, [], held=1)
+    asked: list = []
+    pull, store = _long_poll(monkeypatch, [], held=1, asked=asked)
     start = time.monotonic()
     assert pull(_pull_for(7), None, None).messages_list == []
     assert 0.45 < time.monotonic() - start < 5
     # one pull held: a second one at the same time is answered at once, as Flower does
+    # (with no limit on a hold, a second pull that were held would never return)
+    monkeypatch.setattr(pflower.patches, "LONG_POLL", 1e6)
+    asked.clear()
     first = threading.Thread(target=pull, args=(_pull_for(7), None, None))
     first.start()
-    time.sleep(0.1)
-    start = time.monotonic()
-    assert pull(_pull_for(8), None, None).messages_list == []
-    assert time.monotonic() - start < 0.3
-    first.join()
+    deadline = time.monotonic() + 30  # a guard against a hang, not a duration
+    while 7 not in asked and time.monotonic() < deadline:  # it looks after taking the hold
+        time.sleep(0.01)
+    second: list = []
+    answered = threading.Thread(target=lambda: second.append(pull(_pull_for(8), None, None)))
+    answered.start()
+    answered.join(30)
+    assert second and second[0].messages_list == [] and first.is_alive()
+    store(None, _message(7))  # wakes the held one
+    first.join(30)
+    assert not first.is_alive()
 
 
 def test_the_warm_superexec_forgets_exactly_the_projects_packages():
@@ -512,11 +544,20 @@ def test_a_missing_message_part_is_asked_for_again_soon(monkeypatch):
             raise err
         return b"part"
 
-    t0 = time.monotonic()
+    waits: list[float] = []  # what the pull waits between tries (its Event's timeouts)
+
+    class Stop(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            waits.append(timeout)
+            return super().wait(0)
+
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(objects, "threading", SimpleNamespace(Event=Stop, Lock=threading.Lock))
+    monkeypatch.setattr(objects, "random", SimpleNamespace(uniform=lambda a, b: 0.0))  # no jitter
     assert objects.pull_objects(["x"], pull) == {"x": b"part"}
-    # five retries: about 0.05 + 4 x 0.1 s (jitter 20%), where Flower waits about 1 + 2 +
-    # 4 + 8 + 10 s, and a cap of 0.5 s about 1.25 s
-    assert FIRST_OBJECT_RETRY == 0.05 and time.monotonic() - t0 < 0.9
+    # five retries: 0.05, then 0.1 s each, where Flower waits 1, 2, 4, 8 and 10 s
+    assert FIRST_OBJECT_RETRY == 0.05 and waits == [0.05, 0.1, 0.1, 0.1, 0.1]
 
 
 def test_median_phases_reads_only_phase_lines_and_takes_each_phase_median() -> None:

@@ -277,6 +277,8 @@ def test_waiting_for_a_run_asks_the_cli_rarely_while_its_serverapp_runs(
 
     monkeypatch.setattr(loopback, "STATUS_EVERY", 0.2)
     monkeypatch.setattr(loopback, "WATCH_EVERY", 0.05)
+    # no backstop within the 30 s the wait is given: only the watch can find the end
+    monkeypatch.setattr(loopback, "STATUS_WHILE_SERVING", 1e6)
 
     class Watched(loopback.FlwrCli):
         def __init__(self) -> None:
@@ -291,13 +293,9 @@ def test_waiting_for_a_run_asks_the_cli_rarely_while_its_serverapp_runs(
     fed._spawn("superexec", ["bash", "-c", "(exec -a flwr-serverapp sleep 2); sleep 60"], tmp_path)
     try:
         fed.wait_for(fed.serverapp_running, 10, "the ServerApp")
-        start = time.monotonic()
-        assert fed.wait_run(1, timeout=30) == "finished:completed"
-        took = time.monotonic() - start
+        assert fed.wait_run(1, timeout=30) == "finished:completed"  # the ServerApp: 2 s
     finally:
         fed.close()
-    # found soon after it came (not at the backstop), with room for a loaded machine
-    assert 1.0 < took < 2 + 5 * loopback.STATUS_EVERY < loopback.STATUS_WHILE_SERVING
     assert len(fed.asked) <= 2  # asked every 0.2 s, as without a ServerApp: about 10
     assert not fed.serverapp_running()  # the harness's processes are gone
 

@@ -7,7 +7,6 @@ and the site; a clean federation prints each site's class name -> id map."""
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -37,13 +36,11 @@ def _check(paths: str, *keys: str) -> int:
 @pytest.mark.parametrize("names", ["", "class-names='benign,malignant,normal'"])
 def test_a_class_spelled_two_ways_at_a_later_site_stops_the_check(tmp_path, capsys, names):
     paths = _hospitals(tmp_path, ("benign", "Malignant", "normal"))
-    t0 = time.perf_counter()
     assert _check(paths, *[names] if names else []) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
     assert "'class-names'" in err and "'Malignant'" in err and "'malignant'" in err
     assert "hospital-c" in err
-    assert time.perf_counter() - t0 < 60
 
 
 def test_different_class_folders_without_names_ask_for_class_names(tmp_path, capsys):

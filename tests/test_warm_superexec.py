@@ -26,16 +26,25 @@ class Fallback:
         pass
 
 
+def fake_clock(monkeypatch) -> list[float]:
+    """The executor's clock, moved by the test (no sleeps, no wall-clock margins)."""
+    clock = [1000.0]
+    monkeypatch.setattr(warm_superexec, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    return clock
+
+
 def test_a_hung_clientapp_task_is_killed_after_its_timeout(monkeypatch, caplog) -> None:
     monkeypatch.setattr(warm_superexec, "_run_task", lambda spec, **kw: time.sleep(120) or 0)
+    clock = fake_clock(monkeypatch)
     executor = ForkExecutor(Fallback(), task_timeout=0.5, max_tasks=1)
     executor.launch(_spec(7, "h"))
     (pid,) = executor.workers
     # while it runs, no second ClientApp is acquired (one task at a time)
     assert TaskType.CLIENT_APP not in executor.get_eligible_capacity({TaskType.CLIENT_APP})[0]
+    clock[0] += 0.49
     executor.reconcile()
     assert pid in executor.workers  # not yet past its timeout
-    time.sleep(0.8)
+    clock[0] += 0.02
     with caplog.at_level(logging.ERROR, logger="flwr"):
         executor.reconcile()
     assert f"ClientApp task 7 (pid {pid}) ran past --task-timeout 0.5s: killed" in caplog.text
@@ -114,15 +123,16 @@ def test_an_idle_worker_waits_until_the_superexec_stops_it(monkeypatch) -> None:
     """A worker never leaves on its own (a task sent as it left would be lost): it waits
     for the next task until the SuperExec, after ``idle`` seconds, closes its pipe."""
     monkeypatch.setattr(warm_superexec, "_run_task", lambda spec, **kw: 0)
+    clock = fake_clock(monkeypatch)
     executor = ForkExecutor(Fallback(), keep=True, idle=1.0)
     executor.launch(_spec(1, "h"))
     _settle(executor, idle=1)
     (pid,) = executor.workers
-    time.sleep(0.5)
+    clock[0] += 0.99
     executor.reconcile()
     assert executor.workers[pid].task is None  # still idle, still there
     os.kill(pid, 0)
-    time.sleep(0.6)
+    clock[0] += 0.02
     executor.reconcile()  # idle past the limit: its pipe is closed, and it exits
     _settle(executor, idle=0)
     with pytest.raises(ProcessLookupError):
