@@ -2,7 +2,8 @@
 
 The device machine (docs/PERFORMANCE.md, "On a lent GPU") has PyTorch and CUDA but not
 Flower and a few of our other dependencies, reaches no package index, and takes a working
-tree of at most 64 MiB. Three steps, each a command of ``bash scripts/gpu_kit.sh``:
+tree of at most 64 MiB. The steps, each a command of ``bash scripts/gpu_kit.sh`` (the
+last also ``python -m benchmarks.gpu_kit report``):
 
 * ``prepare`` (here): downloads, with pip, the wheels of every package the in-process
   engine needs that the device image lacks (CPython 3.12, manylinux x86-64; not Ray:
@@ -15,7 +16,9 @@ tree of at most 64 MiB. Three steps, each a command of ``bash scripts/gpu_kit.sh
   the plots and a tarball of the runs to ``$OUT``; a second call on the same warm machine
   resumes each cell from its last checkpoint;
 * ``dry-run`` (here, a CI test): ``device`` on this machine's CPU for one round, on a
-  small subset of the dev set.
+  small subset of the dev set;
+* ``report`` (here): the summary and reports again, from the tarball unpacked, into
+  docs/results (the manifest in it names the calls and the device).
 """
 
 from __future__ import annotations

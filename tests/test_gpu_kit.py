@@ -48,7 +48,8 @@ def test_the_speed_patches_go_off_only_for_a_version_they_were_not_checked_again
 ):
     import pflower.patches as patches
 
-    monkeypatch.delenv(patches.SWITCH, raising=False)
+    # set through monkeypatch, so the switch the kit turns off is restored after the test
+    monkeypatch.setenv(patches.SWITCH, "1")
     gpu_kit.patches_or_off()  # this environment's torch and flwr: checked
     assert patches.enabled()
     monkeypatch.setitem(patches.TESTED, "torch", ("0.0.",))
