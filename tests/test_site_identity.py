@@ -135,7 +135,7 @@ def test_an_impostor_node_gets_nothing_of_the_site_whose_key_it_presents(tmp_pat
             fed.wait_for(lambda p=proc: "SuperNode ID" in p.text(), 120, name, proc)
         config = {
             "method": "factorized-fl-beta",
-            "num-server-rounds": 4,
+            "num-server-rounds": 5,
             "sim-samples": 60,
             "hidden-dim": 16,
             "round-timeout": 30.0,
@@ -175,11 +175,17 @@ def test_an_impostor_node_gets_nothing_of_the_site_whose_key_it_presents(tmp_pat
             for name in [*sites, "impostor"]
         }
         trained_in = {r["round"]: set(r["per_client_train_loss"]) for r in res["rounds"]}
-        compared = []
-        for rnd in (3, 4):  # site-a has its own aggregate by then; the impostor never
+        compared, back = [], []
+        # site-a has its own aggregate once back; the impostor never. A loaded machine
+        # may restart site-a too late for a round: the rounds it was sent count
+        for rnd in (3, 4, 5):
+            if str(rnd) not in got["site-a"] or str(rnd) not in got["impostor"]:
+                continue
+            back.append(rnd)
             assert got["impostor"][str(rnd)] != got["site-a"][str(rnd)]
             if trained_in[rnd - 1] == set(sites):  # else site-b's aggregate is the global one
                 assert got["site-a"][str(rnd)] != got["site-b"][str(rnd)]
                 assert got["impostor"][str(rnd)] != got["site-b"][str(rnd)]
                 compared.append(rnd)
-        assert compared, trained_in  # site-a trained again in round 2 or 3
+        assert back, got  # site-a and the impostor were both sent a round after site-a's return
+        assert compared, trained_in  # site-a trained again before one of them
