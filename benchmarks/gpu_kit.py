@@ -319,6 +319,16 @@ def cell_status(cell: Cell) -> str:
     return f"failed: {str(status.get('reason', ''))[:200]}"
 
 
+def failed_cells(cells: list[Cell]) -> list[Cell]:
+    """The cells that make a call fail: one that failed, never ran, or was stopped at
+    the deadline before it recorded a round (a cell stopped later is a result)."""
+    return [
+        c
+        for c in cells
+        if cell_status(c).startswith(("failed", "not run")) or not rounds_reached(c)
+    ]
+
+
 def summary_lines(preset: presets.Preset, cells: list[Cell], common: int) -> list[str]:
     """One table per preset: rounds reached, seconds a round, accuracy at the common
     round and the mean of its last LAST_K records (with partial participation each
@@ -507,7 +517,7 @@ def device(args: argparse.Namespace) -> int:
             shutil.copyfile(path, out / path.name)
     pack(out, work, reports)
     log.info("done in %.0f s; files in %s", time.time() - start, out)
-    failed = [c for c in every if cell_status(c).startswith(("failed", "not run"))]
+    failed = failed_cells(every)
     for cell in failed:
         log.error("%s / %s / seed %d: %s", cell.preset, cell.label, cell.seed, cell_status(cell))
     return 1 if failed else 0
@@ -567,11 +577,12 @@ def main(argv: list[str] | None = None) -> int:
             print(path)
         return 0
     args.dry_run = args.command == "dry-run"
-    if args.dry_run:
-        tmp = Path(tempfile.mkdtemp(prefix="gpu-kit-dry-"))
-        os.environ["PFLOWER_DATA_DIR"] = str(dry_run_data(tmp))
-        use_data_dir(tmp)
-    return device(args)
+    if not args.dry_run:
+        return device(args)
+    with tempfile.TemporaryDirectory(prefix="gpu-kit-dry-") as tmp:  # its data subset
+        os.environ["PFLOWER_DATA_DIR"] = str(dry_run_data(Path(tmp)))
+        use_data_dir(Path(tmp))
+        return device(args)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -358,6 +359,7 @@ def test_simulation_joins_an_existing_ray_cluster(tmp_path: Path) -> None:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        shutil.rmtree(temp, ignore_errors=True)  # the head's session files
 
 
 # ---- the deployments --------------------------------------------------------------------------

@@ -5,6 +5,7 @@ rounds are compared at the last round they all reached."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -38,6 +39,13 @@ def test_a_preset_is_compared_at_the_last_round_every_cell_reached(tmp_path):
     text = report.write(preset, view, ["note"], tmp_path / "out").read_text()
     assert "3 clients, 1 rounds" in text
     assert "| `fedavg` | 1 |" in text and "| `local` | 1 |" in text
+    assert gpu_kit.failed_cells(two) == []  # one complete, one stopped after round 1
+    # stopped at the deadline before its first round: nothing learned, the call failed
+    (stopped,) = [c for c in preset.cells(rounds=2, runs=tmp_path / "other") if c.label == "local"]
+    stopped.dir.mkdir(parents=True)
+    (stopped.dir / "cell.json").write_text(json.dumps({"ok": False, "reason": "timed out"}))
+    assert gpu_kit.cell_status(stopped) == "stopped at the deadline after round 0"
+    assert gpu_kit.failed_cells([*two, stopped]) == [stopped]
     lines = gpu_kit.summary_lines(preset, two, common)
     assert "Compared at round 1" in lines[2]
     assert any(line.startswith("| `fedavg` | 0 | 2 |") for line in lines)
@@ -78,6 +86,14 @@ def test_prepare_builds_a_carry_under_the_device_limit(tmp_path):
     at its tested version, each one the device's Python installs; with the project
     tree and the dev set, under 64 MiB. A carry over the limit is refused."""
     wheels, kit = tmp_path / "whl", tmp_path / "kit"
+    try:
+        _check_the_carry(wheels, kit)
+    finally:  # 50 MB of wheels and data: not left in pytest's kept temporary folders
+        shutil.rmtree(wheels, ignore_errors=True)
+        shutil.rmtree(kit, ignore_errors=True)
+
+
+def _check_the_carry(wheels: Path, kit: Path) -> None:
     sizes = gpu_kit.prepare(wheels, kit)
     pins = gpu_kit.pinned_versions()
     found = {gpu_kit.wheel_dist(w): w for w in wheels.glob("*.whl")}
@@ -99,6 +115,13 @@ def test_the_dry_run_does_the_device_steps_on_this_cpu(tmp_path):
     """Both presets' cells, one round each on a subset of the dev set, the Flower
     path on the CPU, the summary, reports, plots and the tarball of the runs."""
     out, work = tmp_path / "out", tmp_path / "work"
+    try:
+        _dry_run(out, work)
+    finally:  # its runs hold ResNet-18 checkpoints and personal state: hundreds of MB
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _dry_run(out: Path, work: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.gpu_kit", "dry-run", "--out", str(out)]
         + ["--work", str(work)],
