@@ -135,7 +135,7 @@ def test_an_impostor_node_gets_nothing_of_the_site_whose_key_it_presents(tmp_pat
             fed.wait_for(lambda p=proc: "SuperNode ID" in p.text(), 120, name, proc)
         config = {
             "method": "factorized-fl-beta",
-            "num-server-rounds": 5,
+            "num-server-rounds": 8,  # slack: a loaded machine may take rounds to restart site-a
             "sim-samples": 60,
             "hidden-dim": 16,
             "round-timeout": 30.0,
@@ -178,7 +178,7 @@ def test_an_impostor_node_gets_nothing_of_the_site_whose_key_it_presents(tmp_pat
         compared, back = [], []
         # site-a has its own aggregate once back; the impostor never. A loaded machine
         # may restart site-a too late for a round: the rounds it was sent count
-        for rnd in (3, 4, 5):
+        for rnd in range(3, 9):
             if str(rnd) not in got["site-a"] or str(rnd) not in got["impostor"]:
                 continue
             back.append(rnd)
