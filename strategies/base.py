@@ -34,7 +34,7 @@ from models.roles import DP_PARTICIPANTS, TensorSpec
 from models.wire import Wire
 from pflower.config.schema import RunConfig
 from pflower.results import RunRecorder
-from strategies import checkpoint, privacy
+from strategies import checkpoint, privacy, streaming
 from strategies.bystanders import Bystanders
 from strategies.payloads import Payloads
 from strategies.recording import RoundLog, Rounds, evaluations_in_fit
@@ -56,6 +56,7 @@ from strategies.replies import (
 from strategies.robust import Bounds, NormHistory, bound_round, mean_by_rule, weighted_mean
 from strategies.roster import load_roster
 from strategies.sampling import Sampler
+from strategies.streaming import History, StreamedRound
 
 log = logging.getLogger("flwr.pflower")
 
@@ -91,6 +92,8 @@ class PFLStrategy(Strategy):
         self.class_lists = ClassLists()
         self.dp = privacy.DPRelease(cfg)
         self.rounds, self.norm_history = Rounds(recorder), NormHistory(cfg.norm_history_rounds)
+        self.history = History(cfg.norm_history_rounds, self.norm_history)  # streamed bounds
+        self.streamed: StreamedRound | None = None  # this round's, if it is streamed
         self.bystanders = Bystanders()  # clients that do not train (FedFac's new clients)
 
     def __repr__(self) -> str:
@@ -165,7 +168,9 @@ class PFLStrategy(Strategy):
         if server_round == 1 and not self.cfg.class_names.strip():  # ids from each site's data
             self.class_lists.ask([p for p, _, _ in sent], self.cfg.round_timeout or None, 1)
         rl.marks["configure"] = time.perf_counter()
-        return [(proxy, FitIns(payload, config)) for proxy, payload, config in sent]
+        self.streamed = streaming.open_round(self, server_round)
+        wrap = streaming.folding(self.streamed)  # each reply folded as it arrives
+        return [(wrap(proxy), FitIns(payload, config)) for proxy, payload, config in sent]
 
     def aggregate_fit(
         self,
@@ -176,14 +181,20 @@ class PFLStrategy(Strategy):
         cfg, rl = self.cfg, self.rounds.of(server_round)
         rl.marks["waiting for clients"] = time.perf_counter()
         rl.failures = len(failures)
-        results = self.bystanders.trained_fits(server_round, results)
-        accepted, rl.rejected, rl.bytes_up = accept_fit_replies(
-            server_round,
-            results,
-            privacy.secure_decoder(server_round, self.cfg, self.spec, rl.extra),
-            self.check_reply,
-            self.clients,
-        )
+        streamed, self.streamed = self.streamed, None
+        if streamed is not None:  # every reply was folded as it arrived
+            streamed.close()
+            accepted, rl.rejected, rl.bytes_up = streamed.kept, streamed.rejected, streamed.bytes_up
+            rl.extra.update(streamed.extra)
+        else:
+            results = self.bystanders.trained_fits(server_round, results)
+            accepted, rl.rejected, rl.bytes_up = accept_fit_replies(
+                server_round,
+                results,
+                privacy.secure_decoder(server_round, self.cfg, self.spec, rl.extra),
+                self.check_reply,
+                self.clients,
+            )
         self.rounds.add_fit_replies(server_round, accepted)
         self.class_lists.check(server_round, accepted)
         check_failures(server_round, accepted, failures)
@@ -191,7 +202,13 @@ class PFLStrategy(Strategy):
             self.record_round(server_round - 1, evaluations_in_fit(accepted))
         if not enough_replies(server_round, len(accepted), cfg.min_replies):
             return self.global_payload(), {}
+        if streamed is not None:
+            streaming.finish_round(self, streamed)
+            checkpoint.save_if_due(self, server_round)
+            rl.marks["aggregate"] = time.perf_counter()
+            return self.global_payload(), {}
         accepted.sort(key=lambda r: r.client_key)  # order-independent aggregation
+        counts = [r.num_examples for r in accepted]  # as reported, for the streamed rounds
         if not cfg.secure_aggregation and not self.dp.on:
             sent = lambda key: self.payload_for(key, server_round)  # noqa: E731
             mean = not self.own_aggregation and self.aggregation in ("mean", "weighted")
@@ -200,6 +217,7 @@ class PFLStrategy(Strategy):
             accepted = bound_round(server_round, accepted, sent, bounds, history, rl, align)
             if not accepted:
                 return self.global_payload(), {}
+        streaming.note_held_round(self, server_round, accepted, counts)
         self.dp.aggregate(accepted, self, lambda: self.aggregate(server_round, accepted), rl.extra)
         checkpoint.save_if_due(self, server_round)
         rl.marks["aggregate"] = time.perf_counter()

@@ -353,14 +353,50 @@ def bound_round(
     return kept
 
 
+class RunningMean:
+    """A weighted sum of arrays per tensor, in double-double: ``hi + lo`` is the exact
+    sum up to float64 rounding of the (tiny) error terms, whatever the order."""
+
+    def __init__(self) -> None:
+        self.hi: list[np.ndarray] = []
+        self.lo: list[np.ndarray] = []
+        self.dtypes: list[np.dtype] = []
+        self.total = 0.0
+        self.count = 0
+
+    def add(self, arrays: NDArrays, weight: float) -> None:
+        if not self.count:
+            self.hi = [np.zeros(a.shape, np.float64) for a in arrays]
+            self.lo = [np.zeros(a.shape, np.float64) for a in arrays]
+            self.dtypes = [a.dtype for a in arrays]
+        elif len(arrays) != len(self.hi):
+            raise ValueError(f"{len(arrays)} tensors, the sum has {len(self.hi)}")
+        for hi, lo, a in zip(self.hi, self.lo, arrays, strict=True):
+            x = a.astype(np.float64)
+            x *= weight  # exact: a float32 times an integer count below 2**29
+            s = hi + x
+            back = s - hi
+            lo += (hi - (s - back)) + (x - back)  # TwoSum: the bits s lost
+            hi[...] = s
+        self.total += weight
+        self.count += 1
+
+    def mean(self) -> NDArrays:
+        """Per-tensor weighted mean, cast back to each tensor's dtype."""
+        if not self.count:
+            raise ValueError("an empty sum has no mean")
+        return [
+            ((h + lo) / self.total).astype(d) for h, lo, d in zip(self.hi, self.lo, self.dtypes)
+        ]
+
+
 def weighted_mean(arrays: list[NDArrays], weights: list[float]) -> NDArrays:
-    """Per-tensor weighted mean, in float64, cast back to each tensor's dtype."""
-    total = float(sum(weights))
-    out = []
-    for tensors in zip(*arrays, strict=True):
-        acc = sum(w * t.astype(np.float64) for w, t in zip(weights, tensors)) / total
-        out.append(acc.astype(tensors[0].dtype))
-    return out
+    """Per-tensor weighted mean (``RunningMean``: a streamed round's sum, so a held and
+    a streamed round agree), cast back to each tensor's dtype."""
+    total = RunningMean()
+    for a, w in zip(arrays, weights, strict=True):
+        total.add(a, w)
+    return total.mean()
 
 
 def mean_by_rule(replies: list[Any], rule: str, trim: float) -> NDArrays:

@@ -152,6 +152,8 @@ class RunConfig(TaskKeys):
     direction_check_from: int = _field(4, alias="direction-check-from", ge=0)
     direction_min_cosine: float = _field(0.0, alias="direction-min-cosine", ge=-1, le=1)
     direction_action: Literal["project", "reject"] = _field("project", alias="direction-action")
+    # fold each fit reply into the round's mean as it arrives (strategies/streaming.py)
+    streamed_aggregation: bool = _field(True, alias="streamed-aggregation")
     fraction_fit: float = _field(1.0, alias="fraction-fit", gt=0, le=1)
     # one message per client and round: fit replies carry the previous round's evaluation
     eval_in_fit: bool = _field(True, alias="eval-in-fit")

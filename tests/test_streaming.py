@@ -1,0 +1,234 @@
+"""Streamed aggregation (strategies/streaming.py): a round folds each reply as it
+arrives and drops it; the result does not depend on the arrival order, equals the
+held round's where no bound differs, and the bounds still hold an attacker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.common import FitRes
+
+from strategies import streaming
+from strategies.robust import update_norm, weighted_mean
+from strategies.streaming import RESERVOIR, FoldingProxy, Reservoir, RunningMean
+from tests.helpers import FakeProxy, config, fit_res, make_strategy
+
+
+class Replying(FakeProxy):
+    """A client whose fit returns a prepared reply."""
+
+    def __init__(self, node_id: int, res: FitRes) -> None:
+        super().__init__(node_id)
+        self.res = res
+
+    def fit(self, *a: Any, **k: Any) -> FitRes:
+        return self.res
+
+
+def _near(start: list[np.ndarray], rng: np.random.Generator, common: list | None = None) -> list:
+    """An upload as training makes one: the round's common direction plus its own."""
+    common = common or [0.0] * len(start)
+    return [
+        (a + c + 0.01 * rng.normal(size=a.shape)).astype(a.dtype) if a.dtype.kind == "f" else a
+        for a, c in zip(start, common)
+    ]
+
+
+def _round(strategy, rnd: int, uploads: list, counts: list[int], order=None) -> bool:  # noqa: ANN001
+    """One round through configure's hook: each reply folded as Flower's loop would
+    call it (in ``order``); returns whether the round was streamed."""
+    strategy.streamed = streaming.open_round(strategy, rnd)
+    streamed = strategy.streamed is not None
+    pairs = [
+        (Replying(k, fit_res(u, f"c{k}", n)), k) for k, (u, n) in enumerate(zip(uploads, counts))
+    ]
+    results = []
+    for k in order if order is not None else range(len(pairs)):
+        proxy = pairs[k][0]
+        if streamed:
+            proxy = FoldingProxy(proxy, strategy.streamed.fold)
+        res = proxy.fit(None, None, None)
+        if streamed:
+            assert res.parameters.tensors == []  # dropped once folded
+        results.append((proxy, res))
+    strategy.aggregate_fit(rnd, results, [])
+    return streamed
+
+
+def _clean_rounds(raw: dict, order=None, rounds: int = 3, n: int = 9) -> tuple:  # noqa: ANN001
+    strategy = make_strategy(config(method="fedavg", **raw))
+    rng = np.random.default_rng(0)
+    streamed = []
+    common = [0.01 * rng.normal(size=a.shape) for a in strategy.global_arrays]  # a drift
+    for rnd in range(1, rounds + 1):
+        start = strategy.global_arrays
+        uploads = [_near(start, rng, common) for _ in range(n)]
+        counts = [40 + 3 * k for k in range(n)]
+        streamed.append(_round(strategy, rnd, uploads, counts, order))
+    return strategy, streamed
+
+
+@pytest.mark.parametrize("bounds", ["off", "defaults"])
+def test_a_streamed_round_equals_the_held_round_and_ignores_the_arrival_order(bounds: str) -> None:
+    raw = {"weight-cap": 0.0, "update-norm-bound": 0.0, "direction-check-from": 0}
+    raw = raw if bounds == "off" else {}
+    held, was = _clean_rounds({**raw, "streamed-aggregation": False})
+    assert was == [False, False, False]
+    streamed, was = _clean_rounds(raw)
+    # with bounds, the first round is held: they need a history first
+    assert was == ([True] * 3 if bounds == "off" else [False, True, True])
+    shuffled, _ = _clean_rounds(raw, order=[4, 8, 0, 2, 7, 1, 6, 3, 5])
+    for a, b, c in zip(held.global_arrays, streamed.global_arrays, shuffled.global_arrays):
+        assert a.dtype == b.dtype and np.array_equal(b, c)
+        if bounds == "off":
+            assert np.array_equal(a, b)
+    if bounds == "defaults":  # clean replies: no bound acts in either, so the sums agree
+        for a, b in zip(held.global_arrays, streamed.global_arrays):
+            assert np.array_equal(a, b)
+        record = streamed.rounds[3].extra
+        assert record["aggregation_streamed"] and record["updates_clipped"] == 0
+        assert record["against_the_round"] == 0
+    assert streamed.rounds[3].replies == 9 and len(streamed.rounds[3].train_samples_by_client) == 9
+
+
+def test_a_streamed_round_holds_one_sum_and_a_bounded_reservoir() -> None:
+    strategy, _ = _clean_rounds({}, rounds=1)
+    rng = np.random.default_rng(1)
+    strategy.streamed = streaming.open_round(strategy, 2)
+    state = strategy.streamed
+    model = sum(a.nbytes for a in strategy.global_arrays)
+    for k in range(40):
+        proxy = FoldingProxy(
+            Replying(k, fit_res(_near(strategy.global_arrays, rng), f"c{k}")), state.fold
+        )
+        assert proxy.fit(None, None, None).parameters.tensors == []
+    assert all(r.arrays == [] for r in state.kept) and len(state.kept) == 40
+    held = sum(a.nbytes for a in state.sum.hi + state.sum.lo)
+    assert held <= 4 * model  # two float64 copies of the model, whatever the replies
+    assert len(state.reservoir.heap) == RESERVOIR
+
+
+def test_the_running_mean_is_the_weighted_mean_in_any_order() -> None:
+    rng = np.random.default_rng(2)
+    arrays = [
+        [(rng.normal(size=(50,)) * 10.0 ** rng.integers(-3, 4)).astype(np.float32)]
+        for _ in range(30)
+    ]
+    weights = [float(w) for w in rng.integers(1, 5000, size=30)]
+    want = sum(w * a[0].astype(np.float64) for w, a in zip(weights, arrays)) / sum(weights)
+    got = weighted_mean(arrays, weights)[0]
+    assert got.dtype == np.float32 and np.allclose(got, want, rtol=1e-6)
+    for seed in range(5):
+        order = np.random.default_rng(seed).permutation(30)
+        total = RunningMean()
+        for i in order:
+            total.add(arrays[i], weights[i])
+        assert np.array_equal(total.mean()[0], got)
+
+
+def test_the_reservoir_keeps_the_same_replies_in_any_order() -> None:
+    keys = [f"c{k}" for k in range(50)]
+    kept = []
+    for seed in range(3):
+        reservoir = Reservoir(7)
+        for i in np.random.default_rng(seed).permutation(50):
+            if reservoir.wants(keys[i]):
+                reservoir.offer(keys[i], np.full(3, float(i), np.float32))
+        kept.append(sorted(k for _, k, _ in reservoir.heap))
+    assert kept[0] == kept[1] == kept[2] and len(kept[0]) == RESERVOIR
+
+
+@pytest.mark.parametrize("attack", ["scaled-update", "sign-flip"])
+def test_the_bounds_hold_an_attacker_in_a_streamed_round(attack: str) -> None:
+    """Round 2 is streamed. A 1000x update claiming 1e15 examples moves the model at
+    most 3x the earlier rounds' median honest update (weight capped, norm clipped);
+    a negated update just under the norm bound is projected off the previous round's
+    median direction, so the aggregate keeps pointing with the honest mean. Without
+    the bounds the same reply takes the aggregate over."""
+    outcome = {}
+    for defended in (True, False):
+        raw = {} if defended else {"weight-cap": 0.0, "update-norm-bound": 0.0}
+        if not defended:
+            raw["direction-check-from"] = 0
+        strategy = make_strategy(config(method="fedavg", **raw))
+        rng = np.random.default_rng(3)
+        common = [0.01 * rng.normal(size=a.shape) for a in strategy.global_arrays]
+
+        _round(
+            strategy, 1, [_near(strategy.global_arrays, rng, common) for _ in range(6)], [48] * 6
+        )
+        start = [a.copy() for a in strategy.global_arrays]
+        good = [_near(start, rng, common) for _ in range(5)]
+        typical = sorted(update_norm(g, start) for g in good)[2]
+        if attack == "scaled-update":
+            bad = [(s + 1000.0 * (g - s)).astype(g.dtype) for s, g in zip(start, good[0])]
+        else:
+            scale = -0.99 * 3.0 * typical / update_norm(good[0], start)
+            bad = [(s + scale * (g - s)).astype(g.dtype) for s, g in zip(start, good[0])]
+        assert _round(strategy, 2, [*good, bad], [48] * 5 + [10**15])  # streamed
+        moved = update_norm(strategy.global_arrays, start)
+        honest_mean = [np.mean([g[i] for g in good], axis=0) for i in range(len(start))]
+        da = np.concatenate(
+            [(x.astype(np.float64) - s).ravel() for x, s in zip(strategy.global_arrays, start)]
+        )
+        db = np.concatenate(
+            [(x.astype(np.float64) - s).ravel() for x, s in zip(honest_mean, start)]
+        )
+        outcome[defended] = (
+            moved / typical,
+            float(da @ db / np.linalg.norm(da) / np.linalg.norm(db)),
+        )
+        if defended:
+            extra = strategy.rounds[2].extra
+            assert extra["aggregation_streamed"] and extra["weights_capped"] == 1
+            if attack == "sign-flip":
+                assert extra["against_the_round"] == 1
+    assert outcome[True][0] <= 3.0 * 1.1, outcome
+    assert outcome[True][1] >= 0.5, outcome
+    if attack == "scaled-update":  # the attack is real without the bounds
+        assert outcome[False][0] > 100, outcome
+    else:
+        assert outcome[False][1] < 0, outcome
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"method": "fedavg", "aggregation": "median"},
+        {"method": "fedavg", "dp-mode": "server", "dp-noise-multiplier": 0.5},
+        {"method": "factorized-fl-beta"},
+        {"method": "fedavg", "streamed-aggregation": False},
+    ],
+)
+def test_rules_that_need_every_reply_hold_the_round(raw: dict) -> None:
+    strategy = make_strategy(config(**raw))
+    strategy.history.counts.append([10])
+    strategy.norm_history.add([1.0])
+    assert not streaming.streams(strategy) and streaming.open_round(strategy, 2) is None
+
+
+def test_through_flowers_round_loop_a_streamed_run_ends_where_a_held_run_ends(tmp_path) -> None:  # noqa: ANN001
+    """The in-process engine (Flower's own round loop calls each FoldingProxy): with
+    the bounds off every round is streamed, and the run's per-client accuracies and
+    losses equal the held run's; with the defaults rounds 2-3 are streamed."""
+    from server_app.inprocess import run_inprocess
+
+    off = {"weight-cap": 0.0, "update-norm-bound": 0.0, "direction-check-from": 0}
+    base = {"method": "fedavg", "num-server-rounds": 3, "sim-samples": 60, "hidden-dim": 16}
+    base["output-dir"] = str(tmp_path)
+    runs = {}
+    for name, raw in {
+        "held": {**off, "streamed-aggregation": False},
+        "streamed": off,
+        "defaults": {},
+    }.items():
+        runs[name] = run_inprocess({**base, **raw, "run-name": name}, 4)["rounds"]
+    streamed = [bool(r.get("aggregation_streamed")) for r in runs["streamed"]]
+    assert streamed == [True, True, True]
+    assert not any(r.get("aggregation_streamed") for r in runs["held"])
+    assert [bool(r.get("aggregation_streamed")) for r in runs["defaults"]] == [False, True, True]
+    for a, b in zip(runs["held"], runs["streamed"]):
+        assert a["per_client_accuracy"] == b["per_client_accuracy"]
+        assert a["per_client_train_loss"] == b["per_client_train_loss"]
