@@ -51,6 +51,11 @@ def dev_sh(
         ("check", "alpha=-1", "'alpha'"),
         ("check", "num-server-rounds='x'", "'num-server-rounds'"),
         ("check", "no-such-key=1", "'no-such-key'"),
+        # #62: the closest key reaches the CLI (Flower's fused config refuses it first)
+        ("check", "method='fedcp' mmd-lambda=5", "did you mean 'fedcp.mmd-lambda'"),
+        ("check", "local-epoch=5", "did you mean 'local-epochs'"),
+        ("run", "method='fedcp' mmd-lambda=5", "did you mean 'fedcp.mmd-lambda'"),
+        ("check", "{probe}/typo.toml", "did you mean 'local-epochs'"),  # a TOML file
         # #46: accepted before, and it did nothing (flwr sends every method's defaults:
         # only the keys the user sets are judged)
         ("check", "method='fedavg' fedcp.mmd-lambda=5", "'fedcp.mmd-lambda' belongs to fedcp"),
@@ -105,6 +110,7 @@ def bad_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     root = tmp_path_factory.mktemp("bad-data")
     (root / "data.csv").write_text("x,label\n1,0\n")
+    (root / "typo.toml").write_text("local-epoch = 5\n")
     (root / "empty").mkdir()
     for name in ("a", "b"):
         (root / "tiny4" / name).mkdir(parents=True)

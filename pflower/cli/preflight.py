@@ -29,8 +29,11 @@ def flwr_run_config(project_dir: Path, overrides: list[str]) -> dict[str, Any]:
     try:
         return get_fused_config_from_dir(project_dir, parsed)
     except ValueError as err:  # a key the app does not define
+        from methods import registry
+        from pflower.config.schema import known_keys, unknown_key
+
         key = str(err).split("'")[1] if "'" in str(err) else str(err)
-        raise ConfigError(f"unknown config key '{key}'") from None
+        raise ConfigError(unknown_key(key, known_keys(registry()))) from None
 
 
 def user_keys(overrides: list[str]) -> list[str]:
