@@ -56,7 +56,7 @@ from strategies.replies import (
 from strategies.robust import Bounds, NormHistory, bound_round, mean_by_rule, weighted_mean
 from strategies.roster import load_roster
 from strategies.sampling import Sampler
-from strategies.streaming import History, StreamedRound
+from strategies.streaming import StreamedRound
 
 log = logging.getLogger("flwr.pflower")
 
@@ -92,8 +92,8 @@ class PFLStrategy(Strategy):
         self.class_lists = ClassLists()
         self.dp = privacy.DPRelease(cfg)
         self.rounds, self.norm_history = Rounds(recorder), NormHistory(cfg.norm_history_rounds)
-        self.history = History(cfg.norm_history_rounds, self.norm_history)  # streamed bounds
         self.streamed: StreamedRound | None = None  # this round's, if it is streamed
+        self.last_direction: np.ndarray | None = None  # the last streamed round's (unit)
         self.bystanders = Bystanders()  # clients that do not train (FedFac's new clients)
 
     def __repr__(self) -> str:
@@ -168,9 +168,9 @@ class PFLStrategy(Strategy):
         if server_round == 1 and not self.cfg.class_names.strip():  # ids from each site's data
             self.class_lists.ask([p for p, _, _ in sent], self.cfg.round_timeout or None, 1)
         rl.marks["configure"] = time.perf_counter()
-        self.streamed = streaming.open_round(self, server_round)
-        wrap = streaming.folding(self.streamed)  # each reply folded as it arrives
-        return [(wrap(proxy), FitIns(payload, config)) for proxy, payload, config in sent]
+        self.streamed = streaming.open_round(self, server_round, [p.node_id for p, _, _ in sent])
+        sent = streaming.folding(self.streamed, sent)  # each reply folded as it arrives
+        return [(proxy, FitIns(payload, config)) for proxy, payload, config in sent]
 
     def aggregate_fit(
         self,
@@ -208,7 +208,6 @@ class PFLStrategy(Strategy):
             rl.marks["aggregate"] = time.perf_counter()
             return self.global_payload(), {}
         accepted.sort(key=lambda r: r.client_key)  # order-independent aggregation
-        counts = [r.num_examples for r in accepted]  # as reported, for the streamed rounds
         if not cfg.secure_aggregation and not self.dp.on:
             sent = lambda key: self.payload_for(key, server_round)  # noqa: E731
             mean = not self.own_aggregation and self.aggregation in ("mean", "weighted")
@@ -217,7 +216,6 @@ class PFLStrategy(Strategy):
             accepted = bound_round(server_round, accepted, sent, bounds, history, rl, align)
             if not accepted:
                 return self.global_payload(), {}
-        streaming.note_held_round(self, server_round, accepted, counts)
         self.dp.aggregate(accepted, self, lambda: self.aggregate(server_round, accepted), rl.extra)
         checkpoint.save_if_due(self, server_round)
         rl.marks["aggregate"] = time.perf_counter()

@@ -1,41 +1,44 @@
 """Streamed aggregation: each fit reply is checked, bounded and folded into the
 round's running sum as it arrives, and its arrays are dropped, so a round holds one
-sum whatever its number of replies (Flower's legacy round loop holds every reply
-until the round ends, then hands ``aggregate_fit`` the list).
+sum and a handful of replies whatever its size (Flower's legacy round loop holds
+every reply until the round ends, then hands ``aggregate_fit`` the list).
 
 The hook is ours, not a patch of Flower: ``configure_fit`` hands Flower each sampled
 client wrapped in a ``FoldingProxy`` whose ``fit`` folds the reply on the thread that
 received it and returns it emptied of its arrays.
 
-A streamed round judges each reply against what was fixed when the round began, so
-its outcome does not depend on the order replies arrive in:
-- ``weight-cap``: at most c x the lower median of the counts accepted in the last
-  ``norm-history-rounds`` rounds (a held round uses its own counts);
-- ``update-norm-bound``: at most r x the lower median of the update norms accepted in
-  those rounds (a held round adds its own);
-- the direction check: the cosine with the coordinate-wise median of a bounded
-  reservoir of the previous round's updates (the ``RESERVOIR`` kept updates whose
-  hash of round and client key is smallest: the same set in any arrival order), where
-  a held round uses the median of all of its own updates.
+The bounds (strategies/robust.py) take their references from a bounded reservoir of
+the round's own replies: the ``RESERVOIR`` sampled nodes whose hash of round and node
+id is smallest, sent their instructions first. Replies that arrive before every
+reservoir node has returned wait (a few, as those nodes go first); then the
+references are fixed from the reservoir's accepted replies and every reply is judged
+by them alone, so the round's outcome does not depend on the order replies arrive in:
+- ``weight-cap``: at most c x the lower median of the reservoir's counts;
+- ``update-norm-bound``: at most r x the lower median of the reservoir's update norms
+  and those accepted in the last ``norm-history-rounds`` rounds;
+- the direction check (from ``direction-check-from`` reservoir replies): the cosine
+  with the coordinate-wise median of the reservoir's (clipped) updates; a projected
+  update is clipped to their lower median norm.
+With up to ``RESERVOIR`` clients a round the reservoir is the whole round: exactly the
+held round's references. If no reservoir reply is accepted, the round's replies wait
+for its end and are judged as a held round judges them.
 
 The sum is kept in double-double (TwoSum, error-free in each addition), so the mean
 is the same to the last bit in any order but for ties far below float64's rounding;
 the held path sums the same way, so a streamed and a held round agree.
 
-A round is held (the replies kept until it ends) when a rule needs every reply at
-once: the first round (no history for the bounds yet), SecAgg+, central DP, a
-method whose aggregation is its own (Factorized-FL, FedFac), median or trimmed mean,
-or ``streamed-aggregation = false``.
+A round is held when a rule needs every reply at once: SecAgg+, central DP, a method
+whose aggregation is its own (Factorized-FL, FedFac), median or trimmed mean, or
+``streamed-aggregation = false``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import heapq
 import logging
 import threading
-from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -58,18 +61,23 @@ from flwr.server.client_proxy import ClientProxy
 
 from strategies.privacy import secure_decoder
 from strategies.replies import ClientKeys, Reply, accept_fit_replies
-from strategies.robust import Bounds, NormHistory, RunningMean, lower_median, update_norm
+from strategies.robust import Bounds, RunningMean, lower_median, update_norm
 
 NDArrays = list[np.ndarray]
 log = logging.getLogger("flwr.pflower")
 
-RESERVOIR = 8  # updates kept for the next round's direction reference (float32 each)
+RESERVOIR = 8  # replies a streamed round takes its references from
 
 
-def _rank(server_round: int, client_key: str) -> int:
-    """A reply's place in the reservoir's order: fixed by round and key alone."""
-    digest = hashlib.blake2b(f"{server_round}:{client_key}".encode(), digest_size=8).digest()
+def _rank(server_round: int, node_id: int) -> int:
+    """A node's place in a round's reservoir order: fixed by round and node id alone."""
+    digest = hashlib.blake2b(f"{server_round}:{node_id}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big")
+
+
+def reservoir_nodes(server_round: int, node_ids: list[int], size: int = RESERVOIR) -> set[int]:
+    """The ``size`` sampled nodes whose replies fix a streamed round's references."""
+    return set(sorted(node_ids, key=lambda n: _rank(server_round, n))[:size])
 
 
 def _update(upload: NDArrays, reference: NDArrays) -> np.ndarray:
@@ -82,108 +90,84 @@ def _update(upload: NDArrays, reference: NDArrays) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, np.float32)
 
 
-class Reservoir:
-    """The ``size`` updates of a round whose ranks are smallest (a max-heap on rank)."""
+@dataclass
+class Limits:
+    """A streamed round's references, fixed before any reply is judged."""
 
-    def __init__(self, server_round: int, size: int = RESERVOIR) -> None:
-        self.round, self.size = server_round, size
-        self.heap: list[tuple[int, str, np.ndarray]] = []
+    count: int | None = None  # the most a reply weighs (None: no cap)
+    norm: float | None = None  # the longest update kept as it came (None: no bound)
+    centre: np.ndarray | None = None  # unit median update (None: no direction check)
+    typical: float = 0.0  # what a projected update is clipped to
 
-    def wants(self, client_key: str) -> bool:
-        return len(self.heap) < self.size or -self.heap[0][0] > _rank(self.round, client_key)
-
-    def offer(self, client_key: str, update: np.ndarray) -> None:
-        item = (-_rank(self.round, client_key), client_key, update)
-        if len(self.heap) < self.size:
-            heapq.heappush(self.heap, item)
-        elif item[0] > self.heap[0][0]:
-            heapq.heapreplace(self.heap, item)
-
-    def median(self) -> np.ndarray | None:
-        if not self.heap:
-            return None
-        rows = sorted(self.heap, key=lambda item: item[1])  # one order for the median
-        block = np.sort(np.stack([u for _, _, u in rows]).astype(np.float64), axis=0)
-        n = block.shape[0]
-        return (block[(n - 1) // 2] + block[n // 2]) / 2
-
-
-class History:
-    """What a streamed round's bounds are fixed from: earlier rounds' accepted counts
-    and update norms, and the direction of the previous round's updates."""
-
-    def __init__(self, rounds: int, norms: NormHistory) -> None:
-        self.counts: deque[list[int]] = deque(maxlen=max(rounds, 1))
-        self.keep = rounds > 0
-        self.norms = norms
-        self.centre: np.ndarray | None = None  # unit median update of the last round
-        self.centre_from = 0  # replies the last round kept
-
-    def ready(self) -> bool:
-        return self.keep and bool(self.counts) and bool(self.norms.values())
-
-    def end_round(self, counts: list[int], reservoir: Reservoir | None, kept: int) -> None:
-        if self.keep and counts:
-            self.counts.append(counts)
-        centre = reservoir.median() if reservoir is not None else None
-        scale = float(np.linalg.norm(centre)) if centre is not None else 0.0
-        self.centre = centre / scale if scale > 0 else None
-        self.centre_from = kept
-
-    def reservoir_of_held(
-        self,
-        server_round: int,
+    @classmethod
+    def of(
+        cls,
         replies: list[Reply],
-        reference_of: Callable[[str], NDArrays],
-    ) -> Reservoir:
-        """A held round's reservoir, from its kept replies."""
-        reservoir = Reservoir(server_round)
-        for r in replies:
-            if reservoir.wants(r.client_key):
-                reservoir.offer(r.client_key, _update(r.arrays, reference_of(r.client_key)))
-        return reservoir
+        references: list[NDArrays],
+        bounds: Bounds,
+        history: list[float],
+    ) -> Limits:
+        """The held round's rules (strategies/robust.py) taken over ``replies``."""
+        out = cls()
+        if bounds.weight_cap > 0:
+            out.count = max(
+                1, int(bounds.weight_cap * lower_median([r.num_examples for r in replies]))
+            )
+        norms = [update_norm(r.arrays, ref) for r, ref in zip(replies, references)]
+        if bounds.norm_bound > 0:
+            out.norm = bounds.norm_bound * lower_median(norms + history)
+        if bounds.direction_from and len(replies) >= bounds.direction_from:
+            updates = [_update(r.arrays, ref) for r, ref in zip(replies, references)]
+            if out.norm is not None:  # the median of the updates as the norm bound leaves them
+                updates = [
+                    u * min(1.0, out.norm / n) if n > 0 else u for u, n in zip(updates, norms)
+                ]
+            block = np.sort(np.stack(updates), axis=0)
+            k = block.shape[0]
+            centre = (block[(k - 1) // 2].astype(np.float64) + block[k // 2]) / 2
+            scale = float(np.linalg.norm(centre))
+            out.centre = centre / scale if scale > 0 else None
+            out.typical = lower_median([float(np.linalg.norm(u)) for u in updates])
+        return out
 
 
 class StreamedRound:
-    """One streamed round: its bounds, fixed at its start, and its running sum."""
+    """One streamed round: its reservoir, its references once fixed, its running sum."""
 
     def __init__(
         self,
         server_round: int,
+        members: set[int],
         bounds: Bounds,
-        history: History,
+        history: list[float],
         weighted: bool,
         decode: Callable[[NDArrays], NDArrays],
         check: Callable[[str, NDArrays, int], str | None],
         keys: ClientKeys,
         reference_of: Callable[[str], NDArrays],
+        direction: np.ndarray | None = None,
     ) -> None:
-        self.round, self.bounds, self.weighted = server_round, bounds, weighted
+        self.round, self.bounds, self.history = server_round, bounds, history
+        self.weighted = weighted
+        self.direction = direction  # the last streamed round's unit update, if any
         self.decode, self.check, self.keys, self.reference_of = decode, check, keys, reference_of
-        counts = [n for c in history.counts for n in c]
-        norms = history.norms.values()
-        self.count_limit = (
-            max(1, int(bounds.weight_cap * lower_median(counts)))
-            if bounds.weight_cap > 0 and counts
-            else None
-        )
-        self.norm_limit = bounds.norm_bound * lower_median(norms) if bounds.norm_bound > 0 else None
-        self.typical = lower_median(norms) if norms else 0.0
-        on = bounds.direction_from and history.centre_from >= bounds.direction_from
-        self.centre = history.centre if on else None
+        self.members, self.waiting = set(members), set(members)
+        # no bound: nothing to wait for
+        self.limits: Limits | None = None if members else Limits()
+        self.pending: list[Reply] = []  # accepted, waiting for the references
+        self.sample: list[Reply] = []  # the reservoir's accepted replies
         self.sum = RunningMean()
         self.kept: list[Reply] = []  # each accepted reply, its arrays dropped
         self.rejected: list[str] = []
         self.norms: list[float] = []
-        self.counts: list[int] = []
         self.extra: dict[str, Any] = {"aggregation_streamed": True}
         self.bytes_up = 0
-        self.reservoir = Reservoir(server_round)
+        self.most_waiting = 0  # the most replies held at once
         self.lock = threading.Lock()
         self.closed = False
 
     def fold(self, proxy: ClientProxy, res: FitRes) -> None:
-        """Check, bound and add one reply; its arrays are dropped either way."""
+        """Check one reply; judge and add it, or hold it until the references are fixed."""
         with self.lock:
             if self.closed:  # Flower's loop waits for every client: not expected
                 log.warning("round %d: a reply after the round closed, dropped", self.round)
@@ -195,66 +179,101 @@ class StreamedRound:
             self.bytes_up += received
             self.rejected += rejected
             for reply in accepted:
-                reason = self._bound(reply)
-                if reason is not None:
-                    log.warning("round %d: rejected reply from %s", self.round, reason)
-                    self.rejected.append(reason)
+                if self.limits is not None:
+                    self._add(reply)
                     continue
-                self.sum.add(reply.arrays, float(reply.num_examples) if self.weighted else 1.0)
-                reply.arrays, reply.num_examples = [], self.counts[-1]  # as reported
-                self.kept.append(reply)
+                self.pending.append(reply)
+                self.most_waiting = max(self.most_waiting, len(self.pending))
+                if proxy.node_id in self.members:
+                    self.sample.append(reply)
+            self._returned(proxy.node_id)
+
+    def returned(self, node_id: int) -> None:
+        """A node's fit ended without a reply to fold (a failure, a timeout)."""
+        with self.lock:
+            self._returned(node_id)
+
+    def _returned(self, node_id: int) -> None:
+        self.waiting.discard(node_id)
+        if self.limits is None and not self.waiting and self.sample:
+            self._fix(self.sample)
+
+    def _fix(self, replies: list[Reply]) -> None:
+        """Fix the references from ``replies`` and judge every reply waiting for them."""
+        references = [self.reference_of(r.client_key) for r in replies]
+        self.limits = Limits.of(replies, references, self.bounds, self.history)
+        if self.limits.centre is not None and self.direction is not None:
+            self.limits.centre = self.direction  # the mean of a whole round: far less noisy
+        pending, self.pending, self.sample = self.pending, [], []
+        for reply in sorted(pending, key=lambda r: r.client_key):
+            self._add(reply)
+
+    def _add(self, reply: Reply) -> None:
+        reported = reply.num_examples  # what the round's record keeps
+        reason = self._bound(reply)
+        if reason is not None:
+            log.warning("round %d: rejected reply from %s", self.round, reason)
+            self.rejected.append(reason)
+            return
+        weight = float(reply.num_examples) if self.weighted else 1.0
+        self.sum.add(reply.arrays, weight)
+        reply.arrays, reply.num_examples = [], reported
+        self.kept.append(reply)
 
     def _bound(self, reply: Reply) -> str | None:
         """The reply with its weight capped and its update bounded, or why it is rejected."""
-        self.counts.append(reply.num_examples)
-        if self.count_limit is not None and reply.num_examples > self.count_limit:
-            reply.num_examples = self.count_limit
+        limits = self.limits
+        assert limits is not None
+        if limits.count is not None and reply.num_examples > limits.count:
             self.extra["weights_capped"] = self.extra.get("weights_capped", 0) + 1
+            reply.num_examples = limits.count
         reference = self.reference_of(reply.client_key)
         norm = update_norm(reply.arrays, reference)
-        if self.norm_limit is not None:
-            self.extra["update_norm_limit"] = self.norm_limit
+        if limits.norm is not None:
+            self.extra["update_norm_limit"] = limits.norm
             self.extra.setdefault("updates_clipped", 0)
-            if norm > self.norm_limit and norm > 0:
+            if norm > limits.norm and norm > 0:
                 if self.bounds.action == "reject":
                     return (
                         f"{reply.client_key}: update norm above update-norm-bound x the "
-                        f"lower median of earlier rounds ({self.norm_limit:.3g})"
+                        f"lower median ({limits.norm:.3g})"
                     )
-                reply.arrays = _scaled(reply.arrays, reference, self.norm_limit / norm)
-                norm = self.norm_limit
+                reply.arrays = _scaled(reply.arrays, reference, limits.norm / norm)
+                norm = limits.norm
                 self.extra["updates_clipped"] += 1
-        update = _update(reply.arrays, reference)
-        if self.centre is not None and update.size == self.centre.size:
+        if limits.centre is not None:
             self.extra.setdefault("against_the_round", 0)
-            length = float(np.linalg.norm(update))
-            cosine = float(update @ self.centre.astype(np.float32)) / length if length else 1.0
+            update = _update(reply.arrays, reference)
+            if update.size != limits.centre.size:
+                return None
+            cosine = float(update @ limits.centre) / norm if norm > 0 else 1.0
             if cosine < self.bounds.min_cosine:
                 self.extra["against_the_round"] += 1
                 if self.bounds.direction_action == "reject":
                     return (
                         f"{reply.client_key}: update points against the round (cosine "
-                        f"{cosine:.2f} with the previous round's median update, below "
-                        f"direction-min-cosine {self.bounds.min_cosine:g})"
+                        f"{cosine:.2f} with the median update, below direction-min-cosine "
+                        f"{self.bounds.min_cosine:g})"
                     )
                 d = update.astype(np.float64)
-                across = d - float(d @ self.centre) * self.centre
+                across = d - float(d @ limits.centre) * limits.centre
                 length = float(np.linalg.norm(across))
-                if length > self.typical > 0:
-                    across *= self.typical / length
+                if length > limits.typical:
+                    across *= limits.typical / length
                 reply.arrays = _with_update(reply.arrays, reference, across)
-                update = across.astype(np.float32)
                 norm = float(np.linalg.norm(across))
         self.norms.append(norm)
-        if self.reservoir.wants(reply.client_key):
-            self.reservoir.offer(reply.client_key, update)
         return None
 
     def close(self) -> None:
+        """No more replies: judge any still waiting (held rules, if the reservoir gave none)."""
         with self.lock:
             self.closed = True
+            if self.limits is None and self.pending:
+                self._fix(self.pending)
             self.kept.sort(key=lambda r: r.client_key)
             self.rejected.sort()
+            self.extra["replies_held_at_once"] = self.most_waiting
 
 
 def _scaled(upload: NDArrays, reference: NDArrays, scale: float) -> NDArrays:
@@ -298,20 +317,27 @@ def references(
 class FoldingProxy(ClientProxy):
     """A sampled client whose fit reply is folded into the round as it arrives."""
 
-    def __init__(self, inner: ClientProxy, fold: Callable[[ClientProxy, FitRes], None]) -> None:
+    def __init__(self, inner: ClientProxy, streamed: StreamedRound) -> None:
         super().__init__(inner.cid)
-        self.inner, self.fold = inner, fold
+        self.inner, self.streamed = inner, streamed
         self.node_id = inner.node_id
         self.properties = inner.properties
 
     def fit(self, ins: FitIns, timeout: float | None, group_id: int | None) -> FitRes:
-        res = self.inner.fit(ins, timeout, group_id)
-        if res.status.code == Code.OK:
-            try:
-                self.fold(self.inner, res)
-            except Exception:  # a bug of ours must not take the round's other replies
-                log.exception("node %d: its reply could not be folded", self.node_id)
-                raise
+        try:
+            res = self.inner.fit(ins, timeout, group_id)
+        except BaseException:
+            self.streamed.returned(self.node_id)  # the reservoir waits for it no more
+            raise
+        if res.status.code != Code.OK:
+            self.streamed.returned(self.node_id)
+            return res
+        try:
+            self.streamed.fold(self.inner, res)
+        except Exception:  # a bug of ours: logged, the reply counts as a failure
+            log.exception("node %d: its reply could not be folded", self.node_id)
+            self.streamed.returned(self.node_id)
+            raise
         return res
 
     def evaluate(
@@ -357,47 +383,45 @@ def _base_aggregate(strategy: Any) -> Any:
     return next(c for c in type(strategy).__mro__ if c.__name__ == "PFLStrategy").aggregate
 
 
-def open_round(strategy: Any, server_round: int) -> StreamedRound | None:
-    """A streamed round, or None (held) where a bound still needs the round's own replies."""
+def open_round(strategy: Any, server_round: int, node_ids: list[int]) -> StreamedRound | None:
+    """A streamed round over the sampled ``node_ids``, or None (held)."""
     cfg = strategy.cfg
-    bounded = cfg.weight_cap > 0 or cfg.update_norm_bound > 0 or cfg.direction_check_from > 0
-    if not streams(strategy) or (bounded and not strategy.history.ready()):
+    if not streams(strategy):
         return None
+    bounded = cfg.weight_cap > 0 or cfg.update_norm_bound > 0 or cfg.direction_check_from > 0
     return StreamedRound(
         server_round,
+        reservoir_nodes(server_round, node_ids, cfg.stream_reservoir) if bounded else set(),
         Bounds.of(cfg, True),
-        strategy.history,
+        strategy.norm_history.values(),
         strategy.aggregation == "weighted",
         secure_decoder(server_round, cfg, strategy.spec, {}),
         strategy.check_reply,
         strategy.clients,
-        _references_of(strategy, server_round),
+        references(
+            lambda key: strategy.payload_for(key, server_round), strategy.wire.upload_reference
+        ),
+        strategy.last_direction,
     )
 
 
-def folding(streamed: StreamedRound | None) -> Callable[[ClientProxy], ClientProxy]:
-    """What wraps each sampled client: a ``FoldingProxy`` in a streamed round."""
+def folding(
+    streamed: StreamedRound | None, sent: list[tuple[ClientProxy, Any, Any]]
+) -> list[tuple[ClientProxy, Any, Any]]:
+    """A streamed round's instructions: the reservoir's nodes first, each client wrapped
+    in a ``FoldingProxy``."""
     if streamed is None:
-        return lambda proxy: proxy
-    return lambda proxy: FoldingProxy(proxy, streamed.fold)
+        return sent
+    first = sorted(sent, key=lambda item: item[0].node_id not in streamed.members)
+    return [(FoldingProxy(proxy, streamed), *rest) for proxy, *rest in first]
 
 
 def finish_round(strategy: Any, streamed: StreamedRound) -> None:
-    """The round's mean becomes the global state; its counts and norms the history."""
+    """The round's mean becomes the global state; its update norms join the history,
+    its direction the next round's direction reference."""
+    before = strategy.global_arrays
     strategy.set_global(streamed.sum.mean())
+    change = _update(strategy.global_arrays, before).astype(np.float64)
+    length = float(np.linalg.norm(change))
+    strategy.last_direction = change / length if length > 0 else None
     strategy.norm_history.add(streamed.norms)
-    strategy.history.end_round(streamed.counts, streamed.reservoir, len(streamed.kept))
-
-
-def note_held_round(strategy: Any, server_round: int, kept: list[Reply], counts: list[int]) -> None:
-    """What the next (streamed) round's bounds are fixed from, after a held round."""
-    if streams(strategy):
-        of = _references_of(strategy, server_round)
-        reservoir = strategy.history.reservoir_of_held(server_round, kept, of)
-        strategy.history.end_round(counts, reservoir, len(kept))
-
-
-def _references_of(strategy: Any, server_round: int) -> Callable[[str], NDArrays]:
-    return references(
-        lambda key: strategy.payload_for(key, server_round), strategy.wire.upload_reference
-    )

@@ -12,7 +12,7 @@ from flwr.common import FitRes
 
 from strategies import streaming
 from strategies.robust import update_norm, weighted_mean
-from strategies.streaming import RESERVOIR, FoldingProxy, Reservoir, RunningMean
+from strategies.streaming import RESERVOIR, FoldingProxy, RunningMean, reservoir_nodes
 from tests.helpers import FakeProxy, config, fit_res, make_strategy
 
 
@@ -39,16 +39,15 @@ def _near(start: list[np.ndarray], rng: np.random.Generator, common: list | None
 def _round(strategy, rnd: int, uploads: list, counts: list[int], order=None) -> bool:  # noqa: ANN001
     """One round through configure's hook: each reply folded as Flower's loop would
     call it (in ``order``); returns whether the round was streamed."""
-    strategy.streamed = streaming.open_round(strategy, rnd)
+    nodes = list(range(len(uploads)))
+    strategy.streamed = streaming.open_round(strategy, rnd, nodes)
     streamed = strategy.streamed is not None
-    pairs = [
-        (Replying(k, fit_res(u, f"c{k}", n)), k) for k, (u, n) in enumerate(zip(uploads, counts))
-    ]
+    pairs = [Replying(k, fit_res(u, f"c{k}", n)) for k, (u, n) in enumerate(zip(uploads, counts))]
     results = []
     for k in order if order is not None else range(len(pairs)):
-        proxy = pairs[k][0]
+        proxy = pairs[k]
         if streamed:
-            proxy = FoldingProxy(proxy, strategy.streamed.fold)
+            proxy = FoldingProxy(proxy, strategy.streamed)
         res = proxy.fit(None, None, None)
         if streamed:
             assert res.parameters.tensors == []  # dropped once folded
@@ -77,8 +76,7 @@ def test_a_streamed_round_equals_the_held_round_and_ignores_the_arrival_order(bo
     held, was = _clean_rounds({**raw, "streamed-aggregation": False})
     assert was == [False, False, False]
     streamed, was = _clean_rounds(raw)
-    # with bounds, the first round is held: they need a history first
-    assert was == ([True] * 3 if bounds == "off" else [False, True, True])
+    assert was == [True] * 3
     shuffled, _ = _clean_rounds(raw, order=[4, 8, 0, 2, 7, 1, 6, 3, 5])
     for a, b, c in zip(held.global_arrays, streamed.global_arrays, shuffled.global_arrays):
         assert a.dtype == b.dtype and np.array_equal(b, c)
@@ -93,21 +91,56 @@ def test_a_streamed_round_equals_the_held_round_and_ignores_the_arrival_order(bo
     assert streamed.rounds[3].replies == 9 and len(streamed.rounds[3].train_samples_by_client) == 9
 
 
-def test_a_streamed_round_holds_one_sum_and_a_bounded_reservoir() -> None:
-    strategy, _ = _clean_rounds({}, rounds=1)
+def test_a_streamed_round_holds_one_sum_and_a_few_replies() -> None:
+    """40 replies in the order Flower sends them (the reservoir's nodes first): at
+    most the reservoir's replies wait at once, then each is folded and dropped."""
+    strategy = make_strategy(config(method="fedavg"))
     rng = np.random.default_rng(1)
-    strategy.streamed = streaming.open_round(strategy, 2)
-    state = strategy.streamed
+    nodes = list(range(40))
+    state = strategy.streamed = streaming.open_round(strategy, 1, nodes)
     model = sum(a.nbytes for a in strategy.global_arrays)
-    for k in range(40):
-        proxy = FoldingProxy(
-            Replying(k, fit_res(_near(strategy.global_arrays, rng), f"c{k}")), state.fold
-        )
+    sent = streaming.folding(
+        state,
+        [
+            (Replying(k, fit_res(_near(strategy.global_arrays, rng), f"c{k}")), None, None)
+            for k in nodes
+        ],
+    )
+    assert {p.node_id for p, _, _ in sent[:RESERVOIR]} == state.members
+    for proxy, _, _ in sent:
         assert proxy.fit(None, None, None).parameters.tensors == []
+    strategy.aggregate_fit(1, [], [])
     assert all(r.arrays == [] for r in state.kept) and len(state.kept) == 40
-    held = sum(a.nbytes for a in state.sum.hi + state.sum.lo)
-    assert held <= 4 * model  # two float64 copies of the model, whatever the replies
-    assert len(state.reservoir.heap) == RESERVOIR
+    assert state.most_waiting <= RESERVOIR
+    assert strategy.rounds[1].extra["replies_held_at_once"] <= RESERVOIR
+    assert sum(a.nbytes for a in state.sum.hi + state.sum.lo) <= 4 * model  # two float64 sums
+
+
+def test_the_reservoir_waits_for_a_failed_node_no_more_and_falls_back_to_the_round() -> None:
+    """A reservoir node that fails is waited for no longer; a round whose reservoir
+    gave no acceptable reply judges its replies at its end as a held round does."""
+    rng = np.random.default_rng(4)
+    for broken in ("one", "all"):
+        strategy = make_strategy(config(method="fedavg"))
+        nodes = list(range(12))
+        state = strategy.streamed = streaming.open_round(strategy, 1, nodes)
+        bad = sorted(state.members)[:1] if broken == "one" else sorted(state.members)
+        for k in nodes:
+            proxy = FoldingProxy(
+                Replying(k, fit_res(_near(strategy.global_arrays, rng), f"c{k}")), state
+            )
+            if k in bad:
+                proxy.inner.fit = lambda *a, **kw: (_ for _ in ()).throw(TimeoutError("gone"))
+                with pytest.raises(TimeoutError):
+                    proxy.fit(None, None, None)
+            else:
+                proxy.fit(None, None, None)
+        if broken == "one":
+            assert state.limits is not None and not state.pending  # fixed once it failed
+        else:
+            assert state.limits is None and len(state.pending) == 12 - len(bad)
+        strategy.aggregate_fit(1, [], [])
+        assert len(state.kept) == 12 - len(bad)
 
 
 def test_the_running_mean_is_the_weighted_mean_in_any_order() -> None:
@@ -128,25 +161,24 @@ def test_the_running_mean_is_the_weighted_mean_in_any_order() -> None:
         assert np.array_equal(total.mean()[0], got)
 
 
-def test_the_reservoir_keeps_the_same_replies_in_any_order() -> None:
-    keys = [f"c{k}" for k in range(50)]
-    kept = []
-    for seed in range(3):
-        reservoir = Reservoir(7)
-        for i in np.random.default_rng(seed).permutation(50):
-            if reservoir.wants(keys[i]):
-                reservoir.offer(keys[i], np.full(3, float(i), np.float32))
-        kept.append(sorted(k for _, k, _ in reservoir.heap))
-    assert kept[0] == kept[1] == kept[2] and len(kept[0]) == RESERVOIR
+def test_the_reservoir_is_the_same_nodes_in_any_order() -> None:
+    nodes = list(range(50))
+    chosen = [
+        reservoir_nodes(7, list(np.random.default_rng(s).permutation(nodes))) for s in range(3)
+    ]
+    assert chosen[0] == chosen[1] == chosen[2] and len(chosen[0]) == RESERVOIR
+    assert reservoir_nodes(8, nodes) != chosen[0]  # another round, another reservoir
+    assert reservoir_nodes(7, nodes[:5]) == set(nodes[:5])  # a small round: all of it
 
 
 @pytest.mark.parametrize("attack", ["scaled-update", "sign-flip"])
 def test_the_bounds_hold_an_attacker_in_a_streamed_round(attack: str) -> None:
-    """Round 2 is streamed. A 1000x update claiming 1e15 examples moves the model at
-    most 3x the earlier rounds' median honest update (weight capped, norm clipped);
-    a negated update just under the norm bound is projected off the previous round's
-    median direction, so the aggregate keeps pointing with the honest mean. Without
-    the bounds the same reply takes the aggregate over."""
+    """Twelve replies, the references from a reservoir of 8. A 1000x update claiming
+    1e15 examples moves the model at most 3x a typical honest update (weight capped,
+    norm clipped); a negated update just under the norm bound is projected off the
+    previous aggregate's direction, so the aggregate keeps pointing with the honest
+    mean (the reference: round 1's aggregate update). Without the bounds the same
+    reply takes the aggregate over."""
     outcome = {}
     for defended in (True, False):
         raw = {} if defended else {"weight-cap": 0.0, "update-norm-bound": 0.0}
@@ -159,15 +191,17 @@ def test_the_bounds_hold_an_attacker_in_a_streamed_round(attack: str) -> None:
         _round(
             strategy, 1, [_near(strategy.global_arrays, rng, common) for _ in range(6)], [48] * 6
         )
+        # the last aggregate's direction is round 2's direction reference
+        assert strategy.last_direction is not None
         start = [a.copy() for a in strategy.global_arrays]
-        good = [_near(start, rng, common) for _ in range(5)]
-        typical = sorted(update_norm(g, start) for g in good)[2]
+        good = [_near(start, rng, common) for _ in range(11)]
+        typical = sorted(update_norm(g, start) for g in good)[5]
         if attack == "scaled-update":
             bad = [(s + 1000.0 * (g - s)).astype(g.dtype) for s, g in zip(start, good[0])]
         else:
             scale = -0.99 * 3.0 * typical / update_norm(good[0], start)
             bad = [(s + scale * (g - s)).astype(g.dtype) for s, g in zip(start, good[0])]
-        assert _round(strategy, 2, [*good, bad], [48] * 5 + [10**15])  # streamed
+        assert _round(strategy, 2, [*good, bad], [48] * 11 + [10**15])  # streamed
         moved = update_norm(strategy.global_arrays, start)
         honest_mean = [np.mean([g[i] for g in good], axis=0) for i in range(len(start))]
         da = np.concatenate(
@@ -204,9 +238,7 @@ def test_the_bounds_hold_an_attacker_in_a_streamed_round(attack: str) -> None:
 )
 def test_rules_that_need_every_reply_hold_the_round(raw: dict) -> None:
     strategy = make_strategy(config(**raw))
-    strategy.history.counts.append([10])
-    strategy.norm_history.add([1.0])
-    assert not streaming.streams(strategy) and streaming.open_round(strategy, 2) is None
+    assert not streaming.streams(strategy) and streaming.open_round(strategy, 2, [1, 2]) is None
 
 
 def test_through_flowers_round_loop_a_streamed_run_ends_where_a_held_run_ends(tmp_path) -> None:  # noqa: ANN001
@@ -228,7 +260,7 @@ def test_through_flowers_round_loop_a_streamed_run_ends_where_a_held_run_ends(tm
     streamed = [bool(r.get("aggregation_streamed")) for r in runs["streamed"]]
     assert streamed == [True, True, True]
     assert not any(r.get("aggregation_streamed") for r in runs["held"])
-    assert [bool(r.get("aggregation_streamed")) for r in runs["defaults"]] == [False, True, True]
+    assert [bool(r.get("aggregation_streamed")) for r in runs["defaults"]] == [True, True, True]
     for a, b in zip(runs["held"], runs["streamed"]):
         assert a["per_client_accuracy"] == b["per_client_accuracy"]
         assert a["per_client_train_loss"] == b["per_client_train_loss"]

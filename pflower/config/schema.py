@@ -154,6 +154,8 @@ class RunConfig(TaskKeys):
     direction_action: Literal["project", "reject"] = _field("project", alias="direction-action")
     # fold each fit reply into the round's mean as it arrives (strategies/streaming.py)
     streamed_aggregation: bool = _field(True, alias="streamed-aggregation")
+    # replies a streamed round fixes its bounds' references from (held at once)
+    stream_reservoir: int = _field(8, alias="stream-reservoir", ge=1)
     fraction_fit: float = _field(1.0, alias="fraction-fit", gt=0, le=1)
     # one message per client and round: fit replies carry the previous round's evaluation
     eval_in_fit: bool = _field(True, alias="eval-in-fit")
