@@ -19,7 +19,37 @@ from __future__ import annotations
 import pflower.patches
 
 
+def secagg_refusal(argv: list[str]) -> str | None:
+    """Why this SuperNode must not start, or None: a site that requires SecAgg+ with no
+    roster to check its neighbours' keys against (a server could play them and read
+    its upload), as ``deploy.site`` refuses ``--require-secure-aggregation`` alone
+    (node config ``secagg-unverified-keys=true``: development only, as its
+    ``--unverified-secagg-keys``)."""
+    from flwr.common.config import parse_config_args
+
+    given = [a.split("=", 1)[1] for a in argv if a.startswith("--node-config=")]
+    given += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--node-config"]
+    config = parse_config_args(given) if given else {}
+
+    def on(key: str) -> bool:
+        return str(config.get(key, "false")).lower() == "true"
+
+    roster = str(config.get("secagg-roster", "")).strip()
+    if on("require-secure-aggregation") and not roster and not on("secagg-unverified-keys"):
+        return (
+            "require-secure-aggregation=true needs a roster (node config secagg-roster) to "
+            "check the SecAgg+ neighbours' keys: without one a server can play them and "
+            "read this site's upload; run the site with `python -m deploy.site --roster`"
+        )
+    return None
+
+
 def main() -> None:
+    import sys
+
+    refusal = secagg_refusal(sys.argv[1:])
+    if refusal is not None:
+        sys.exit(f"supernode: {refusal}")
     pflower.patches.supernode_backoff()
     pflower.patches.object_retries()
     from flwr.supernode.cli.flower_supernode import flower_supernode

@@ -225,6 +225,8 @@ def node_values(args: argparse.Namespace) -> dict[str, str | int]:
     values["min-secagg-sites"] = args.min_secagg_sites
     if args.roster:
         values["secagg-roster"] = os.path.abspath(args.roster)
+    if args.unverified_secagg_keys:  # the SuperNode refuses SecAgg+ without a roster else
+        values["secagg-unverified-keys"] = "true"
     if args.auth_key:  # the SuperNode's authentication key signs its SecAgg+ keys too
         values["identity-key"] = os.path.abspath(args.auth_key)
     if args.partition_id is not None:

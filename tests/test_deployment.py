@@ -239,6 +239,7 @@ def test_site_launcher_builds_the_supernode_command(capsys: pytest.CaptureFixtur
     )
     policy = capsys.readouterr().out.strip().splitlines()[-1]
     assert 'accept-disclosures="head-blend" require-secure-aggregation="true"' in policy
+    assert 'secagg-unverified-keys="true"' in policy  # the SuperNode's opt-in (below)
     with pytest.raises(SystemExit):  # a site that requires SecAgg+ checks its neighbours
         site_main(
             ["--superlink=h:1", "--site=a", "--state-dir=s", "--insecure", "--dry-run"]
@@ -579,6 +580,7 @@ def test_each_site_enforces_its_own_policy(federations) -> None:
         "site-a": {
             "accept-disclosures": "head-blend,head-sum",
             "require-secure-aggregation": "true",
+            "secagg-unverified-keys": "true",  # no roster in this test (development)
         },
         "site-b": {"accept-disclosures": "head-blend,head-sum"},
         "site-c": {"accept-disclosures": "head-blend,head-sum"},
@@ -784,6 +786,18 @@ def test_the_site_compose_file_carries_the_sites_policy() -> None:
     )
     policy = SitePolicy.of_node(chosen, METHODS, disclosure_kinds())
     assert policy.accept == {"head-blend"} and policy.require_secure_aggregation
+    # #62: no roster in a compose site, so its SuperNode refuses to start requiring SecAgg+
+    from deploy.fast_supernode import secagg_refusal
+
+    def start(env: dict[str, str]) -> str | None:
+        text = re.sub(
+            r"\$\{(\w+)(:-([^}]*))?\}", lambda m: env.get(m.group(1), m.group(3) or ""), template
+        )
+        return secagg_refusal(["--node-config=" + text])
+
+    assert "needs a roster" in str(start({"SITE": "h", "REQUIRE_SECURE_AGGREGATION": "true"}))
+    assert start({"SITE": "h"}) is None
+    assert doc["services"]["supernode"]["entrypoint"][-1] == "deploy.fast_supernode"
     # the site's SuperExec runs only the builds the operator approved: no default there
     superexec = doc["services"]["superexec-clientapp"]["command"]
     (approved,) = [a for a in superexec if a.startswith("--approved-apps=")]
@@ -884,3 +898,25 @@ def test_ci_container_stage_says_what_is_missing(tmp_path: Path) -> None:
         if root
         else "no Docker daemon answers, and starting one needs root"
     )
+
+
+def test_a_supernode_that_requires_secagg_without_a_roster_refuses_to_start() -> None:
+    """#62: a compose site (its SuperNode started with a node config, not deploy.site)
+    with require-secure-aggregation=true and no roster stops with one line; a roster,
+    or the development opt-in, lets it start."""
+    import subprocess
+
+    from deploy.fast_supernode import secagg_refusal
+
+    policy = 'site="a" data-path="/data" require-secure-aggregation="true" allowed-methods="all"'
+    proc = subprocess.run(
+        [str(BIN / "python"), "-m", "deploy.fast_supernode", "--superlink=127.0.0.1:1",
+         f"--node-config={policy}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 1 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("supernode: require-secure-aggregation=true needs a roster")
+    assert secagg_refusal(["--node-config", policy + ' secagg-roster="/r.toml"']) is None
+    assert secagg_refusal([f"--node-config={policy} secagg-unverified-keys=true"]) is None
+    assert secagg_refusal(['--node-config=require-secure-aggregation="false"']) is None
