@@ -139,13 +139,15 @@ class PFLStrategy(Strategy):
     # ---- the server checkpoint ---------------------------------------------------------------
 
     def server_state(self) -> dict[str, np.ndarray]:
-        """Everything the server has learned, as named arrays (and the privacy spent)."""
-        return {**self.payloads.state(self.spec), **self.dp.state()}
+        """Everything the server has learned, as named arrays (the privacy spent, the
+        bounds' history)."""
+        return {**self.payloads.state(self.spec), **self.dp.state(), **streaming.state(self)}
 
     def restore_server_state(self, arrays: dict[str, np.ndarray]) -> None:
         """The inverse of ``server_state``; ValueError naming the first misfit."""
         self.payloads.restore(self.spec, arrays)
         self.dp.restore(arrays)
+        streaming.restore(self, arrays)
 
     def resume(self, resume_from: str) -> None:
         """Start from a checkpoint; ConfigError naming ``resume-from`` if it does not fit."""

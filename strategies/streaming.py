@@ -425,3 +425,28 @@ def finish_round(strategy: Any, streamed: StreamedRound) -> None:
     length = float(np.linalg.norm(change))
     strategy.last_direction = change / length if length > 0 else None
     strategy.norm_history.add(streamed.norms)
+
+
+def state(strategy: Any) -> dict[str, np.ndarray]:
+    """The bounds' history for the checkpoint: a resumed run judges its next round as
+    the uninterrupted run would (the norm history, the last aggregate's direction)."""
+    rounds = list(strategy.norm_history.rounds)
+    out = {
+        "bounds/norms": np.array([n for r in rounds for n in r], np.float64),
+        "bounds/norm-rounds": np.array([len(r) for r in rounds], np.int64),
+    }
+    if strategy.last_direction is not None:
+        out["bounds/direction"] = strategy.last_direction
+    return out
+
+
+def restore(strategy: Any, arrays: dict[str, np.ndarray]) -> None:
+    """The inverse of ``state`` (a checkpoint without it leaves the history empty)."""
+    norms, counts = arrays.get("bounds/norms"), arrays.get("bounds/norm-rounds")
+    if norms is not None and counts is not None:
+        strategy.norm_history.rounds.clear()
+        start = 0
+        for n in counts.tolist():
+            strategy.norm_history.rounds.append([float(x) for x in norms[start : start + n]])
+            start += n
+    strategy.last_direction = arrays.get("bounds/direction")

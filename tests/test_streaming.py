@@ -264,3 +264,18 @@ def test_through_flowers_round_loop_a_streamed_run_ends_where_a_held_run_ends(tm
     for a, b in zip(runs["held"], runs["streamed"]):
         assert a["per_client_accuracy"] == b["per_client_accuracy"]
         assert a["per_client_train_loss"] == b["per_client_train_loss"]
+
+
+def test_a_checkpoint_keeps_the_bounds_history() -> None:
+    """A resumed run's next round is judged as the uninterrupted run's would be."""
+    strategy, _ = _clean_rounds({}, rounds=2)
+    assert strategy.last_direction is not None and strategy.norm_history.values()
+    saved = strategy.server_state()
+    resumed = make_strategy(config(method="fedavg"))
+    resumed.restore_server_state(saved)
+    assert np.array_equal(resumed.last_direction, strategy.last_direction)
+    assert list(resumed.norm_history.rounds) == list(strategy.norm_history.rounds)
+    older = {k: v for k, v in saved.items() if not k.startswith("bounds/")}
+    fresh = make_strategy(config(method="fedavg"))
+    fresh.restore_server_state(older)  # a checkpoint from before: no history, no error
+    assert fresh.last_direction is None and not fresh.norm_history.values()
