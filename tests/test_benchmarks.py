@@ -700,3 +700,19 @@ def test_the_direction_check_benchmark_tables_both_ways(capsys) -> None:
     cells = row[0].strip("|").split("|")
     assert len(cells) == 6 and cells[-1].strip().endswith("x")
     assert float(cells[2]) > float(cells[4])  # the whole stack holds more memory
+
+
+@pytest.mark.slow
+def test_scale_100k_ci_variant_streams_rounds_of_one_percent(tmp_path):
+    """scale-100k's reduced CI variant (2,000 clients, 1% a round, Flower's Ray
+    simulation): FedPer completes its 3 rounds with 20 clients each, every round
+    streamed, the closing evaluation on 1% of the clients."""
+    runs = tmp_path / "runs"
+    args = ["run", "scale-100k", "--settings", "ci-2000", "--rows", "fedper"]
+    assert main([*args, "--runs", str(runs), "--out", str(tmp_path)]) == 0
+    (path,) = runs.glob("*/ci-2000/*/results.json")
+    res = json.loads(path.read_text())
+    assert res["federation_size"] == 2000 and len(res["rounds"]) == 3
+    assert [len(r["per_client_train_loss"]) for r in res["rounds"]] == [20, 20, 20]
+    assert all(r["aggregation_streamed"] for r in res["rounds"])
+    assert len(res["rounds"][-1]["per_client_accuracy"]) == 20
