@@ -39,6 +39,8 @@ def _run(method: str, secure: bool, tmp_path: Path, seen: list, counts: list | N
         "output-dir": str(tmp_path),
         "run-name": f"{method}-{secure}",
     }
+    if not secure:  # each upload reaches `aggregate` (a streamed round folds them itself)
+        config["streamed-aggregation"] = False
     original = PFLStrategy.aggregate
 
     def spy(self, server_round, replies):  # what reaches aggregation, in the server thread
