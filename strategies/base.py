@@ -68,7 +68,6 @@ class PFLStrategy(Strategy):
     """Sample-weighted mean of the shared tensors (FedAvg's aggregation)."""
 
     default_aggregation = "weighted"
-    own_aggregation = False  # True: ``aggregate`` is not a mean of the replies (no direction check)
 
     def __init__(
         self,
@@ -92,8 +91,7 @@ class PFLStrategy(Strategy):
         self.class_lists = ClassLists()
         self.dp = privacy.DPRelease(cfg)
         self.rounds, self.norm_history = Rounds(recorder), NormHistory(cfg.norm_history_rounds)
-        self.streamed: StreamedRound | None = None  # this round's, if it is streamed
-        self.last_direction: np.ndarray | None = None  # the last streamed round's (unit)
+        self.streamed: StreamedRound | None = None  # this round's if streamed (streaming.py)
         self.bystanders = Bystanders()  # clients that do not train (FedFac's new clients)
 
     def __repr__(self) -> str:
@@ -105,6 +103,10 @@ class PFLStrategy(Strategy):
             return "mean"  # the noise is calibrated to an equal-weight mean of clipped updates
         chosen = self.cfg.aggregation
         return self.default_aggregation if chosen == "default" else chosen
+
+    @property
+    def own_aggregation(self) -> bool:  # a method's own ``aggregate``: not a mean of the replies
+        return type(self).aggregate is not PFLStrategy.aggregate
 
     @property
     def round_offset(self) -> int:
@@ -139,15 +141,14 @@ class PFLStrategy(Strategy):
     # ---- the server checkpoint ---------------------------------------------------------------
 
     def server_state(self) -> dict[str, np.ndarray]:
-        """Everything the server has learned, as named arrays (the privacy spent, the
-        bounds' history)."""
-        return {**self.payloads.state(self.spec), **self.dp.state(), **streaming.state(self)}
+        """Everything the server has learned, as named arrays (privacy spent, bounds' history)."""
+        return {**self.payloads.state(self.spec), **self.dp.state(), **self.norm_history.state()}
 
     def restore_server_state(self, arrays: dict[str, np.ndarray]) -> None:
         """The inverse of ``server_state``; ValueError naming the first misfit."""
         self.payloads.restore(self.spec, arrays)
         self.dp.restore(arrays)
-        streaming.restore(self, arrays)
+        self.norm_history.restore(arrays)
 
     def resume(self, resume_from: str) -> None:
         """Start from a checkpoint; ConfigError naming ``resume-from`` if it does not fit."""

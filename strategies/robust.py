@@ -27,6 +27,7 @@ them moves the global model by at most that much.
 from __future__ import annotations
 
 import logging
+import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,11 +47,16 @@ def lower_median(values: list[float]) -> float:
     return float(sorted(values)[(len(values) - 1) // 2])
 
 
+def count_limit(counts: list[int], cap: float) -> int:
+    """The most a reply weighs: ``cap`` x the lower median count, at least 1."""
+    return max(1, int(cap * lower_median(counts)))
+
+
 def capped_counts(counts: list[int], cap: float) -> list[int]:
     """Each count at most ``cap`` x the lower median count (``cap`` 0: unchanged)."""
     if cap <= 0 or not counts:
         return list(counts)
-    limit = max(1, int(cap * lower_median(counts)))
+    limit = count_limit(counts, cap)
     return [min(n, limit) for n in counts]
 
 
@@ -115,7 +121,7 @@ def bound_updates(
 MEDIAN_SLICE = 1 << 19
 
 
-def _compared(uploads: list[NDArrays], references: list[NDArrays]) -> list[int]:
+def compared(uploads: list[NDArrays], references: list[NDArrays]) -> list[int]:
     """The tensors an update is taken over: float, the reference's shape, in every reply."""
     first = uploads[0]
     return [
@@ -128,13 +134,13 @@ def _compared(uploads: list[NDArrays], references: list[NDArrays]) -> list[int]:
     ]
 
 
-def _update_vector(upload: NDArrays, reference: NDArrays, tensors: list[int]) -> np.ndarray:
+def update_vector(upload: NDArrays, reference: NDArrays, tensors: list[int]) -> np.ndarray:
     """``upload - reference`` over ``tensors``, flattened (float64)."""
     parts = [(upload[t].astype(np.float64) - reference[t]).ravel() for t in tensors]
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
-def _column_median(block: np.ndarray) -> np.ndarray:
+def column_median(block: np.ndarray) -> np.ndarray:
     """``np.median(block, axis=0)``, by a sort down the columns: faster for the few
     rows (replies) a round has (docs/PERFORMANCE.md, the direction check)."""
     n = block.shape[0]
@@ -154,12 +160,12 @@ def _median_update(
         for a in range(0, out.size, step):
             # in the uploads' own precision (float32): a median for a direction check
             block = np.stack([np.subtract(u[a : a + step], r[a : a + step]) for u, r in flat])
-            out[a : a + step] = _column_median(block)
+            out[a : a + step] = column_median(block)
         parts.append(out)
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
-def _with_update(
+def with_update(
     upload: NDArrays, reference: NDArrays, tensors: list[int], vector: np.ndarray
 ) -> NDArrays:
     """``upload`` whose ``tensors`` are ``reference + vector`` (a new list)."""
@@ -180,7 +186,7 @@ def against_the_round(
     is clipped to the lower median update norm (a typical update, not the norm
     bound's r times it); with ``reject`` it is listed only. Returns (uploads,
     [(index, cosine)]). One update is in memory at a time, beside the median's slices."""
-    tensors = _compared(uploads, references)
+    tensors = compared(uploads, references)
     centre = _median_update(uploads, references, tensors)
     scale = float(np.linalg.norm(centre))
     if scale == 0.0:
@@ -198,12 +204,12 @@ def against_the_round(
         if cosine < min_cosine:
             flagged.append((i, cosine))
             if action == "project":
-                d = _update_vector(uploads[i], references[i], tensors)
+                d = update_vector(uploads[i], references[i], tensors)
                 across = d - float(d @ unit) * unit
                 length = float(np.linalg.norm(across))
                 if length > typical:
                     across *= typical / length
-                out[i] = _with_update(uploads[i], references[i], tensors, across)
+                out[i] = with_update(uploads[i], references[i], tensors, across)
     return out, flagged
 
 
@@ -249,9 +255,11 @@ class Bounds:
 
 
 class NormHistory:
-    """The update norms the server accepted in its last ``rounds`` rounds."""
+    """The update norms the server accepted in its last ``rounds`` rounds, and the last
+    streamed round's change of the global model (unit; strategies/streaming.py)."""
 
     def __init__(self, rounds: int) -> None:
+        self.direction: np.ndarray | None = None
         self.rounds: deque[list[float]] = deque(maxlen=max(rounds, 0) or None)
         self.keep = rounds > 0
 
@@ -261,6 +269,43 @@ class NormHistory:
     def add(self, norms: list[float]) -> None:
         if self.keep and norms:
             self.rounds.append(norms)
+
+    def state(self) -> dict[str, np.ndarray]:
+        """For the checkpoint: a resumed run judges its next round as the uninterrupted
+        run would."""
+        out = {
+            "bounds/norms": np.array(self.values(), np.float64),
+            "bounds/norm-rounds": np.array([len(r) for r in self.rounds], np.int64),
+        }
+        return out | ({"bounds/direction": self.direction} if self.direction is not None else {})
+
+    def restore(self, arrays: dict[str, np.ndarray]) -> None:
+        """The inverse of ``state`` (a checkpoint without it leaves the history empty)."""
+        norms, counts = arrays.get("bounds/norms"), arrays.get("bounds/norm-rounds")
+        if norms is not None and counts is not None:
+            self.rounds.clear()
+            ends = np.cumsum(counts)
+            self.rounds.extend(norms[e - n : e].tolist() for n, e in zip(counts, ends))
+        self.direction = arrays.get("bounds/direction")
+
+
+def decoded_references(
+    payload_for: Callable[[str], Parameters], align: Callable[[NDArrays], NDArrays] | None = None
+) -> Callable[[str], NDArrays]:
+    """Each client's decoded payload (what its update is measured against), each
+    distinct payload decoded once (thread-safe: a streamed round asks from many)."""
+    decoded: dict[int, tuple[Parameters, NDArrays]] = {}
+    lock = threading.Lock()
+
+    def of(client_key: str) -> NDArrays:
+        payload = payload_for(client_key)
+        with lock:
+            if id(payload) not in decoded:  # the payload is kept: its id stays its own
+                arrays = parameters_to_ndarrays(payload)
+                decoded[id(payload)] = (payload, align(arrays) if align else arrays)
+            return decoded[id(payload)][1]
+
+    return of
 
 
 def bound_replies(
@@ -283,14 +328,8 @@ def bound_replies(
         if n < r.num_examples:
             extra["weights_capped"] = extra.get("weights_capped", 0) + 1
             r.num_examples = n
-    decoded: dict[int, NDArrays] = {}
-    references = []
-    for r in replies:
-        payload = reference_of(r.client_key)
-        if id(payload) not in decoded:
-            arrays = parameters_to_ndarrays(payload)
-            decoded[id(payload)] = align(arrays) if align else arrays
-        references.append(decoded[id(payload)])
+    decoded = decoded_references(reference_of, align)
+    references = [decoded(r.client_key) for r in replies]
     earlier = history.values() if history is not None else []
     came = [r.arrays for r in replies]
     uploads, check = bound_updates(came, references, bounds.norm_bound, bounds.action, earlier)

@@ -54,14 +54,23 @@ from flwr.common import (
     GetPropertiesRes,
     Parameters,
     ReconnectIns,
-    parameters_to_ndarrays,
 )
 from flwr.common.typing import Code
 from flwr.server.client_proxy import ClientProxy
 
 from strategies.privacy import secure_decoder
 from strategies.replies import ClientKeys, Reply, accept_fit_replies
-from strategies.robust import Bounds, RunningMean, lower_median, update_norm
+from strategies.robust import (
+    Bounds,
+    RunningMean,
+    column_median,
+    compared,
+    count_limit,
+    decoded_references,
+    lower_median,
+    update_vector,
+    with_update,
+)
 
 NDArrays = list[np.ndarray]
 log = logging.getLogger("flwr.pflower")
@@ -80,14 +89,9 @@ def reservoir_nodes(server_round: int, node_ids: list[int], size: int = RESERVOI
     return set(sorted(node_ids, key=lambda n: _rank(server_round, n))[:size])
 
 
-def _update(upload: NDArrays, reference: NDArrays) -> np.ndarray:
-    """``upload - reference`` over the float tensors of the reference's shape (float32)."""
-    parts = [
-        np.subtract(u, r, dtype=np.float32).ravel()
-        for u, r in zip(upload, reference)
-        if u.dtype.kind == "f" and u.shape == r.shape
-    ]
-    return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+def update_of(upload: NDArrays, reference: NDArrays) -> np.ndarray:
+    """``upload - reference`` over the float tensors of the reference's shape (float64)."""
+    return update_vector(upload, reference, compared([upload], [reference]))
 
 
 @dataclass
@@ -110,21 +114,17 @@ class Limits:
         """The held round's rules (strategies/robust.py) taken over ``replies``."""
         out = cls()
         if bounds.weight_cap > 0:
-            out.count = max(
-                1, int(bounds.weight_cap * lower_median([r.num_examples for r in replies]))
-            )
-        norms = [update_norm(r.arrays, ref) for r, ref in zip(replies, references)]
+            out.count = count_limit([r.num_examples for r in replies], bounds.weight_cap)
+        updates = [update_of(r.arrays, ref) for r, ref in zip(replies, references)]
+        norms = [float(np.linalg.norm(u)) for u in updates]
         if bounds.norm_bound > 0:
             out.norm = bounds.norm_bound * lower_median(norms + history)
         if bounds.direction_from and len(replies) >= bounds.direction_from:
-            updates = [_update(r.arrays, ref) for r, ref in zip(replies, references)]
             if out.norm is not None:  # the median of the updates as the norm bound leaves them
                 updates = [
                     u * min(1.0, out.norm / n) if n > 0 else u for u, n in zip(updates, norms)
                 ]
-            block = np.sort(np.stack(updates), axis=0)
-            k = block.shape[0]
-            centre = (block[(k - 1) // 2].astype(np.float64) + block[k // 2]) / 2
+            centre = column_median(np.stack(updates))
             scale = float(np.linalg.norm(centre))
             out.centre = centre / scale if scale > 0 else None
             out.typical = lower_median([float(np.linalg.norm(u)) for u in updates])
@@ -204,6 +204,10 @@ class StreamedRound:
         self.limits = Limits.of(replies, references, self.bounds, self.history)
         if self.limits.centre is not None and self.direction is not None:
             self.limits.centre = self.direction  # the mean of a whole round: far less noisy
+        if self.limits.norm is not None:
+            self.extra.update(update_norm_limit=self.limits.norm, updates_clipped=0)
+        if self.limits.centre is not None:
+            self.extra["against_the_round"] = 0
         pending, self.pending, self.sample = self.pending, [], []
         for reply in sorted(pending, key=lambda r: r.client_key):
             self._add(reply)
@@ -228,25 +232,21 @@ class StreamedRound:
             self.extra["weights_capped"] = self.extra.get("weights_capped", 0) + 1
             reply.num_examples = limits.count
         reference = self.reference_of(reply.client_key)
-        norm = update_norm(reply.arrays, reference)
-        if limits.norm is not None:
-            self.extra["update_norm_limit"] = limits.norm
-            self.extra.setdefault("updates_clipped", 0)
-            if norm > limits.norm and norm > 0:
-                if self.bounds.action == "reject":
-                    return (
-                        f"{reply.client_key}: update norm above update-norm-bound x the "
-                        f"lower median ({limits.norm:.3g})"
-                    )
-                reply.arrays = _scaled(reply.arrays, reference, limits.norm / norm)
-                norm = limits.norm
-                self.extra["updates_clipped"] += 1
-        if limits.centre is not None:
-            self.extra.setdefault("against_the_round", 0)
-            update = _update(reply.arrays, reference)
-            if update.size != limits.centre.size:
-                return None
-            cosine = float(update @ limits.centre) / norm if norm > 0 else 1.0
+        tensors = compared([reply.arrays], [reference])
+        update = update_vector(reply.arrays, reference, tensors)
+        norm, moved = float(np.linalg.norm(update)), False
+        if limits.norm is not None and norm > limits.norm:
+            if self.bounds.action == "reject":
+                return (
+                    f"{reply.client_key}: update norm above update-norm-bound x the "
+                    f"lower median ({limits.norm:.3g})"
+                )
+            update *= limits.norm / norm
+            norm, moved = limits.norm, True
+            self.extra["updates_clipped"] += 1
+        centre = limits.centre
+        if centre is not None and update.size == centre.size and norm > 0:
+            cosine = float(update @ centre) / norm
             if cosine < self.bounds.min_cosine:
                 self.extra["against_the_round"] += 1
                 if self.bounds.direction_action == "reject":
@@ -255,13 +255,13 @@ class StreamedRound:
                         f"{cosine:.2f} with the median update, below direction-min-cosine "
                         f"{self.bounds.min_cosine:g})"
                     )
-                d = update.astype(np.float64)
-                across = d - float(d @ limits.centre) * limits.centre
-                length = float(np.linalg.norm(across))
+                update -= float(update @ centre) * centre  # what it adds across the round
+                length = float(np.linalg.norm(update))
                 if length > limits.typical:
-                    across *= limits.typical / length
-                reply.arrays = _with_update(reply.arrays, reference, across)
-                norm = float(np.linalg.norm(across))
+                    update *= limits.typical / length
+                norm, moved = float(np.linalg.norm(update)), True
+        if moved:
+            reply.arrays = with_update(reply.arrays, reference, tensors, update)
         self.norms.append(norm)
         return None
 
@@ -274,44 +274,6 @@ class StreamedRound:
             self.kept.sort(key=lambda r: r.client_key)
             self.rejected.sort()
             self.extra["replies_held_at_once"] = self.most_waiting
-
-
-def _scaled(upload: NDArrays, reference: NDArrays, scale: float) -> NDArrays:
-    """``upload`` with its update (float tensors of the reference's shape) scaled."""
-    return [
-        (r + scale * (u.astype(np.float64) - r)).astype(u.dtype)
-        if u.dtype.kind == "f" and u.shape == r.shape
-        else u
-        for u, r in zip(upload, reference)
-    ] + upload[len(reference) :]
-
-
-def _with_update(upload: NDArrays, reference: NDArrays, vector: np.ndarray) -> NDArrays:
-    """``upload`` whose float tensors of the reference's shape are ``reference + vector``."""
-    out, start = list(upload), 0
-    for t, (u, r) in enumerate(zip(upload, reference)):
-        if u.dtype.kind == "f" and u.shape == r.shape:
-            out[t] = (r + vector[start : start + u.size].reshape(u.shape)).astype(u.dtype)
-            start += u.size
-    return out
-
-
-def references(
-    payload_for: Callable[[str], Parameters], align: Callable[[NDArrays], NDArrays]
-) -> Callable[[str], NDArrays]:
-    """Each client's decoded payload (what its update is measured against), each
-    distinct payload decoded once."""
-    decoded: dict[int, tuple[Parameters, NDArrays]] = {}
-    lock = threading.Lock()
-
-    def of(client_key: str) -> NDArrays:
-        payload = payload_for(client_key)
-        with lock:
-            if id(payload) not in decoded:  # the payload is kept: its id stays its own
-                decoded[id(payload)] = (payload, align(parameters_to_ndarrays(payload)))
-            return decoded[id(payload)][1]
-
-    return of
 
 
 class FoldingProxy(ClientProxy):
@@ -373,14 +335,8 @@ def streams(strategy: Any) -> bool:
         and not cfg.secure_aggregation
         and not strategy.dp.on
         and not strategy.own_aggregation
-        and type(strategy).aggregate is _base_aggregate(strategy)
         and strategy.aggregation in ("mean", "weighted")
     )
-
-
-def _base_aggregate(strategy: Any) -> Any:
-    """``PFLStrategy.aggregate`` (a method that overrides it aggregates its own way)."""
-    return next(c for c in type(strategy).__mro__ if c.__name__ == "PFLStrategy").aggregate
 
 
 def open_round(strategy: Any, server_round: int, node_ids: list[int]) -> StreamedRound | None:
@@ -398,10 +354,10 @@ def open_round(strategy: Any, server_round: int, node_ids: list[int]) -> Streame
         secure_decoder(server_round, cfg, strategy.spec, {}),
         strategy.check_reply,
         strategy.clients,
-        references(
+        decoded_references(
             lambda key: strategy.payload_for(key, server_round), strategy.wire.upload_reference
         ),
-        strategy.last_direction,
+        strategy.norm_history.direction,
     )
 
 
@@ -421,32 +377,7 @@ def finish_round(strategy: Any, streamed: StreamedRound) -> None:
     its direction the next round's direction reference."""
     before = strategy.global_arrays
     strategy.set_global(streamed.sum.mean())
-    change = _update(strategy.global_arrays, before).astype(np.float64)
+    change = update_of(strategy.global_arrays, before)
     length = float(np.linalg.norm(change))
-    strategy.last_direction = change / length if length > 0 else None
+    strategy.norm_history.direction = change / length if length > 0 else None
     strategy.norm_history.add(streamed.norms)
-
-
-def state(strategy: Any) -> dict[str, np.ndarray]:
-    """The bounds' history for the checkpoint: a resumed run judges its next round as
-    the uninterrupted run would (the norm history, the last aggregate's direction)."""
-    rounds = list(strategy.norm_history.rounds)
-    out = {
-        "bounds/norms": np.array([n for r in rounds for n in r], np.float64),
-        "bounds/norm-rounds": np.array([len(r) for r in rounds], np.int64),
-    }
-    if strategy.last_direction is not None:
-        out["bounds/direction"] = strategy.last_direction
-    return out
-
-
-def restore(strategy: Any, arrays: dict[str, np.ndarray]) -> None:
-    """The inverse of ``state`` (a checkpoint without it leaves the history empty)."""
-    norms, counts = arrays.get("bounds/norms"), arrays.get("bounds/norm-rounds")
-    if norms is not None and counts is not None:
-        strategy.norm_history.rounds.clear()
-        start = 0
-        for n in counts.tolist():
-            strategy.norm_history.rounds.append([float(x) for x in norms[start : start + n]])
-            start += n
-    strategy.last_direction = arrays.get("bounds/direction")

@@ -310,7 +310,7 @@ def test_the_median_update_in_slices_is_the_whole_stacks_median(monkeypatch) -> 
     )
     monkeypatch.setattr(robust, "MEDIAN_SLICE", 13)  # slices of 2 coordinates x 6 replies
     assert np.allclose(robust._median_update(uploads, references, [0, 1, 2]), whole)
-    assert robust._compared(uploads, references) == [0, 1, 2]
+    assert robust.compared(uploads, references) == [0, 1, 2]
     out, flagged = robust.against_the_round(uploads, references, 0.0, "project")
     assert [i for i, _ in flagged] == [0]
     unit = whole / np.linalg.norm(whole)

@@ -192,7 +192,7 @@ def test_the_bounds_hold_an_attacker_in_a_streamed_round(attack: str) -> None:
             strategy, 1, [_near(strategy.global_arrays, rng, common) for _ in range(6)], [48] * 6
         )
         # the last aggregate's direction is round 2's direction reference
-        assert strategy.last_direction is not None
+        assert strategy.norm_history.direction is not None
         start = [a.copy() for a in strategy.global_arrays]
         good = [_near(start, rng, common) for _ in range(11)]
         typical = sorted(update_norm(g, start) for g in good)[5]
@@ -269,13 +269,13 @@ def test_through_flowers_round_loop_a_streamed_run_ends_where_a_held_run_ends(tm
 def test_a_checkpoint_keeps_the_bounds_history() -> None:
     """A resumed run's next round is judged as the uninterrupted run's would be."""
     strategy, _ = _clean_rounds({}, rounds=2)
-    assert strategy.last_direction is not None and strategy.norm_history.values()
+    assert strategy.norm_history.direction is not None and strategy.norm_history.values()
     saved = strategy.server_state()
     resumed = make_strategy(config(method="fedavg"))
     resumed.restore_server_state(saved)
-    assert np.array_equal(resumed.last_direction, strategy.last_direction)
+    assert np.array_equal(resumed.norm_history.direction, strategy.norm_history.direction)
     assert list(resumed.norm_history.rounds) == list(strategy.norm_history.rounds)
     older = {k: v for k, v in saved.items() if not k.startswith("bounds/")}
     fresh = make_strategy(config(method="fedavg"))
     fresh.restore_server_state(older)  # a checkpoint from before: no history, no error
-    assert fresh.last_direction is None and not fresh.norm_history.values()
+    assert fresh.norm_history.direction is None and not fresh.norm_history.values()

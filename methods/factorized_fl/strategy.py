@@ -90,8 +90,6 @@ class FactorizedFLStrategy(PFLStrategy):
         change = FactorizedFLParams.of(cfg).match == "v-change"
         self.match_origin = v0.astype(np.float32) if change else None
 
-    own_aggregation = True  # not a mean of the replies: no direction check
-
     def aggregate(self, server_round: int, replies: list[Reply]) -> None:
         decoded = [self.wire.decode_up(r.arrays) for r in replies]
         dense = [d for d, _ in decoded]

@@ -172,8 +172,6 @@ class FedFacStrategy(PFLStrategy):
 
     # ---- aggregation ------------------------------------------------------------------------
 
-    own_aggregation = True  # not a mean of the replies: no direction check
-
     def aggregate(self, server_round: int, replies: list[Reply]) -> None:
         # this round's uploads carry every Lambda row (dynamic: every round; static:
         # until the split is fixed); FA below changes the wire's split, so read it first
