@@ -30,7 +30,9 @@ from torch import nn
 
 from client_app import timing
 from client_app.attacks import Attacker, flip_labels
+from client_app.errors import PublicError, errors_mod, site_name
 from client_app.method_client import build_method_client
+from client_app.site_data import data_info_properties, site_declared
 from client_app.state import ContextStore, DiskStore, PersonalStore, RoundStore
 from methods import disclosure_kinds, get_method, method_names, parse_run_config
 from models.roles import DP_PARTICIPANTS
@@ -54,17 +56,17 @@ log = logging.getLogger("flwr.pflower")
 _TEMPLATE_LOCK = threading.Lock()
 
 
-def _template(cfg: RunConfig, data_path: str, state_dir: str) -> nn.Module:
+def _template(cfg: RunConfig, data_path: str, cache_dir: str) -> nn.Module:
     """The initial model, built once per process and copied per client. Locked: the
     build seeds torch's global generator, and clients built in threads at once (the
     server's class-list query) would otherwise interleave their draws."""
     with _TEMPLATE_LOCK:
-        return _built_template(cfg, data_path, state_dir)
+        return _built_template(cfg, data_path, cache_dir)
 
 
 @lru_cache(maxsize=4)
-def _built_template(cfg: RunConfig, data_path: str, state_dir: str) -> nn.Module:
-    return get_method(cfg.method).build_model(cfg, data_info(cfg, data_path, state_dir))
+def _built_template(cfg: RunConfig, data_path: str, cache_dir: str) -> nn.Module:
+    return get_method(cfg.method).build_model(cfg, data_info(cfg, data_path, cache_dir))
 
 
 def pick_device(requested: str = "") -> torch.device:
@@ -85,10 +87,20 @@ def experiment_id(cfg: RunConfig, model: nn.Module) -> str:
     return f"{cfg.method}-seed{cfg.seed}-{digest}"
 
 
+def data_cache_dir(node: dict[str, Any] | Any) -> str:
+    """Where a site keeps a copy of its decoded data: its state directory only when it
+    asks (node config ``data-cache="disk"``, ``deploy.site --data-cache``; a cold
+    ClientApp is a fresh process a message and would decode the data again), else
+    nowhere ("")."""
+    asked = str(node.get("data-cache", "")).lower() == "disk"
+    return str(node.get("state-dir", "")) if asked else ""
+
+
 def build_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
-    cfg = parse_run_config({**context.run_config, **(overrides or {})})
-    timing.mark("config")
     node = context.node_config
+    # the columns a site names for its own data replace the run's (client_app/site_data.py)
+    cfg = parse_run_config({**context.run_config, **(overrides or {}), **site_declared(node)})
+    timing.mark("config")
     partition_id = int(node.get("partition-id", 0))
     num_partitions = int(node.get("num-partitions", 1))
     site = str(node.get("site", "") or f"client-{partition_id}")
@@ -101,10 +113,10 @@ def build_client(context: Context, overrides: dict[str, Any] | None = None) -> C
         torch.set_num_threads(1)  # simulated clients (Ray actors) share the machine's cores
     method = get_method(cfg.method)
     state_dir = str(node.get("state-dir", ""))
-    model = copy.deepcopy(_template(cfg, data_path, state_dir))
+    cache_dir = data_cache_dir(node)
+    model = copy.deepcopy(_template(cfg, data_path, cache_dir))
     timing.mark("model")
-    # a deployed ClientApp is a fresh process per message: keep decoded data on site
-    data = load_client_data(cfg, partition_id, num_partitions, data_path, state_dir)
+    data = load_client_data(cfg, partition_id, num_partitions, data_path, cache_dir)
     check_site_data(cfg, data, f"site '{site}'" if "site" in node else site)
     timing.mark("data")
     store: PersonalStore = (
@@ -114,14 +126,16 @@ def build_client(context: Context, overrides: dict[str, Any] | None = None) -> C
     )
     attacker = cfg.attack != "none" and partition_id < cfg.attack_clients and "site" not in node
     if attacker and cfg.attack == "label-flip":
-        data = flip_labels(data, data_info(cfg, data_path, state_dir).num_classes)
+        data = flip_labels(data, data_info(cfg, data_path, cache_dir).num_classes)
     client = build_method_client(method, model, data, cfg, store, device, site)
     client.report_data_digest = "site" not in node  # simulated, never a deployed site
+    if "site" in node:  # a deployed site answers the shape its data give (site_data.py)
+        client.data_info = data_info_properties(data_info(cfg, data_path, cache_dir))
     client.withhold_metrics = withholds_metrics(dict(node), cfg.secure_aggregation)
     if not state_dir:  # simulation: in memory, or on disk past the budget
         client.store = simulation_store(cfg, context, client, num_partitions)
     if not run_class_names(cfg):  # each site's own labels: the server compares the lists
-        own = site_class_names(cfg, partition_id, num_partitions, data_path, state_dir)
+        own = site_class_names(cfg, partition_id, num_partitions, data_path, cache_dir)
         client.class_fingerprint = class_fingerprint(own)
     aggregation = method.aggregation if cfg.aggregation == "default" else cfg.aggregation
     equal = aggregation == "mean" or cfg.dp_mode != "off"  # DP averages with equal weights
@@ -172,7 +186,7 @@ def _warn_once(message: str) -> None:
     log.warning("%s", message)
 
 
-class PolicyRefusal(RuntimeError):
+class PolicyRefusal(PublicError):
     """The site refuses a run (its own policy, or SecAgg+ asked for and not used)."""
 
 
@@ -180,7 +194,7 @@ def policy_refusal(
     node: dict[str, Any], cfg: RunConfig, message_type: str, masked: bool
 ) -> str | None:
     """Why this site refuses this message of this run, or None."""
-    site = str(node.get("site", "") or f"client-{node.get('partition-id', 0)}")
+    site = site_name(node)
     try:
         policy = SitePolicy.of_node(node, method_names(), disclosure_kinds())
     except PolicyError as err:
@@ -266,7 +280,7 @@ def dp_share_refusal(content: Any, state: Any) -> str | None:
     return None
 
 
-class InjectedDropout(RuntimeError):
+class InjectedDropout(PublicError):
     """A fault injected by ``dropout-rate`` (simulation of a vanishing client)."""
 
 
@@ -355,7 +369,8 @@ def make_client_app(overrides: dict[str, Any] | None = None) -> ClientApp:
         return build_client(context, overrides)
 
     return ClientApp(
-        client_fn=client_fn, mods=[packing_mod, phases_mod, policy_mod, dropout_mod, secure_mod]
+        client_fn=client_fn,
+        mods=[packing_mod, errors_mod, phases_mod, policy_mod, dropout_mod, secure_mod],
     )
 
 

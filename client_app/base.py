@@ -20,6 +20,7 @@ from flwr.common import NDArrays, Scalar
 from torch import nn
 
 from client_app import timing
+from client_app.site_data import ASK_DATA_INFO
 from client_app.state import PersonalStore
 from client_app.train import cross_entropy, evaluate, train_epochs
 from models.roles import (
@@ -84,6 +85,7 @@ class PFLClient(NumPyClient):
     # a digest of this client's own class list (its data's, when the run gives no
     # class-names): the server stops a run whose sites disagree
     class_fingerprint = ""
+    data_info: dict[str, Scalar] = {}  # noqa: RUF012 - set per client by build_client
     # a digest of the client's data goes into results.json in simulation only: from a
     # deployed site it would let the server confirm which data the site holds
     report_data_digest = False
@@ -125,6 +127,8 @@ class PFLClient(NumPyClient):
         props: dict[str, Scalar] = {CLIENT_KEY: self.client_key}
         if self.class_fingerprint:
             props[CLASSES_KEY] = self.class_fingerprint
+        if config.get(ASK_DATA_INFO):  # client_app/site_data.py: the shape its data give
+            props.update(self.data_info)
         return props
 
     def get_parameters(self, config: dict[str, Scalar]) -> NDArrays:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import json
 import os
 import secrets
 import shlex
@@ -34,6 +35,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from pflower.privacy.policy import DEFAULT_MIN_SECAGG_SITES
 
@@ -113,6 +115,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--ledger", action="store_true", help="print what this site sent (<state-dir>/ledger.jsonl)"
     )
+    p.add_argument("--json", action="store_true", help="with --ledger: one JSON line an entry")
     sec = p.add_argument_group("security")
     sec.add_argument("--root-certificates", help="CA certificate that signed the SuperLink's")
     sec.add_argument("--auth-key", help="this site's ECDSA private key (OpenSSH format)")
@@ -134,6 +137,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "idle poll that backs off (deploy/warm_superexec.py, deploy/fast_supernode.py); "
         "--no-warm: Flower's own flower-supernode, each ClientApp started cold (the site's "
         "SuperExec still checks the app and keeps the ledger)",
+    )
+    data = p.add_argument_group("the site's own data (they replace the run's for this site)")
+    for key, what in (
+        ("label-column", "its label column"),
+        ("split-column", "its train/test column"),
+        ("feature-columns", "its feature columns, comma-separated"),
+        ("categorical-columns", "its categorical columns and levels (name:a/b/c,...)"),
+    ):
+        data.add_argument(f"--{key}", help=f"a table's {what}")
+    p.add_argument(
+        "--data-cache",
+        action="store_true",
+        help="keep a decoded copy of the site's data in <state-dir>/data-cache (owner-only) "
+        "so cold ClientApps do not decode it each message; off: nothing of the data is "
+        "written (a warm site reads it once a process anyway)",
     )
     p.add_argument(
         "--task-timeout",
@@ -219,6 +237,13 @@ def node_values(args: argparse.Namespace) -> dict[str, str | int]:
         values["data-path"] = args.data_path
     if args.device:
         values["device"] = args.device
+    if args.data_cache:
+        values["data-cache"] = "disk"
+    from client_app.site_data import SITE_DATA_KEYS
+
+    for key in SITE_DATA_KEYS:
+        if getattr(args, key.replace("-", "_"), None):
+            values[key] = getattr(args, key.replace("-", "_"))
     values["accept-disclosures"] = args.accept_disclosures
     values["require-secure-aggregation"] = "true" if args.require_secure_aggregation else "false"
     values["allowed-methods"] = args.allowed_methods
@@ -286,7 +311,8 @@ def lock_state_dir(state_dir: str) -> int:
     """An exclusive lock on ``<state-dir>/.lock``, kept across the exec into the
     SuperNode (its fd is inheritable): two SuperNodes never share one state
     directory. Exits with one line naming the holder if another process has it."""
-    os.makedirs(state_dir, exist_ok=True)
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    os.chmod(state_dir, 0o700)  # personal tensors, the ledger, a data cache: this user's
     path = os.path.join(state_dir, ".lock")
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
@@ -312,10 +338,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(installed_app_hash(), flush=True)
         return
     if args.ledger:
-        from deploy.site_guard import ledger_table, read_ledger
+        from deploy.site_guard import LEDGER_FILE, ledger_table, read_ledger
 
+        if not (Path(args.state_dir) / LEDGER_FILE).is_file():
+            print(
+                f"deploy.site: no ledger in {args.state_dir} (the site's --state-dir?)",
+                file=sys.stderr,
+            )
+            sys.exit(2)
         lines = read_ledger(args.state_dir)
-        print(ledger_table(lines) if lines else f"no ledger in {args.state_dir}", flush=True)
+        if args.json:
+            print("\n".join(json.dumps(e, sort_keys=True) for e in lines), flush=True)
+        else:
+            print(ledger_table(lines), flush=True)
         return
     from deploy.site_check import SiteCheckFailed, check_site, path_problems
 

@@ -105,13 +105,14 @@ def check_site(args: argparse.Namespace, say: Any = print) -> None:
         raise SiteCheckFailed(problems[0])
     say(f"ok: paths (data {args.data_path or '-'}, state {args.state_dir})")
     from client_app.app import policy_refusal
+    from client_app.site_data import site_declared
     from methods import parse_run_config
 
-    try:
-        cfg = parse_run_config(run_config(args.check_run_config))
+    node = node_config(args)
+    try:  # the site's own column names replace the run's, as its ClientApp does
+        cfg = parse_run_config({**run_config(args.check_run_config), **site_declared(node)})
     except ConfigError as err:
         raise SiteCheckFailed(f"run config: {err}") from None
-    node = node_config(args)
     refusal = policy_refusal(node, cfg, "train", masked=cfg.secure_aggregation)
     if refusal:
         raise SiteCheckFailed(refusal)

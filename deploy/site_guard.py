@@ -167,6 +167,7 @@ class SiteGuard:
             refused=self.task.get("refused", ""),
         )
         line["run"] = self.task.get("run_id")
+        line["run_name"] = str(self.task.get("run_config", {}).get("run-name", "") or "")
         names = upload_names(self.task.get("run_config", {}), node, len(line["arrays"]))
         for entry, name in zip(line["arrays"], names):
             entry["tensor"] = name
@@ -217,8 +218,18 @@ def _unpacked(content: Any) -> Any:
         return RecordDict({PACKED: ArrayRecord({"body": Array("uint8", (len(body),), "", body)})})
 
 
-def _keys(records: dict[str, Any]) -> list[str]:
-    return sorted(f"{name}.{key}" for name, record in records.items() for key in record)
+def _scalars(records: dict[str, Any]) -> dict[str, Any]:
+    """Every scalar a reply carries, by record and name, with its value (bytes by
+    their size: no value of ours travels as bytes)."""
+    out: dict[str, Any] = {}
+    for name, record in records.items():
+        for key, value in record.items():
+            if isinstance(value, bytes):
+                value = f"<{len(value)} bytes>"
+            elif isinstance(value, list):
+                value = f"<list of {len(value)}>"
+            out[f"{name}.{key}"] = value
+    return dict(sorted(out.items()))
 
 
 def upload_names(run_config: dict[str, Any], node_config: dict[str, Any], count: int) -> list[str]:
@@ -227,12 +238,12 @@ def upload_names(run_config: dict[str, Any], node_config: dict[str, Any], count:
     if not count:  # a refusal, an evaluation, a query: nothing to name (and no model built)
         return []
     try:
-        from client_app.app import _template
+        from client_app.app import _template, data_cache_dir
         from methods import get_method, parse_run_config
 
         cfg = parse_run_config(dict(run_config))
-        data_path, state_dir = str(node_config.get("data-path", "")), str(node_config["state-dir"])
-        model = _template(cfg, data_path, state_dir)
+        data_path = str(node_config.get("data-path", ""))
+        model = _template(cfg, data_path, data_cache_dir(node_config))
         method = get_method(cfg.method)
         names = [s.name for s in method.build_wire(model, method.roles(model), cfg).up_spec()]
         return names if len(names) == count else []
@@ -267,7 +278,9 @@ def ledger_line(
     arrays = [] if content is None else _arrays(content)
     # every scalar the reply carries (the legacy API keeps a fit's metrics in a config
     # record and its sample count in a metric record)
-    metrics = [] if content is None else _keys({**content.metric_records, **content.config_records})
+    metrics = (
+        {} if content is None else _scalars({**content.metric_records, **content.config_records})
+    )
     error = reply.error.reason if reply.has_error() else ""
     # what arrived packed is digested as unpacked: the same arrays, whether or not the
     # ClientApp's packing_mod has unpacked the message in place by now
@@ -314,32 +327,38 @@ def read_ledger(state_dir: str | Path) -> list[dict[str, Any]]:
     return [json.loads(t) for t in path.read_text().splitlines() if t.strip()]
 
 
+def what_left(entry: dict[str, Any]) -> str:
+    """One entry in a few words: the tensors, the scalars with their values, an error."""
+    if entry["refused"]:
+        return f"refusal: {entry['error'][:100]}"
+    if entry["error"]:
+        return f"error: {entry['error'][:100]}"
+    parts = [f"{len(entry['arrays'])} tensors"] if entry["arrays"] else []
+    # Flower's reply status fields left out: every reply has them
+    values = {k.split(".")[-1]: v for k, v in _metrics(entry).items() if ".status." not in k}
+    shown = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items()]
+    parts += [", ".join(shown[:6]) + (f", +{len(shown) - 6} more" if len(shown) > 6 else "")]
+    return "; ".join(p for p in parts if p) or "nothing"
+
+
+def _metrics(entry: dict[str, Any]) -> dict[str, Any]:
+    """An entry's scalars (older ledgers list their names only)."""
+    metrics = entry["metrics"]
+    return metrics if isinstance(metrics, dict) else dict.fromkeys(metrics, "?")
+
+
 def ledger_table(lines: Iterable[dict[str, Any]]) -> str:
-    """The ledger as a table a security officer reads: one row per message answered."""
-    head = ["time", "run", "round", "type", "method", "sent", "bytes", "metrics", "disclosed"]
-    rows = [head + ["refused"]]
+    """The ledger as a table a security officer reads: one row a message answered,
+    what left (tensors, values, an error), its bytes, the disclosures declared."""
+    head = ["time", "run", "round", "type", "method", "bytes", "disclosed", "what left"]
+    rows = [head]
     for e in lines:
-        sent = ", ".join(
-            f"{a.get('tensor', a['name'])}{tuple(a['shape'])}" for a in e["arrays"][:4]
-        )
-        if len(e["arrays"]) > 4:
-            sent += f", +{len(e['arrays']) - 4} more"
-        # the scalars' own names (Flower's reply status fields left out)
-        shown = [k.split(".")[-1] for k in e["metrics"] if ".status." not in f".{k}."]
-        metrics = ",".join(shown) or "-"
+        run = e.get("run_name") or str(e.get("run"))
+        sent = e["bytes"] + (len(e["error"].encode()) if e["error"] else 0)
+        disclosed = ",".join(e["disclosures"]) or "none"
         rows.append(
-            [
-                e["time"],
-                str(e.get("run")),
-                e["round"] or "-",
-                e["type"],
-                e["method"],
-                sent or "-",
-                str(e["bytes"]),
-                metrics,
-                ",".join(e["disclosures"]) or "none",
-                e["error"][:80] if e["refused"] else "no",
-            ]
+            [e["time"], run, e["round"] or "-", e["type"], e["method"], str(sent), disclosed]
+            + [what_left(e)]
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head) + 1)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)

@@ -16,9 +16,10 @@ from pflower.config.schema import check_against_data, describe_settings
 from pflower.data import data_info
 from pflower.privacy.secagg import SignedSecAggPlusWorkflow
 from pflower.results import RunRecorder
+from server_app import site_info
 from server_app.grid import PollingGrid
 from server_app.method_strategy import build_method_strategy
-from strategies import checkpoint
+from strategies import checkpoint, outcome
 
 log = logging.getLogger("flwr.pflower")
 pflower.patches.linkstate_index()  # simulation: the engine runs in this process (pflower.patches)
@@ -48,10 +49,14 @@ def build_server(context: Context, overrides: dict[str, Any] | None = None) -> S
     roles = method.roles(model)
     recorder = RunRecorder(cfg, extra={"auto_resolved": list(cfg.auto_resolved)})
     checkpoint.clear_stale_personal_state(recorder.dir, cfg.resume_from)
+    on = cfg.dataset  # a deployed server reads no data when the run declares the shape
+    if cfg.input_shape:
+        held = "the sites' data" if cfg.dataset == "synthetic" else cfg.dataset
+        on = f"{held} (input shape {cfg.input_shape})"
     log.info(
         "%s on %s (%s): %d shared / %d personal tensors; results -> %s",
         cfg.method,
-        cfg.dataset,
+        on,
         cfg.model,
         len(roles.shared),
         len(roles.personal),
@@ -81,10 +86,20 @@ def make_server_app(overrides: dict[str, Any] | None = None) -> ServerApp:
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         grid = PollingGrid(grid)  # one collector: replies noticed within 0.25 s, not 3 s
-        components = build_server(context, overrides)
+        # deployed with no input shape: the sites' data give it (server_app/site_info.py)
+        declared = site_info.from_sites(
+            grid, parse_run_config({**context.run_config, **(overrides or {})})
+        )
+        components = build_server(context, {**(overrides or {}), **declared})
+        if declared and components.strategy.recorder is not None:
+            components.strategy.recorder.extra["data_source"] = {
+                "declared_by": "the sites",
+                **declared,
+            }
         cfg = components.strategy.cfg  # the run config build_server validated
         if not cfg.secure_aggregation:
             start_grid(grid=grid, config=components.config, strategy=components.strategy)
+            outcome.judge(components.strategy)  # a failed run raises: finished:failed
             return
         legacy = LegacyContext(context, config=components.config, strategy=components.strategy)
         secagg = SignedSecAggPlusWorkflow(
@@ -102,6 +117,7 @@ def make_server_app(overrides: dict[str, Any] | None = None) -> ServerApp:
             cfg.secagg_quantization_range,
         )
         DefaultWorkflow(fit_workflow=secagg)(grid, legacy)
+        outcome.judge(components.strategy)
 
     return app
 

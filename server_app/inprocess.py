@@ -46,6 +46,7 @@ from flwr.server.client_proxy import ClientProxy
 from client_app.app import build_client, make_client_app
 from pflower.config.schema import ConfigError
 from server_app.app import build_server
+from strategies import outcome
 
 Recorder = Callable[[str, str, Any, Any], None]  # (kind, client, instruction, reply)
 
@@ -164,6 +165,7 @@ def run_inprocess(
     try:
         server, rounds = build_inprocess(config, num_clients, record, node_configs)
         server.fit(rounds, timeout=None)
+        outcome.judge(server.strategy)  # RunFailed (results.json written) if it failed
     finally:
         torch.set_num_threads(threads)
     path = Path(config.get("output-dir", "outputs")).resolve() / config["run-name"] / "results.json"

@@ -171,7 +171,8 @@ class PFLStrategy(Strategy):
         if server_round == 1 and not self.cfg.class_names.strip():  # ids from each site's data
             self.class_lists.ask([p for p, _, _ in sent], self.cfg.round_timeout or None, 1)
         rl.marks["configure"] = time.perf_counter()
-        self.streamed = streaming.open_round(self, server_round, [p.node_id for p, _, _ in sent])
+        self.rounds.participation.asked[server_round] = nodes = [p.node_id for p, _, _ in sent]
+        self.streamed = streaming.open_round(self, server_round, nodes)
         sent = streaming.folding(self.streamed, sent)  # each reply folded as it arrives
         return [(proxy, FitIns(payload, config)) for proxy, payload, config in sent]
 
@@ -183,7 +184,6 @@ class PFLStrategy(Strategy):
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
         cfg, rl = self.cfg, self.rounds.of(server_round)
         rl.marks["waiting for clients"] = time.perf_counter()
-        rl.failures = len(failures)
         streamed, self.streamed = self.streamed, None
         if streamed is not None:  # every reply was folded as it arrived
             streamed.close()
@@ -198,7 +198,7 @@ class PFLStrategy(Strategy):
                 self.check_reply,
                 self.clients,
             )
-        self.rounds.add_fit_replies(server_round, accepted)
+        self.rounds.add_fit_replies(server_round, accepted, results, failures)
         self.class_lists.check(server_round, accepted)
         check_failures(server_round, accepted, failures)
         if cfg.eval_in_fit and self.rounds.scores_previous(server_round):  # from these fits

@@ -16,6 +16,7 @@ from flwr.common import Scalar
 
 from models.roles import CHECKPOINT_ROUND, DATA_KEY, DEVICE_KEY, EVAL_PREFIX, EVALUATE_FIRST
 from pflower.results import RunRecorder
+from strategies.outcome import Participation
 from strategies.replies import Evaluation, Reply
 
 log = logging.getLogger("flwr.pflower")
@@ -129,6 +130,7 @@ class Rounds(dict[int, RoundLog]):
         self.checkpointed = 0  # the round of the newest server checkpoint
         self.unscored = False  # the checkpoint's round has no record yet (eval-in-fit)
         self.facts = ClientFacts()
+        self.participation = Participation()  # who was asked, who replied (outcome.py)
 
     def resume(self, done: int, carried: list[dict[str, Any]], path: Path) -> None:
         """Go on after the checkpoint of round ``done``, with the records before it.
@@ -160,12 +162,17 @@ class Rounds(dict[int, RoundLog]):
     def of(self, server_round: int) -> RoundLog:
         return self.setdefault(server_round, RoundLog())
 
-    def add_fit_replies(self, server_round: int, replies: list[Reply]) -> None:
-        """A round's accepted fit replies: their losses, counts and facts."""
+    def add_fit_replies(
+        self, server_round: int, replies: list[Reply], results: list[Any], failures: list[Any]
+    ) -> None:
+        """A round's accepted fit replies (their losses, counts and facts), the
+        (proxy, reply) pairs it received, and its failures."""
+        nodes = [proxy.node_id for proxy, _ in results]
         rl = self.of(server_round)
         rl.add_fit_replies(replies)
-        rl.replies = len(replies)
+        rl.replies, rl.failures = len(replies), len(failures)
         self.facts.add(replies)
+        self.participation.add(server_round, [r.client_key for r in replies], nodes, failures)
 
     def record(
         self, server_round: int, evals: list[Evaluation]

@@ -22,6 +22,7 @@ from flwr.server.client_proxy import ClientProxy
 
 from models.roles import CLASSES_KEY, CLIENT_KEY, TensorSpec
 from pflower.privacy.policy import REFUSED
+from strategies.outcome import error_line, failed_node
 
 log = logging.getLogger("flwr.pflower")
 
@@ -70,14 +71,9 @@ def payload_bytes(parameters: Parameters) -> int:
 
 
 def failure_reason(failure: object) -> str:
-    """One line of a failure (Flower wraps client errors in long tracebacks)."""
-    if isinstance(failure, tuple):
-        proxy, res = failure
-        return f"node {proxy.node_id}: status {res.status.code.name} {res.status.message}"
-    text = str(failure)
-    if "Message: " in text:
-        text = text.rsplit("Message: ", 1)[1]
-    return text.split("\\n")[0].split("\n")[0].strip("'>) ")[:300]
+    """One line of a failure, with its node where Flower says it."""
+    node = failed_node(failure)
+    return f"node {node}: {error_line(failure)}" if node is not None else error_line(failure)
 
 
 def take_arrays(arrays: dict[str, np.ndarray], prefix: str, spec: list[TensorSpec]) -> NDArrays:

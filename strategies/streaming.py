@@ -42,22 +42,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.common import (
-    DisconnectRes,
-    EvaluateIns,
-    EvaluateRes,
-    FitIns,
-    FitRes,
-    GetParametersIns,
-    GetParametersRes,
-    GetPropertiesIns,
-    GetPropertiesRes,
-    Parameters,
-    ReconnectIns,
-)
+from flwr.common import FitIns, FitRes, Parameters
 from flwr.common.typing import Code
 from flwr.server.client_proxy import ClientProxy
 
+from strategies.outcome import NodeProxy
 from strategies.privacy import secure_decoder
 from strategies.replies import ClientKeys, Reply, accept_fit_replies
 from strategies.robust import (
@@ -276,18 +265,16 @@ class StreamedRound:
             self.extra["replies_held_at_once"] = self.most_waiting
 
 
-class FoldingProxy(ClientProxy):
+class FoldingProxy(NodeProxy):
     """A sampled client whose fit reply is folded into the round as it arrives."""
 
     def __init__(self, inner: ClientProxy, streamed: StreamedRound) -> None:
-        super().__init__(inner.cid)
-        self.inner, self.streamed = inner, streamed
-        self.node_id = inner.node_id
-        self.properties = inner.properties
+        super().__init__(inner)
+        self.streamed = streamed
 
     def fit(self, ins: FitIns, timeout: float | None, group_id: int | None) -> FitRes:
         try:
-            res = self.inner.fit(ins, timeout, group_id)
+            res = super().fit(ins, timeout, group_id)
         except BaseException:
             self.streamed.returned(self.node_id)  # the reservoir waits for it no more
             raise
@@ -301,26 +288,6 @@ class FoldingProxy(ClientProxy):
             self.streamed.returned(self.node_id)
             raise
         return res
-
-    def evaluate(
-        self, ins: EvaluateIns, timeout: float | None, group_id: int | None
-    ) -> EvaluateRes:
-        return self.inner.evaluate(ins, timeout, group_id)
-
-    def get_properties(
-        self, ins: GetPropertiesIns, timeout: float | None, group_id: int | None
-    ) -> GetPropertiesRes:
-        return self.inner.get_properties(ins, timeout, group_id)
-
-    def get_parameters(
-        self, ins: GetParametersIns, timeout: float | None, group_id: int | None
-    ) -> GetParametersRes:
-        return self.inner.get_parameters(ins, timeout, group_id)
-
-    def reconnect(
-        self, ins: ReconnectIns, timeout: float | None, group_id: int | None
-    ) -> DisconnectRes:
-        return self.inner.reconnect(ins, timeout, group_id)
 
 
 # ---- the strategy's side (strategies/base.py calls these) ---------------------------------
@@ -364,10 +331,10 @@ def open_round(strategy: Any, server_round: int, node_ids: list[int]) -> Streame
 def folding(
     streamed: StreamedRound | None, sent: list[tuple[ClientProxy, Any, Any]]
 ) -> list[tuple[ClientProxy, Any, Any]]:
-    """A streamed round's instructions: the reservoir's nodes first, each client wrapped
-    in a ``FoldingProxy``."""
+    """A round's instructions, each client wrapped so its failures name its node; a
+    streamed round's reservoir nodes first, each client a ``FoldingProxy``."""
     if streamed is None:
-        return sent
+        return [(NodeProxy(proxy), *rest) for proxy, *rest in sent]
     first = sorted(sent, key=lambda item: item[0].node_id not in streamed.members)
     return [(FoldingProxy(proxy, streamed), *rest) for proxy, *rest in first]
 

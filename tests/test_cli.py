@@ -264,7 +264,7 @@ def test_run_gives_flwr_the_checkpoint_the_preflight_read(tmp_path: Path, monkey
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("FLWR_HOME", str(tmp_path / "home"))
     calls: list[list[str]] = []
-    monkeypatch.setattr(cli.subprocess, "call", lambda cmd: calls.append(cmd) or 0)
+    monkeypatch.setattr(cli, "run_flwr", lambda cmd: (calls.append(cmd) or 0, None))
     given = " ".join(f"{k}={json.dumps(v)}" for k, v in small.items())
     cli.run(["--run-config", f"{given} resume-from='runs/a' output-dir='{tmp_path / 'out'}'"])
     (cmd,) = calls
@@ -296,3 +296,44 @@ def test_a_malformed_run_config_string_names_the_key_and_the_fix(override: str, 
 
     with pytest.raises(ConfigError, match=says):
         flwr_run_config(Path(__file__).resolve().parents[1], [override])
+
+
+@pytest.mark.parametrize(
+    ("outcome", "status", "says"),
+    [
+        ({"status": "completed", "problems": []}, "finished:completed", None),
+        (
+            {"status": "failed", "problems": ["site 'b' (asked in 1 round) never contributed: x"]},
+            "finished:failed",
+            "run FAILED: site 'b' (asked in 1 round) never contributed: x (run 42;",
+        ),
+        ({"status": "completed", "problems": []}, "finished:failed", "Flower says finished:failed"),
+    ],
+)
+def test_run_exits_1_when_the_server_app_judged_the_run_failed_or_flower_says_so(
+    tmp_path: Path, monkeypatch, capsys, outcome: dict, status: str, says: str | None
+) -> None:
+    """``flwr run --stream`` exits 0 whatever the run's end: the CLI reads the run's
+    outcome in results.json and asks Flower for the run's status."""
+    from pflower.cli import __main__ as cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "home"))
+    out = tmp_path / "out"
+
+    def flwr_run(cmd: list[str]) -> tuple[int, int]:
+        (out / "r").mkdir(parents=True)
+        rounds = [{"round": 1}]
+        (out / "r" / "results.json").write_text(json.dumps({"rounds": rounds, "outcome": outcome}))
+        return 0, 42
+
+    asked: list[int] = []
+    monkeypatch.setattr(cli, "run_flwr", flwr_run)
+    monkeypatch.setattr(cli, "run_status", lambda rest, run_id: asked.append(run_id) or status)
+    code = cli.run(["--run-config", f"num-server-rounds=1 run-name='r' output-dir='{out}'"])
+    err = capsys.readouterr().err
+    assert asked == [42]
+    if says is None:
+        assert code == 0 and "FAILED" not in err
+    else:
+        assert code == 1 and says in err and "flwr log 42" in err

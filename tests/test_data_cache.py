@@ -100,3 +100,47 @@ def test_data_info_is_kept_on_site_and_follows_the_data(
     Path(site).touch()  # the site's data changed: decoded again, under a new key
     assert data_info(cfg, site, state) == first and len(decoded) == 3
     assert len(list((tmp_path / "state" / "data-cache").glob("info-*.json"))) == 2
+
+
+def test_the_cache_is_a_private_copy_readable_by_its_owner_only(site, tmp_path) -> None:
+    """A copy of a site's records: folders 0700, files 0600, whatever the umask."""
+    import os
+    import stat
+
+    cfg = parse_run_config({"dataset": site})
+    state = tmp_path / "state"
+    old = os.umask(0o022)  # the usual umask would give 0644 files
+    try:
+        load_client_data.__wrapped__(cfg, 0, 1, site, str(state))
+        data_info(cfg, site, str(state))
+    finally:
+        os.umask(old)
+    root = state / "data-cache"
+    written = [root, *root.rglob("*")]
+    assert len([p for p in written if p.name.endswith(".npy")]) == 4
+    assert any(p.name.startswith("info-") for p in written)
+    for path in written:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if path.is_dir():
+            assert mode == 0o700, (path, oct(mode))
+        elif path.name != "meta.json":  # a checksum, in a 0700 folder
+            assert mode == 0o600, (path, oct(mode))
+
+
+@pytest.mark.parametrize("asked", [None, "disk"])
+def test_a_deployed_client_writes_no_copy_of_its_data_unless_its_site_asks(
+    site, tmp_path, asked
+) -> None:
+    """A site's state directory gets a data cache only with node config
+    ``data-cache="disk"`` (``deploy.site --data-cache``)."""
+    from flwr.common import Context, RecordDict
+
+    from client_app.app import build_client
+
+    state = tmp_path / "state"
+    node = {"site": "site-a", "data-path": site, "state-dir": str(state)}
+    if asked:
+        node["data-cache"] = asked
+    run = {"dataset": site, "model": "cnn4", "method": "fedavg"}
+    build_client(Context(1, 1, node, RecordDict(), run))
+    assert (state / "data-cache").exists() == bool(asked)

@@ -920,3 +920,38 @@ def test_a_supernode_that_requires_secagg_without_a_roster_refuses_to_start() ->
     assert secagg_refusal(["--node-config", policy + ' secagg-roster="/r.toml"']) is None
     assert secagg_refusal([f"--node-config={policy} secagg-unverified-keys=true"]) is None
     assert secagg_refusal(['--node-config=require-secure-aggregation="false"']) is None
+
+
+def test_a_compose_site_requiring_secure_aggregation_starts_with_its_roster() -> None:
+    """compose.client.secagg.yml: the base file's SuperNode command with the roster and
+    the signing key added to its node config, and both mounted where the ClientApp (in
+    the SuperExec) reads them; with it a site requiring SecAgg+ starts, without it not."""
+    from flwr.common.config import parse_config_args
+
+    from deploy.fast_supernode import secagg_refusal
+
+    base = yaml.safe_load((DOCKER / "compose.client.yml").read_text())["services"]
+    over = yaml.safe_load((DOCKER / "compose.client.secagg.yml").read_text())["services"]
+    plain, secagg = base["supernode"]["command"], over["supernode"]["command"]
+    added = ' secagg-roster="/app/certs/roster.toml" identity-key="/app/certs/keys/${SITE}"'
+    assert [a for a in secagg if "--node-config=" not in a] == [
+        a for a in plain if "--node-config=" not in a
+    ]
+    (node_plain,) = [a for a in plain if "--node-config=" in a]
+    (node_secagg,) = [a for a in secagg if "--node-config=" in a]
+    assert node_secagg == node_plain + added  # the same node config, two keys more
+
+    def filled(arg: str, env: dict[str, str]) -> str:
+        return re.sub(
+            r"\$\{(\w+)(:-([^}]*))?\}", lambda m: env.get(m.group(1), m.group(3) or ""), arg
+        )
+
+    env = {"SITE": "hospital-a", "REQUIRE_SECURE_AGGREGATION": "true"}
+    assert "needs a roster" in str(secagg_refusal([filled(node_plain, env)]))
+    assert secagg_refusal([filled(node_secagg, env)]) is None
+    node = parse_config_args([filled(node_secagg, env).removeprefix("--node-config=")])
+    mounted = {
+        filled(v.split(":")[-2], env) for v in over["superexec-clientapp"]["volumes"]
+    }  # the targets, where the ClientApp reads them
+    assert {node["secagg-roster"], node["identity-key"]} == mounted
+    assert all(v.endswith(":ro") for v in over["superexec-clientapp"]["volumes"])

@@ -197,3 +197,32 @@ def test_a_main_job_summary_shows_fedavg_and_local_from_the_committed_table() ->
         "total_seconds": 1.0,
     }
     assert "FedAvg, same data (committed, 3 seeds)" in summary_table(summary)
+
+
+def test_the_summary_says_over_how_many_clients_each_mean_is_taken() -> None:
+    """A late joiner changes who is scored: the table says how many, and the range."""
+    from pflower.results import summary_table
+
+    rounds = [
+        {"round": 1, "per_client_accuracy": {"a": 0.5, "b": 0.5, "c": 0.5}},
+        {"round": 2, "per_client_accuracy": {"a": 0.9, "b": 0.5, "c": 0.5, "d": 0.5}},
+    ]
+    summary = {
+        "method": "ditto",
+        "config": {},
+        "rounds": rounds,
+        "best_accuracy_mean": 0.6,
+        "best_round": 2,
+        "final_accuracy_mean": 0.6,
+        "final_accuracy_pooled": 0.6,
+        "best_accuracy_pooled": 0.6,
+        "total_bytes_up": 1,
+        "total_bytes_down": 1,
+        "total_seconds": 1.0,
+    }
+    table = summary_table(summary)
+    assert "final accuracy (mean over 4 clients)" in table
+    assert "best accuracy (mean over 4 clients)" in table
+    assert "clients scored a round" in table and "3 to 4" in table
+    summary["rounds"] = rounds[1:]
+    assert "clients scored a round" not in summary_table(summary)

@@ -68,6 +68,8 @@ def _mounts(compose: str, service: str) -> list[str]:
             {"ca.crt", "server.pem", "server.key", "superexec.secret"},
         ),
         ("compose.client.yml", "superexec-clientapp", {"superexec.secret"}),
+        # SecAgg+ with a roster: the ClientApp signs its keys with the site's own
+        ("compose.client.secagg.yml", "superexec-clientapp", {"${SITE}"}),
         ("compose.yml", "superexec-clientapp-a", {"site-a.secret"}),
     ],
 )

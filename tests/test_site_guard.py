@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import Message, Metadata
+from flwr.app import Message, Metadata, RecordDict
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 from flwr.compat.common.recorddict_compat import fitres_to_recorddict
 
@@ -84,10 +84,41 @@ def test_a_ledger_line_says_what_a_reply_carried(tmp_path) -> None:
         ([5], "float32"),
     ]
     assert line["bytes"] == sum(a["bytes"] for a in line["arrays"]) > 4 * 25
-    assert {"fitres.metrics.client-key", "fitres.metrics.train-loss"} <= set(line["metrics"])
+    # every scalar that left, with its value
+    assert line["metrics"]["fitres.metrics.client-key"] == "h"
+    assert line["metrics"]["fitres.metrics.train-loss"] == 0.5
+    assert line["metrics"]["fitres.num_examples.num_examples"] == 12
     assert line["type"] == "train" and line["round"] == "3" and not line["refused"]
     assert line["disclosures"] == []  # FedPer declares none
-    site_guard.append(tmp_path / site_guard.LEDGER_FILE, {**line, "run": 7})
+    site_guard.append(tmp_path / site_guard.LEDGER_FILE, {**line, "run": 7, "run_name": "trial"})
     (back,) = read_ledger(tmp_path)
     table = ledger_table([back])
-    assert "fedper" in table and "(4, 5)" in table and table.count("\n") == 1
+    row = table.splitlines()[1]
+    assert table.count("\n") == 1 and "fedper" in row and " trial " in row  # the run's name
+    assert "2 tensors" in row and "train-loss=0.5" in row and "client-key=h" in row
+    assert "(4, 5)" not in row and len(row) < 200  # no tensor list: the JSON has them
+
+
+def test_an_error_reply_is_listed_with_the_text_that_left(tmp_path) -> None:
+    """A failed reply carries its error text off the site: the ledger says so, with
+    the text and its bytes."""
+    from flwr.app import Error
+
+    meta = Metadata(7, "", 1, 0, "m", "3", 0.0, 60.0, "train")
+    text = "site 'h' failed in train: KeyError; the details stay in its log"
+    reply = Message(Error(code=0, reason=text), reply_to=Message(RecordDict(), metadata=meta))
+    line = ledger_line(reply, None, {"method": "fedper"}, app=fab_hash(APP))
+    assert line["error"] == text and line["arrays"] == [] and not line["refused"]
+    row = ledger_table([{**line, "run": 7}]).splitlines()[1]
+    assert f"error: {text}" in row and f" {len(text.encode())} " in row
+
+
+def test_the_ledger_of_a_folder_without_one_exits_2(tmp_path, capsys) -> None:
+    from deploy.site import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--ledger", "--state-dir", str(tmp_path)])
+    assert stop.value.code == 2 and "no ledger in" in capsys.readouterr().err
+    site_guard.append(tmp_path / site_guard.LEDGER_FILE, {"run": 1, "x": 1})
+    main(["--ledger", "--json", "--state-dir", str(tmp_path)])
+    assert capsys.readouterr().out.strip() == '{"run": 1, "x": 1}'

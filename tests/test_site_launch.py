@@ -10,6 +10,7 @@ not have that size. All processes are started here and stopped by pid.
 from __future__ import annotations
 
 import json
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -69,8 +70,9 @@ def test_two_sites_train_on_their_own_folders_over_tls_with_auth(device, tmp_pat
         for site in SIZES:
             fed.register(site)
         # site-b starts the plain way: Flower's own SuperNode, ClientApps started cold,
-        # still through its own SuperExec (the approved-apps check, the ledger)
-        cold = {"site-b": ("--no-warm",)}
+        # still through its own SuperExec (the approved-apps check, the ledger), with
+        # a data cache; site-a keeps no copy of its data (the default)
+        cold = {"site-b": ("--no-warm", "--data-cache")}
         sites = {
             site: fed.start_site(site, folders[site], device, cold.get(site, ())) for site in SIZES
         }
@@ -111,10 +113,17 @@ def test_two_sites_train_on_their_own_folders_over_tls_with_auth(device, tmp_pat
         assert all(e["app"] == installed_app_hash() and not e["refused"] for e in ledger)
         assert f'data-path="{folders[site]}"' in launched and f'device="{device}"' in launched
         assert "partition-id" not in launched
-        # it loaded exactly its own folder, whole: both classes, this site's size
-        labels = cached_labels(state)
-        assert len(labels) == 2 * per_class
-        assert np.bincount(labels).tolist() == [per_class, per_class]
+        # it loaded exactly its own folder, whole: this site's size (both classes, from
+        # the cache of the site that asked for one, owner-only; none at the other)
+        assert sum(last["per_client_samples"][site].values()) == 2 * per_class
+        assert stat.S_IMODE(state.stat().st_mode) == 0o700
+        if site == "site-b":
+            labels = cached_labels(state)
+            assert np.bincount(labels).tolist() == [per_class, per_class]
+            files = [p for p in (state / "data-cache").rglob("*.npy")]
+            assert files and {stat.S_IMODE(p.stat().st_mode) for p in files} == {0o600}
+        else:
+            assert not (state / "data-cache").exists()
         # its personal head is on its own disk, and only there
         saved = state / "sites" / f"{site}.npz"
         with np.load(saved) as z:

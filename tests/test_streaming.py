@@ -11,6 +11,7 @@ import pytest
 from flwr.common import FitRes
 
 from strategies import streaming
+from strategies.outcome import NodeFailed
 from strategies.robust import update_norm, weighted_mean
 from strategies.streaming import RESERVOIR, FoldingProxy, RunningMean, reservoir_nodes
 from tests.helpers import FakeProxy, config, fit_res, make_strategy
@@ -131,7 +132,7 @@ def test_the_reservoir_waits_for_a_failed_node_no_more_and_falls_back_to_the_rou
             )
             if k in bad:
                 proxy.inner.fit = lambda *a, **kw: (_ for _ in ()).throw(TimeoutError("gone"))
-                with pytest.raises(TimeoutError):
+                with pytest.raises(NodeFailed, match=f"node {k}: gone"):  # names its node
                     proxy.fit(None, None, None)
             else:
                 proxy.fit(None, None, None)

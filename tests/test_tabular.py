@@ -154,6 +154,19 @@ def test_the_recipe_reproduces_flambys_split_row_by_row(tmp_path) -> None:
     )
     assert data_info(cfg).input_shape == (13,)  # FLamby's 13 inputs
     assert load_client_data(cfg, 2, 4).num_train == 30  # Switzerland
+    # each hospital's own file, for a deployment: its rows only, the same 13 inputs
+    from flwr.common.config import parse_config_args
+
+    from pflower.data.fed_heart_disease import DEPLOY_CONFIG, site_folder
+
+    deployed = parse_run_config(dict(parse_config_args([DEPLOY_CONFIG])))
+    assert not deployed.input_shape and deployed.partitioner != "natural"
+    files = sorted(site_folder(tmp_path / "fed-heart-disease.parquet").glob("*.csv"))
+    assert [f.stem for f in files] == ["cleveland", "hungarian", "switzerland", "va"]
+    own = pd.read_csv(files[2])
+    assert len(own) == 46 and "centre" not in own.columns  # Switzerland's 16 + 30
+    assert data_info(deployed, str(files[2])).input_shape == (13,)
+    assert load_client_data(deployed, 0, 1, str(files[2])).num_train == 30
 
 
 def test_the_recipe_says_which_file_is_missing(tmp_path, capsys) -> None:

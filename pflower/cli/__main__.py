@@ -2,14 +2,16 @@
 
 Exit status: 0 the run finished every round (``check``: the config is good);
 2 a bad config (one line, no traceback, before anything of Flower starts);
-1 the run failed (ServerApp error, no results, fewer rounds than asked), or
-flwr's own non-zero status.
+1 the run failed (Flower says ``finished:failed``: a ServerApp error, a round that
+aggregated no reply, a site that failed every round it was asked; no results, or
+fewer rounds than asked), or flwr's own non-zero status.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -24,6 +26,7 @@ from pflower.config.schema import ConfigError, describe_settings
 PROJECT = Path(__file__).resolve().parents[2]
 FEDERATION_DEFAULTS = PROJECT / "scripts" / "federation.toml"
 EXIT_CONFIG, EXIT_FAILED = 2, 1
+RUN_STARTED = re.compile(r"Successfully started run (\d+)")
 
 
 def split_args(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
@@ -108,6 +111,9 @@ def results_status(path: Path, started: float, rounds: int) -> str | None:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         return f"unreadable results {path} ({err})"
+    failed = (data.get("outcome") or {}).get("status") == "failed"
+    if failed:  # the ServerApp judged it (strategies/outcome.py): its first problems
+        return "; ".join(data["outcome"].get("problems", [])[:5]) or "the run failed"
     done = (data.get("resumed_from") or {}).get("round", 0)
     recorded = [r.get("round") for r in data.get("rounds", [])]
     expected = done + rounds
@@ -115,6 +121,41 @@ def results_status(path: Path, started: float, rounds: int) -> str | None:
         got = max(recorded) if recorded else 0
         return f"{got} of {expected} rounds in {path}"
     return None
+
+
+def run_flwr(cmd: list[str]) -> tuple[int, int | None]:
+    """``flwr run``'s exit code and the run id it printed; its output passes through."""
+    run_id = None
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            found = RUN_STARTED.search(line)
+            if found and run_id is None:
+                run_id = int(found.group(1))
+    return proc.returncode, run_id
+
+
+def run_status(rest: list[str], run_id: int, wait: float = 30.0) -> str:
+    """Flower's status of the run (``finished:completed``, ``finished:failed``...),
+    asked of the SuperLink the run went to: ``flwr run --stream`` exits 0 whatever
+    the run's end. Waits up to ``wait`` s for the run to be marked finished."""
+    connection = [a for a in rest[1:2] if not a.startswith("-")]
+    deadline, status = time.monotonic() + wait, "unknown"
+    while True:
+        out = subprocess.run(
+            ["flwr", "ls", *connection, "--run-id", str(run_id), "--format", "json"],
+            capture_output=True,
+            text=True,
+        )
+        try:
+            status = str(json.loads(out.stdout[out.stdout.find("{") :])["runs"][0]["status"])
+        except (ValueError, KeyError, IndexError):
+            status = f"unknown ({(out.stderr or out.stdout).strip()[:200]})"
+        if status.startswith("finished") or time.monotonic() > deadline:
+            return status
+        time.sleep(1.0)
 
 
 def record_command(results: Path, command: list[str]) -> None:
@@ -217,14 +258,20 @@ def run(argv: list[str]) -> int:
             print(f"run REFUSED: {problem}", file=sys.stderr)
             return EXIT_FAILED
     started = time.time() - 1.0
-    code = subprocess.call(cmd)
-    problem = results_status(results, started, cfg.num_server_rounds)
-    if results.exists() and results.stat().st_mtime >= started:
+    code, run_id = run_flwr(cmd)
+    status = run_status(rest, run_id) if code == 0 and run_id is not None else None
+    if code == 0 and run_id is None:
+        print("warning: flwr run printed no run id; its status is not checked", file=sys.stderr)
+    local = not deployment_named(rest)  # a deployment's results are the server's
+    problem = results_status(results, started, cfg.num_server_rounds) if local else None
+    if local and results.exists() and results.stat().st_mtime >= started:
         record_command(results, ["bash", "scripts/dev.sh", "run", *argv])
-    if problem is None and code == 0:
-        print(f"run finished: every round recorded; the plot: {results.parent / 'accuracy.png'}")
+    if problem is None and code == 0 and status in ("finished:completed", None):
+        where = results.parent / "accuracy.png" if local else "on the server"
+        print(f"run finished: every round recorded (run {run_id}); the plot: {where}")
         return 0
-    print(f"run FAILED: {problem or f'flwr exited with {code}'}", file=sys.stderr)
+    why = problem or (f"flwr exited with {code}" if code else f"Flower says {status}")
+    print(f"run FAILED: {why} (run {run_id}; its log: flwr log {run_id})", file=sys.stderr)
     return code or EXIT_FAILED
 
 

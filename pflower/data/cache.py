@@ -1,9 +1,10 @@
 """A site-local cache of one client's decoded, normalised arrays.
 
-A deployed ClientApp runs in a fresh process for every message and would decode
-the site's images again each time. With a state directory (``state-dir`` in the
-node config) the first message writes the four arrays as .npy files under
-``<state-dir>/data-cache/<key>/``; later messages memory-map them. The key hashes
+A cold deployed ClientApp runs in a fresh process for every message and would
+decode the site's images again each time. A site that asks for it (node config
+``data-cache="disk"``, ``deploy.site --data-cache``) has the first message write the
+four arrays as .npy files under ``<state-dir>/data-cache/<key>/``, owner-only (0700
+folders, 0600 files: a copy of the site's records); later messages memory-map them. The key hashes
 the data's fingerprint (for every file under the data path: relative name, size
 and modification time) and every config key that shapes a client's data, so a
 changed data set or config gets a new entry. A cache that fails its checksum or
@@ -115,14 +116,22 @@ def cached_info(
             log.warning("data cache: %s is unusable (%s); rebuilding it", path, err)
     shape, classes, names = build()
     try:
-        cache_root.mkdir(parents=True, exist_ok=True)
+        private_folder(cache_root)
         tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
         entry = {"input_shape": list(shape), "num_classes": classes, "class_names": list(names)}
-        tmp.write_text(json.dumps(entry))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps(entry))
         os.replace(tmp, path)  # atomic, as the arrays' entries
     except OSError as err:
         log.info("data cache: %s not written (%s)", path, err)
     return shape, classes, names
+
+
+def private_folder(path: Path) -> None:
+    """``path`` (and its missing parents) made, readable by this user only."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
 
 
 def _digest(arrays: Arrays) -> str:
@@ -153,11 +162,12 @@ def cached_arrays(
             log.warning("data cache: %s is unusable (%s); rebuilding it", entry, err)
             shutil.rmtree(entry, ignore_errors=True)
     arrays = build()
-    cache_root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=cache_root, prefix=".tmp-"))
+    private_folder(cache_root)
+    tmp = Path(tempfile.mkdtemp(dir=cache_root, prefix=".tmp-"))  # 0700
     try:
         for name, a in zip(NAMES, arrays):
-            np.save(tmp / f"{name}.npy", np.ascontiguousarray(a), allow_pickle=False)
+            with open(os.open(tmp / f"{name}.npy", os.O_WRONLY | os.O_CREAT, 0o600), "wb") as out:
+                np.save(out, np.ascontiguousarray(a), allow_pickle=False)
         (tmp / "meta.json").write_text(json.dumps({"sha256": _digest(arrays)}))
         os.replace(tmp, entry)  # atomic: another process sees all of it or none
         log.info("data cache: wrote %s", entry)

@@ -84,9 +84,29 @@ def table(folder: Path) -> Any:
     return pd.concat(parts, ignore_index=True)
 
 
+# a deployment: each hospital its own CSV (site_files), the shape from the sites' data
+DEPLOY_CONFIG = (
+    "model='logreg' label-column='label' categorical-columns='cp:1/2/3/4,restecg:0/1/2' "
+    "num-server-rounds=15 local-steps=100 batch-size=4 optimizer='adam' lr=0.001 "
+    "min-available-clients=4"
+)
+
+
 def build(folder: Path, out: Path) -> Path:
-    """Write the table as parquet (``out``: a .parquet path or a folder)."""
+    """Write the table as parquet (``out``: a .parquet path or a folder), and each
+    hospital's own rows as ``<centre>.csv`` in ``fed-heart-disease-sites/`` beside it
+    (what a site of a deployment holds)."""
     path = out if out.suffix == ".parquet" else out / "fed-heart-disease.parquet"
     path.parent.mkdir(parents=True, exist_ok=True)
-    table(folder).to_parquet(path, index=False)
+    whole = table(folder)
+    whole.to_parquet(path, index=False)
+    sites = site_folder(path)
+    sites.mkdir(exist_ok=True)
+    for centre, rows in whole.groupby("centre"):
+        rows.drop(columns=["centre"]).to_csv(sites / f"{centre}.csv", index=False)
     return path
+
+
+def site_folder(built: Path) -> Path:
+    """Where ``build`` writes each hospital's own CSV."""
+    return built.parent / "fed-heart-disease-sites"

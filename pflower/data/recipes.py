@@ -281,6 +281,16 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"run it: bash scripts/dev.sh run --run-config \"{recipe.run_config} dataset='{paths[0]}'\""
     )
+    if args.name == "fed-heart-disease":  # deployed: each hospital holds only its own file
+        sites = fed_heart_disease.site_folder(paths[0])
+        print(f"deploy it (docs/DEPLOYMENT.md): each hospital's own file is in {sites}/;")
+        print(
+            f"  each site: python -m deploy.site --site cleveland --data-path {sites}/cleveland.csv ..."
+        )
+        print(
+            f'  then: flwr run . pflower --stream --run-config "{fed_heart_disease.DEPLOY_CONFIG}"'
+        )
+        print("  (no input-shape: the sites' data give it)")
     return 0
 
 

@@ -265,15 +265,22 @@ def human_bytes(n: float) -> str:
 
 
 def summary_table(summary: dict[str, Any]) -> str:
-    """A short terminal table of one run."""
+    """A short terminal table of one run; each mean says over how many clients."""
+    scored = {r.get("round"): len(r.get("per_client_accuracy") or {}) for r in summary["rounds"]}
+    last = summary["rounds"][-1].get("round") if summary["rounds"] else None
+    best, final = scored.get(summary["best_round"]), scored.get(last)
+    counts = sorted(set(scored.values()))
     rows = [
         ("method", summary["method"]),
         ("rounds", str(len(summary["rounds"]))),
         (
-            "best accuracy (mean over clients)",
+            f"best accuracy (mean over {best or 'the'} clients)",
             f"{summary['best_accuracy_mean']:.4f} (round {summary['best_round']})",
         ),
-        ("final accuracy (mean over clients)", f"{summary['final_accuracy_mean']:.4f}"),
+        (
+            f"final accuracy (mean over {final or 'the'} clients)",
+            f"{summary['final_accuracy_mean']:.4f}",
+        ),
         ("final accuracy (pooled)", f"{summary['final_accuracy_pooled']:.4f}"),
         ("best accuracy (pooled)", f"{summary['best_accuracy_pooled']:.4f}"),
         (
@@ -282,6 +289,8 @@ def summary_table(summary: dict[str, Any]) -> str:
         ),
         ("wall time", f"{summary['total_seconds']:.1f}s"),
     ]
+    if len(counts) > 1 and 0 not in counts:  # late joiners or drop-outs: not one population
+        rows.insert(2, ("clients scored a round", f"{counts[0]} to {counts[-1]}"))
     from pflower.results.reference import reference_rows
 
     size = summary.get("federation_size") or 0

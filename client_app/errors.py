@@ -1,0 +1,52 @@
+"""What a site's error reply says: an error that leaves a site is a disclosure.
+
+A ClientApp that raises sends Flower's error reply, whose text is the exception's:
+a pandas ``KeyError`` lists the site's columns, an ``OSError`` its file paths, a
+shape error its data's size. ``errors_mod`` keeps the full text in the site's own
+log and sends the site's name, the message's phase and the exception's class only;
+an exception of ours written to be sent (``PublicError``) goes as it is. The
+site's ledger lists the error reply as sent (deploy/site_guard.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from flwr.clientapp.typing import ClientAppCallable
+from flwr.common import Context, Message
+
+log = logging.getLogger("flwr.pflower")
+
+
+class PublicError(RuntimeError):
+    """An error written to be sent as it is: it names the site and no path, column
+    or value of its data (a policy refusal, a simulated dropout)."""
+
+
+class SiteError(RuntimeError):
+    """The error reply a site sends in place of what its code raised."""
+
+
+def site_name(node: dict[str, Any]) -> str:
+    """The site's client key: its ``site`` node config, else its partition's."""
+    return str(node.get("site", "") or f"client-{node.get('partition-id', 0)}")
+
+
+def error_reply_text(node: dict[str, Any], message_type: str, err: BaseException) -> str:
+    """The one line a site sends for ``err`` raised while handling ``message_type``."""
+    name = type(err).__name__
+    return f"site {site_name(node)!r} failed in {message_type}: {name}; the details stay in its log"
+
+
+def errors_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Raise ``SiteError`` with ``error_reply_text`` for whatever the app raises (the
+    full traceback logged here, on the site)."""
+    try:
+        return call_next(msg, context)
+    except Exception as err:
+        if isinstance(err, (PublicError, SiteError)):
+            raise
+        node = dict(context.node_config)
+        log.exception("%s failed in %s", site_name(node), msg.metadata.message_type)
+        raise SiteError(error_reply_text(node, msg.metadata.message_type, err)) from None

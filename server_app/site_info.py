@@ -1,0 +1,93 @@
+"""The data a deployed run trains on, as its sites declare it.
+
+A deployed server holds no data. When the run config gives no ``input-shape``, the
+ServerApp asks every connected site (a properties query, ``data-info``) for the
+input shape and class count its own data give (client_app/site_data.py), builds
+the model from their answer, and refuses, before round 1 and naming the sites,
+sites whose data disagree. In simulation (an in-memory grid) nothing is asked:
+the server reads ``dataset`` as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from flwr.common import GetPropertiesIns
+from flwr.server.compat.grid_client_proxy import GridClientProxy
+
+from client_app.site_data import ASK_DATA_INFO, CLASSES_COUNT_KEY, SHAPE_KEY
+from models.roles import CLIENT_KEY
+from pflower.config.schema import ConfigError, RunConfig
+
+log = logging.getLogger("flwr.pflower")
+
+
+def deployed(grid: Any) -> bool:
+    """Whether ``grid`` (a PollingGrid) talks to a SuperLink, not to an in-memory engine."""
+    runtime = getattr(grid, "_runtime_client", None)
+    return callable(runtime) and runtime() is not None
+
+
+def wait_for_sites(grid: Any, count: int, timeout: float) -> list[int]:
+    """The connected nodes once ``count`` are (or whatever is there at ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        nodes = sorted(grid.get_node_ids())
+        if len(nodes) >= count or time.monotonic() > deadline:
+            return nodes
+        time.sleep(1.0)
+
+
+def ask_sites(grid: Any, cfg: RunConfig) -> dict[str, tuple[str, int]]:
+    """Each answering site's (input shape, class count), by client key."""
+    timeout = float(cfg.round_timeout or 600)
+    nodes = wait_for_sites(grid, cfg.min_available_clients, timeout)
+    answers: dict[str, tuple[str, int]] = {}
+    for node in nodes:
+        proxy = GridClientProxy(node, grid, grid.run.run_id)
+        try:
+            res = proxy.get_properties(GetPropertiesIns({ASK_DATA_INFO: True}), timeout, 0)
+        except Exception as err:  # noqa: BLE001 - a refusal, a crash: its first fit will say
+            log.warning("node %d: no data info before round 1 (%s)", node, str(err)[:200])
+            continue
+        shape, classes = res.properties.get(SHAPE_KEY), res.properties.get(CLASSES_COUNT_KEY)
+        if shape:
+            key = str(res.properties.get(CLIENT_KEY) or node)
+            answers[key] = (str(shape), int(classes or 0))
+    return answers
+
+
+def from_sites(grid: Any, cfg: RunConfig) -> dict[str, Any]:
+    """Run-config values the sites' data give (``input-shape``, and ``num-classes``
+    unless the run names its classes), or {} when the run declares its shape, runs
+    in memory, or no site answers. ConfigError naming the sites when they disagree
+    (each site builds its model from its own data: they must all agree)."""
+    if cfg.input_shape or not deployed(grid):
+        return {}
+    answers = ask_sites(grid, cfg)
+    if not answers:
+        return {}
+    # each site's ClientApp builds its model from its own data: every site must agree
+    found: dict[tuple[str, int], list[str]] = {}
+    for key, answer in sorted(answers.items()):
+        found.setdefault(answer, []).append(key)
+    if len(found) > 1:
+        sides = "; ".join(
+            f"{', '.join(keys)}: input shape {shape}, {classes} classes"
+            for (shape, classes), keys in found.items()
+        )
+        raise ConfigError(
+            "config key 'input-shape' is not given and the sites' data disagree "
+            f"({sides}); nothing was trained. Give each site the same columns (its own "
+            "--label-column, --feature-columns, --categorical-columns)"
+        )
+    ((shape, classes),) = found
+    values: dict[str, Any] = {"input-shape": shape}
+    if not cfg.class_names.strip() and not cfg.num_classes:
+        values["num-classes"] = classes
+    log.info(
+        "the sites' own data (%s): input shape %s, %d classes", ", ".join(answers), shape, classes
+    )
+    return values
