@@ -87,15 +87,15 @@ def make_server_app(overrides: dict[str, Any] | None = None) -> ServerApp:
     def main(grid: Grid, context: Context) -> None:
         grid = PollingGrid(grid)  # one collector: replies noticed within 0.25 s, not 3 s
         # deployed with no input shape: the sites' data give it (server_app/site_info.py)
-        declared = site_info.from_sites(
-            grid, parse_run_config({**context.run_config, **(overrides or {})})
-        )
+        raw = {**context.run_config, **(overrides or {})}
+        declared, answers = site_info.from_sites(grid, parse_run_config(raw))
         components = build_server(context, {**(overrides or {}), **declared})
-        if declared and components.strategy.recorder is not None:
-            components.strategy.recorder.extra["data_source"] = {
-                "declared_by": "the sites",
-                **declared,
-            }
+        strategy = components.strategy
+        if answers and not strategy.cfg.class_names.strip():  # their class lists came too
+            strategy.class_lists.check(1, answers, before=True)
+            strategy.class_lists.asked = True
+        if declared and strategy.recorder is not None:
+            strategy.recorder.extra["data_source"] = {"declared_by": "the sites", **declared}
         cfg = components.strategy.cfg  # the run config build_server validated
         if not cfg.secure_aggregation:
             start_grid(grid=grid, config=components.config, strategy=components.strategy)

@@ -20,6 +20,7 @@ from flwr.server.compat.grid_client_proxy import GridClientProxy
 from client_app.site_data import ASK_DATA_INFO, CLASSES_COUNT_KEY, SHAPE_KEY
 from models.roles import CLIENT_KEY
 from pflower.config.schema import ConfigError, RunConfig
+from strategies.replies import Reply
 
 log = logging.getLogger("flwr.pflower")
 
@@ -40,11 +41,14 @@ def wait_for_sites(grid: Any, count: int, timeout: float) -> list[int]:
         time.sleep(1.0)
 
 
-def ask_sites(grid: Any, cfg: RunConfig) -> dict[str, tuple[str, int]]:
-    """Each answering site's (input shape, class count), by client key."""
+def ask_sites(grid: Any, cfg: RunConfig) -> tuple[dict[str, tuple[str, int]], list[Reply]]:
+    """Each answering site's (input shape, class count) by client key, and its whole
+    answer (with its class-list digest: the run's class-list check needs no query of
+    its own)."""
     timeout = float(cfg.round_timeout or 600)
     nodes = wait_for_sites(grid, cfg.min_available_clients, timeout)
     answers: dict[str, tuple[str, int]] = {}
+    replies: list[Reply] = []
     for node in nodes:
         proxy = GridClientProxy(node, grid, grid.run.run_id)
         try:
@@ -53,22 +57,24 @@ def ask_sites(grid: Any, cfg: RunConfig) -> dict[str, tuple[str, int]]:
             log.warning("node %d: no data info before round 1 (%s)", node, str(err)[:200])
             continue
         shape, classes = res.properties.get(SHAPE_KEY), res.properties.get(CLASSES_COUNT_KEY)
+        key = str(res.properties.get(CLIENT_KEY) or node)
+        replies.append(Reply(key, [], 0, dict(res.properties)))
         if shape:
-            key = str(res.properties.get(CLIENT_KEY) or node)
             answers[key] = (str(shape), int(classes or 0))
-    return answers
+    return answers, replies
 
 
-def from_sites(grid: Any, cfg: RunConfig) -> dict[str, Any]:
+def from_sites(grid: Any, cfg: RunConfig) -> tuple[dict[str, Any], list[Reply]]:
     """Run-config values the sites' data give (``input-shape``, and ``num-classes``
     unless the run names its classes), or {} when the run declares its shape, runs
-    in memory, or no site answers. ConfigError naming the sites when they disagree
-    (each site builds its model from its own data: they must all agree)."""
+    in memory, or no site answers; and the sites' answers (for the class-list check).
+    ConfigError naming the sites when they disagree (each site builds its model from
+    its own data: they must all agree)."""
     if cfg.input_shape or not deployed(grid):
-        return {}
-    answers = ask_sites(grid, cfg)
+        return {}, []
+    answers, replies = ask_sites(grid, cfg)
     if not answers:
-        return {}
+        return {}, replies
     # each site's ClientApp builds its model from its own data: every site must agree
     found: dict[tuple[str, int], list[str]] = {}
     for key, answer in sorted(answers.items()):
@@ -90,4 +96,4 @@ def from_sites(grid: Any, cfg: RunConfig) -> dict[str, Any]:
     log.info(
         "the sites' own data (%s): input shape %s, %d classes", ", ".join(answers), shape, classes
     )
-    return values
+    return values, replies

@@ -207,6 +207,7 @@ class ClassLists:
 
     def __init__(self) -> None:
         self.digests: dict[str, str] = {}  # client key -> digest of its class list
+        self.asked = False  # the sites were asked before round 1
 
     workers = 32  # queries at once (the in-process engine asks one client at a time)
 
@@ -218,6 +219,10 @@ class ClassLists:
         from concurrent.futures import ThreadPoolExecutor
 
         from flwr.common import GetPropertiesIns
+
+        if self.asked:  # answered already, before the model was built (site_info.py)
+            return
+        self.asked = True
 
         def one(proxy: ClientProxy) -> Reply | None:
             try:
