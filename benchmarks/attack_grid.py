@@ -122,9 +122,13 @@ def run_cell(args: tuple[Cell, str]) -> str:
         return cell.name
     logging.disable(logging.WARNING)
     from server_app.inprocess import run_inprocess
+    from strategies.outcome import RunFailed
 
     config = {**cell.config, "run-name": cell.name, "output-dir": runs}
-    run_inprocess(config, cell.sites)
+    try:
+        run_inprocess(config, cell.sites)
+    except RunFailed as err:  # a round left with nothing by an attack is a measurement too
+        print(f"{cell.name}: the run failed ({err}); its rounds are measured", flush=True)
     return cell.name
 
 

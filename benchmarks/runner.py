@@ -123,12 +123,23 @@ def run_cell_here(spec_json: str) -> None:
         _pfl_research(cell)
     else:
         _plain_loop(cell)
+    failed_run(cell.dir / "results.json")
     if cell.probe:
         from benchmarks.probes import PROBES
 
         res = json.loads((cell.dir / "results.json").read_text())
         res["probe"] = PROBES[cell.probe](res, cell.clients)
         (cell.dir / "results.json").write_text(json.dumps(res, indent=1))
+
+
+def failed_run(results: Path) -> None:
+    """RunFailed if the run's own outcome (strategies/outcome.py) says it failed: a
+    simulated run's ServerApp fails inside Flower, which does not raise here."""
+    from strategies.outcome import RunFailed
+
+    outcome = json.loads(results.read_text()).get("outcome", {}) if results.exists() else {}
+    if outcome.get("status") == "failed":
+        raise RunFailed("; ".join(outcome.get("problems", [])[:5]))
 
 
 def _plain_loop(cell: Cell) -> None:

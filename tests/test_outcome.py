@@ -125,3 +125,16 @@ def test_a_node_silent_without_a_failure_of_its_own_fails_unless_all_were_dropou
     assert part.outcome([], 1, {})["status"] == "completed"
     part.add(1, ["a"], [1], [RuntimeError("CUDA out of memory")])
     assert part.outcome([], 1, {})["status"] == "failed"
+
+
+def test_a_benchmark_cell_whose_run_failed_fails(tmp_path) -> None:
+    """A simulated run's ServerApp fails inside Flower: the cell reads the outcome."""
+    from benchmarks.runner import failed_run
+
+    path = tmp_path / "results.json"
+    failed_run(path)  # no results: the engine's own error says so
+    path.write_text(json.dumps({"outcome": {"status": "completed", "problems": []}}))
+    failed_run(path)
+    path.write_text(json.dumps({"outcome": {"status": "failed", "problems": ["round 1: x"]}}))
+    with pytest.raises(RunFailed, match="round 1: x"):
+        failed_run(path)
