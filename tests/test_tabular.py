@@ -218,6 +218,30 @@ def test_a_sites_own_csv_passes_or_fails_the_site_check_in_one_line(
         assert "'ward' is not in" in err[0]
 
 
+@pytest.mark.parametrize("declared", [False, True])
+def test_a_site_checks_its_own_column_names_and_is_told_a_folder_is_not_its_csv(
+    tmp_path, capsys, declared: bool
+) -> None:
+    """A hospital whose label column is 'target' passes the check against a run that
+    says 'outcome' when it declares its own (--label-column); its folder, not its
+    CSV, is refused in one line saying so."""
+    from tests.test_site_check import check
+
+    site = tmp_path / "sites" / "north.csv"
+    site.parent.mkdir()
+    df = pd.read_csv(_hospitals(tmp_path / "all.csv"))
+    df = df[df.hospital == "north"].drop(columns=["hospital"]).rename(columns={"outcome": "target"})
+    df.to_csv(site, index=False)
+    run = "method='fedavg' model='logreg' label-column='outcome' split-column='part' "
+    run += "categorical-columns='ward:a/b/c' input-shape='4' num-classes=2"
+    own = ("--label-column", "target") if declared else ()
+    assert check(tmp_path, site, run, *own) == (0 if declared else 2)
+    capsys.readouterr()
+    assert check(tmp_path, site.parent, run, *own) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "a folder of CSV files (north.csv)" in err[0], err
+
+
 @pytest.mark.slow
 def test_the_fed_heart_disease_preset_and_report_reduced(tmp_path) -> None:
     """The preset's CI variant: two rows, one seed, two rounds; the report names the

@@ -213,6 +213,7 @@ def _load_hf(name: str) -> Any:
                 by_split.setdefault(split, []).append(f)
             dd = datasets.load_dataset("parquet", data_files=by_split)
         else:
+            _refuse_folder_without_images(path, name)
             dd = datasets.load_dataset("imagefolder", data_dir=str(path))
         return _merge_splits(dd)
     if _looks_like_path(name):
@@ -237,6 +238,26 @@ def _load_hf(name: str) -> Any:
             f"config key 'dataset': could not load {name!r} from the Hugging Face hub "
             f"({type(err).__name__}: {err}). {hint}"
         ) from err
+
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+
+def _refuse_folder_without_images(path: Path, name: str) -> None:
+    """ConfigError for a folder that is neither parquet nor images (``datasets`` would
+    say 'Instruction "train" corresponds to no data!'): a folder of CSV files most often."""
+    if any(p.suffix.lower() in IMAGE_SUFFIXES for p in path.rglob("*") if p.is_file()):
+        return
+    tables = sorted(p.name for p in path.rglob("*.csv"))
+    if tables:
+        raise ConfigError(
+            f"config key 'dataset': {name} is a folder of CSV files ({', '.join(tables[:3])}"
+            f"{', ...' if len(tables) > 3 else ''}); give the one table itself, a .csv file"
+        )
+    raise ConfigError(
+        f"config key 'dataset': {name} holds no parquet file and no images (an image "
+        "folder has one sub-folder of images a class)"
+    )
 
 
 def _hub_reachable() -> bool:
