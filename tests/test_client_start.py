@@ -332,7 +332,7 @@ def test_the_site_idle_poll_backs_off_and_resets_on_a_message(monkeypatch):
     import pflower.patches
 
     slept: list[float] = []
-    monkeypatch.setattr(pflower.patches.time, "sleep", slept.append)
+    monkeypatch.setattr(pflower.patches.backoff.time, "sleep", slept.append)
     monkeypatch.setattr(loop, "time", loop.time)  # undone after the test
     monkeypatch.setattr(loop, "_pull_and_store_message", lambda **kw: kw["run_id"])
     backoff = pflower.patches.supernode_backoff()
@@ -354,7 +354,7 @@ def test_the_site_asks_again_at_once_after_a_pull_the_superlink_held_open(monkey
     import pflower.patches
 
     slept: list[float] = []
-    monkeypatch.setattr(pflower.patches.time, "sleep", slept.append)
+    monkeypatch.setattr(pflower.patches.backoff.time, "sleep", slept.append)
     backoff = pflower.patches.IdleBackoff()
     backoff.pulled(False, pflower.patches.LONG_POLL)  # held open, then empty
     backoff.sleep(3)
@@ -397,7 +397,7 @@ def _long_poll(monkeypatch, stored: list, held: int = 100, asked: list | None = 
     monkeypatch.setattr(message_handler, "pull_messages", pull)
     monkeypatch.setattr(InMemoryLinkState, "store_message_ins", lambda self, m: stored.append(m))
     monkeypatch.setattr(SqlLinkState, "store_message_ins", SqlLinkState.store_message_ins)
-    monkeypatch.setattr(pflower.patches, "LONG_POLLS_HELD", held)
+    monkeypatch.setattr(pflower.patches.long_poll, "LONG_POLLS_HELD", held)
     assert pflower.patches.fleet_long_poll()
     return message_handler.pull_messages, InMemoryLinkState.store_message_ins
 
@@ -405,7 +405,9 @@ def _long_poll(monkeypatch, stored: list, held: int = 100, asked: list | None = 
 def test_the_superlink_answers_a_held_pull_when_its_nodes_message_is_stored(monkeypatch):
     import pflower.patches
 
-    monkeypatch.setattr(pflower.patches, "LONG_POLL", 1e6)  # only a store can end the hold
+    monkeypatch.setattr(
+        pflower.patches.long_poll, "LONG_POLL", 1e6
+    )  # only a store can end the hold
     stored: list = []
     pull, store = _long_poll(monkeypatch, stored)
     mine, other = _message(7), _message(8)
@@ -425,7 +427,7 @@ def test_the_superlink_holds_an_empty_pull_for_long_poll_seconds_and_no_more_pul
 ):
     import pflower.patches
 
-    monkeypatch.setattr(pflower.patches, "LONG_POLL", 0.5)
+    monkeypatch.setattr(pflower.patches.long_poll, "LONG_POLL", 0.5)
     asked: list = []
     pull, store = _long_poll(monkeypatch, [], held=1, asked=asked)
     start = time.monotonic()
@@ -433,7 +435,7 @@ def test_the_superlink_holds_an_empty_pull_for_long_poll_seconds_and_no_more_pul
     assert 0.45 < time.monotonic() - start < 5
     # one pull held: a second one at the same time is answered at once, as Flower does
     # (with no limit on a hold, a second pull that were held would never return)
-    monkeypatch.setattr(pflower.patches, "LONG_POLL", 1e6)
+    monkeypatch.setattr(pflower.patches.long_poll, "LONG_POLL", 1e6)
     asked.clear()
     first = threading.Thread(target=pull, args=(_pull_for(7), None, None))
     first.start()
@@ -521,12 +523,8 @@ def test_pushes_that_come_while_one_is_in_flight_go_together_in_the_next() -> No
 def test_a_missing_message_part_is_asked_for_again_soon(monkeypatch):
     from flwr.supercore.inflatable import inflatable_utils as objects
 
-    from pflower.patches import (
-        FIRST_OBJECT_RETRY,
-        OBJECT_PATIENCE,
-        OBJECT_RETRY_CAP,
-        object_retries,
-    )
+    from pflower.patches import object_retries
+    from pflower.patches.timing import FIRST_OBJECT_RETRY, OBJECT_PATIENCE, OBJECT_RETRY_CAP
 
     for fn in (objects.pull_objects, objects.pull_and_inflate_object_from_tree):
         monkeypatch.setitem(fn.__kwdefaults__, "initial_backoff", 1)  # Flower's, restored after
