@@ -16,18 +16,20 @@ from pflower.data import data_info, load_client_data
 from pflower.data.hf import (
     DOMAIN_SHIFTS,
     apply_domain_shift,
+    hf_data_info,
+    label_permutation,
+    load_client_arrays,
+    load_source,
+    source_from_dataset,
+)
+from pflower.data.partitions import (
     dirichlet_client_partitions,
     domain_groups,
     domain_partitions,
     groups_for,
-    hf_data_info,
-    label_permutation,
     library_partitions,
-    load_client_arrays,
-    load_source,
     natural_partition,
     semantic_groups,
-    source_from_dataset,
 )
 
 CIFAR_DEV = (
@@ -332,10 +334,10 @@ def test_offline_hub_name_gives_clear_error(monkeypatch):
 
 
 def test_unreachable_hub_fails_fast(monkeypatch):
-    import pflower.data.hf as hf
+    import pflower.data.loading as loading
 
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(hf, "_hub_reachable", lambda: False)
+    monkeypatch.setattr(loading, "_hub_reachable", lambda: False)
     with pytest.raises(RuntimeError, match="local path via dataset="):
         hf_data_info("someorg/some-dataset")
 

@@ -11,7 +11,7 @@ import torch
 from benchmarks.presets import subset_parquet
 from methods import parse_run_config
 from pflower.data import DataInfo, data_info, load_client_data
-from pflower.data.hf import Tabular
+from pflower.data.tables import Tabular
 
 
 @pytest.fixture()

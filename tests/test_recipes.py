@@ -117,10 +117,10 @@ def test_pathmnist_from_medmnist_npz_keeps_its_test_split(tmp_path) -> None:
 
 
 def test_offline_hub_source_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys) -> None:
-    import pflower.data.hf as hf
+    import pflower.data.loading as loading
 
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(hf, "_hub_reachable", lambda: False)
+    monkeypatch.setattr(loading, "_hub_reachable", lambda: False)
     assert main(["build", "cifar100", "--out", str(tmp_path / "x.parquet")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("recipe cifar100: ") and "cannot be reached" in err

@@ -1,4 +1,4 @@
-"""Tabular data as a user brings it (pflower/data/hf.py) and the Fed-Heart-Disease recipe
+"""Tabular data as a user brings it (pflower/data/tables.py) and the Fed-Heart-Disease recipe
 (pflower/data/fed_heart_disease.py): label, split, feature and categorical columns, missing
 values refused, each site standardised with its own training rows, FLamby's split."""
 
@@ -116,7 +116,7 @@ def test_a_table_that_does_not_fit_the_run_is_refused_naming_the_key(
 
 def test_categorical_levels_must_be_declared_and_distinct() -> None:
     with pytest.raises(ConfigError, match="'categorical-columns'"):
-        from pflower.data.hf import parse_categorical
+        from pflower.data.tables import parse_categorical
 
         parse_categorical("ward:a")
 

@@ -93,7 +93,8 @@ def found_info(cfg: RunConfig, data_path: str = "", cache_dir: str = "") -> Data
     first_client_path = cfg.client_data_paths.split(",")[0].strip()
     if cfg.dataset == "synthetic" and not data_path and not first_client_path:
         return DataInfo((cfg.sim_dim,), 2)
-    from pflower.data.hf import Tabular, hf_data_info
+    from pflower.data.hf import hf_data_info
+    from pflower.data.tables import Tabular
 
     source = data_path or first_client_path or cfg.dataset
     if not cache_dir:
@@ -141,7 +142,8 @@ def site_class_names(
     """This client's own class list, in its label order (empty if its data name none)."""
     if data_path or not cfg.client_data_paths:  # its data's own, not what the run declares
         return found_info(cfg, data_path, cache_dir).class_names
-    from pflower.data.hf import Tabular, _client_path, hf_data_info
+    from pflower.data.hf import _client_path, hf_data_info
+    from pflower.data.tables import Tabular
 
     path = _client_path(cfg, partition_id, num_partitions)
     return hf_data_info(path, Tabular.of(cfg)).class_names

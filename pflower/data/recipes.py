@@ -171,7 +171,7 @@ def _from_medmnist(path: Path, names: tuple[str, ...]) -> Any:
 
 def load(recipe: Recipe, source: str) -> Any:
     """The source as a ``datasets.Dataset``, its label column named ``label``."""
-    from pflower.data.hf import _load_hf
+    from pflower.data.loading import _load_hf
 
     path = Path(source).expanduser()
     if path.is_dir() and (path / "batches.meta").exists():
