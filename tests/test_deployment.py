@@ -653,7 +653,8 @@ def test_a_hung_clientapp_is_killed_after_its_timeout_and_the_round_goes_on(
 ) -> None:
     """Two warm sites; site-b's ClientApp hangs on every fit (tests/apps/hang). Its
     SuperExec kills the task after --task-timeout, the server's round-timeout ends the
-    wait, and both rounds complete with site-a's replies."""
+    wait, and both rounds complete with site-a's replies; the run then ends failed,
+    naming site-b's node, which never contributed (strategies/outcome.py)."""
     hang_app = Path(__file__).parent / "apps" / "hang"
     hang = installed_app_hash(hang_app)  # the sites approve this test app's build
     with LoopbackFederation(tmp_path, isolation="process", warm=True) as fed:
@@ -672,11 +673,14 @@ def test_a_hung_clientapp_is_killed_after_its_timeout_and_the_round_goes_on(
             fed.wait_for(lambda p=proc: "SuperNode ID" in p.text(), 120, site, proc)
         cfg = {**_run_config(tmp_path, "fedper"), **SMALL, "num-server-rounds": 2}
         run_id = fed.run({**cfg, "round-timeout": 20.0}, app=hang_app)
-        assert fed.wait_run(run_id, RUN_TIMEOUT) == "finished:completed"
+        assert fed.wait_run(run_id, RUN_TIMEOUT) == "finished:failed"
         res = _results(tmp_path)
         assert [r["round"] for r in res["rounds"]] == [1, 2]
         assert all(r["replies"] == 1 for r in res["rounds"])  # site-a's
         assert "site-a" in res["rounds"][-1]["per_client_accuracy"]
+        assert res["outcome"]["participants"] == {"1": ["site-a"], "2": ["site-a"]}
+        (problem,) = res["outcome"]["problems"]
+        assert "(asked in 2 rounds) never contributed" in problem, problem
         killed = _superexec_log(fed, "supernode-site-b")
         assert "ran past --task-timeout 5s: killed" in killed
 
@@ -700,11 +704,14 @@ def _cli_help(binary: str) -> str:
 @pytest.mark.parametrize("compose", sorted(p.name for p in DOCKER.glob("compose*.yml")))
 def test_compose_file_is_valid_against_flower_1_39(compose: str) -> None:
     doc = yaml.safe_load((DOCKER / compose).read_text())
-    if compose.endswith(".gpu.yml"):  # an override: checked merged onto its base file
-        base = yaml.safe_load((DOCKER / compose.replace(".gpu.yml", ".yml")).read_text())
+    override = re.search(r"\.(gpu|secagg)\.yml$", compose)
+    if override:  # checked merged onto its base file, as compose merges it
+        base = yaml.safe_load((DOCKER / compose.replace(override.group(0), ".yml")).read_text())
         assert set(doc["services"]) <= set(base["services"])
         for name, svc in doc["services"].items():
-            base["services"][name].update(svc)
+            for key, value in svc.items():
+                merged = base["services"][name].get(key) if key == "volumes" else None
+                base["services"][name][key] = (merged or []) + value if merged else value
         doc = base
     named_volumes = set(doc.get("volumes") or {})
     assert doc["services"]
