@@ -190,10 +190,10 @@ class PFLStrategy(Strategy):
             accepted, rl.rejected, rl.bytes_up = streamed.kept, streamed.rejected, streamed.bytes_up
             rl.extra.update(streamed.extra)
         else:
-            results = self.bystanders.trained_fits(server_round, results)
+            trained = self.bystanders.trained_fits(server_round, results)  # results: all
             accepted, rl.rejected, rl.bytes_up = accept_fit_replies(
                 server_round,
-                results,
+                trained,
                 privacy.secure_decoder(server_round, self.cfg, self.spec, rl.extra),
                 self.check_reply,
                 self.clients,
