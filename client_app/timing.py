@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import threading
 import time
 from collections.abc import Iterable
 
@@ -37,16 +38,23 @@ PROCESS_STARTED = _process_started()
 APP_IMPORT_STARTED = time.time()  # client_app/__init__ imports this module first
 APP_IMPORTED = APP_IMPORT_STARTED  # set at the end of client_app/app.py
 
-_marks: list[tuple[str, float]] = []
+_local = threading.local()  # each thread's message (in-process clients run side by side)
+
+
+def _marks() -> list[tuple[str, float]]:
+    if not hasattr(_local, "marks"):
+        _local.marks = []
+    return _local.marks
 
 
 def begin(created_at: float) -> None:
     """A message arrived (``created_at``: when the server made it, epoch seconds)."""
-    _marks.clear()
+    marks = _marks()
+    marks.clear()
     if PROCESS_STARTED < created_at:  # a process that outlives messages (simulation, a worker)
-        _marks.extend([("created", created_at), ("queued", time.time())])
+        marks.extend([("created", created_at), ("queued", time.time())])
         return
-    _marks.extend(
+    marks.extend(
         [
             ("created", created_at),
             ("queued", PROCESS_STARTED),
@@ -59,13 +67,15 @@ def begin(created_at: float) -> None:
 
 def mark(phase: str) -> None:
     """``phase`` ended now (it started at the previous mark)."""
-    if _marks:
-        _marks.append((phase, time.time()))
+    marks = _marks()
+    if marks:
+        marks.append((phase, time.time()))
 
 
 def summary() -> dict[str, float]:
     """Seconds per phase, in order."""
-    return {name: round(end - start, 4) for (_, start), (name, end) in zip(_marks, _marks[1:])}
+    marks = _marks()
+    return {name: round(end - start, 4) for (_, start), (name, end) in zip(marks, marks[1:])}
 
 
 def line() -> str:

@@ -9,6 +9,8 @@ from flwr.common import Context
 from flwr.server import Grid, LegacyContext, ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.compat import start_grid
 from flwr.server.workflow import DefaultWorkflow
+from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+from threadpoolctl import threadpool_limits
 
 import pflower.patches
 from methods import get_method, parse_run_config
@@ -85,41 +87,52 @@ def make_server_app(overrides: dict[str, Any] | None = None) -> ServerApp:
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        grid = PollingGrid(grid)  # one collector: replies noticed within 0.25 s, not 3 s
-        # deployed with no input shape: the sites' data give it (server_app/site_info.py)
-        raw = {**context.run_config, **(overrides or {})}
-        declared, answers = site_info.from_sites(grid, parse_run_config(raw))
-        components = build_server(context, {**(overrides or {}), **declared})
-        strategy = components.strategy
-        if answers and not strategy.cfg.class_names.strip():  # their class lists came too
-            strategy.class_lists.check(1, answers, before=True)
-            strategy.class_lists.asked = True
-        if declared and strategy.recorder is not None:
-            strategy.recorder.extra["data_source"] = {"declared_by": "the sites", **declared}
-        cfg = components.strategy.cfg  # the run config build_server validated
-        if not cfg.secure_aggregation:
-            start_grid(grid=grid, config=components.config, strategy=components.strategy)
-            outcome.judge(components.strategy)  # a failed run raises: finished:failed
-            return
-        legacy = LegacyContext(context, config=components.config, strategy=components.strategy)
-        secagg = SignedSecAggPlusWorkflow(
-            num_shares=_count(cfg.secagg_num_shares),
-            reconstruction_threshold=_count(cfg.secagg_reconstruction_threshold),
-            max_weight=cfg.secagg_max_weight,
-            clipping_range=cfg.secagg_clipping_range,
-            quantization_range=cfg.secagg_quantization_range,
-        )
-        log.info(
-            "secure aggregation (SecAgg+, %s): the server sees only the sum of the uploads; "
-            "values clipped to +-%g, %d quantization levels",
-            pflower.patches.SECAGG_PROTOCOL,
-            cfg.secagg_clipping_range,
-            cfg.secagg_quantization_range,
-        )
-        DefaultWorkflow(fit_workflow=secagg)(grid, legacy)
-        outcome.judge(components.strategy)
+        if not isinstance(grid, InMemoryGrid):
+            return _run(PollingGrid(grid), context, overrides)  # replies seen in 0.25 s
+        # simulated: the clients train on this machine's cores while this process
+        # folds their replies, and BLAS's idle threads would spin against them
+        # (docs/PERFORMANCE.md: 2x a client-round, measured)
+        with threadpool_limits(limits=1, user_api="blas"):
+            return _run(PollingGrid(grid), context, overrides)
 
     return app
+
+
+def _run(grid: Grid, context: Context, overrides: dict[str, Any] | None) -> None:
+    """The run: its config (the sites' data where they declare it), then Flower's
+    round loop, or SecAgg+'s workflow, with the run's strategy; judged at its end."""
+    # deployed with no input shape: the sites' data give it (server_app/site_info.py)
+    raw = {**context.run_config, **(overrides or {})}
+    declared, answers = site_info.from_sites(grid, parse_run_config(raw))
+    components = build_server(context, {**(overrides or {}), **declared})
+    strategy = components.strategy
+    if answers and not strategy.cfg.class_names.strip():  # their class lists came too
+        strategy.class_lists.check(1, answers, before=True)
+        strategy.class_lists.asked = True
+    if declared and strategy.recorder is not None:
+        strategy.recorder.extra["data_source"] = {"declared_by": "the sites", **declared}
+    cfg = components.strategy.cfg  # the run config build_server validated
+    if not cfg.secure_aggregation:
+        start_grid(grid=grid, config=components.config, strategy=components.strategy)
+        outcome.judge(components.strategy)  # a failed run raises: finished:failed
+        return
+    legacy = LegacyContext(context, config=components.config, strategy=components.strategy)
+    secagg = SignedSecAggPlusWorkflow(
+        num_shares=_count(cfg.secagg_num_shares),
+        reconstruction_threshold=_count(cfg.secagg_reconstruction_threshold),
+        max_weight=cfg.secagg_max_weight,
+        clipping_range=cfg.secagg_clipping_range,
+        quantization_range=cfg.secagg_quantization_range,
+    )
+    log.info(
+        "secure aggregation (SecAgg+, %s): the server sees only the sum of the uploads; "
+        "values clipped to +-%g, %d quantization levels",
+        pflower.patches.SECAGG_PROTOCOL,
+        cfg.secagg_clipping_range,
+        cfg.secagg_quantization_range,
+    )
+    DefaultWorkflow(fit_workflow=secagg)(grid, legacy)
+    outcome.judge(components.strategy)
 
 
 def _count(value: float) -> int | float:

@@ -42,6 +42,7 @@ from flwr.compat.common.recorddict_compat import (
 )
 from flwr.server import Server, SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
+from threadpoolctl import threadpool_limits
 
 from client_app.app import build_client, make_client_app
 from pflower.config.schema import ConfigError
@@ -121,15 +122,23 @@ def build_inprocess(
     num_clients: int,
     record: Recorder | None = None,
     node_configs: list[dict[str, Any]] | None = None,
+    parallel: int = 0,
 ) -> tuple[Server, int]:
     """Flower's Server with the run's strategy and ``num_clients`` local nodes, and
     the number of rounds to run (``server.strategy`` is the run's strategy).
-    ``node_configs[i]`` adds to node i's config (a site name, its policy)."""
+    ``node_configs[i]`` adds to node i's config (a site name, its policy);
+    ``parallel`` clients train at once (0: one per torch thread)."""
     if config.get("secure-aggregation"):
         raise ConfigError(
             "config key 'secure-aggregation': the in-process engine has no SecAgg+ "
             "(its clients would refuse every unmasked fit); use the Ray simulation"
         )
+    # clients at once, each on its share of torch's threads: one a thread by default,
+    # measured faster than one client on every thread (docs/PERFORMANCE.md). Each
+    # client's numbers are its own either way: its own generator, single-threaded ops
+    # the same at any parallelism, and a round's sum does not depend on arrival order.
+    parallel = max(1, parallel or torch.get_num_threads())
+    threads_each = max(1, torch.get_num_threads() // parallel)
     components = build_server(Context(0, 0, {}, RecordDict(), {}), config)
     manager = SimpleClientManager()
     run_id = time.time_ns() % 2**62  # unique per run, as Flower's: names spilled state
@@ -137,15 +146,15 @@ def build_inprocess(
         node = {
             "partition-id": i,
             "num-partitions": num_clients,
-            # it trains one client at a time: that client gets every thread torch has
-            "torch-threads": torch.get_num_threads(),
+            "torch-threads": threads_each,
             **(node_configs or [{}] * num_clients)[i],
         }
         context = Context(run_id, i + 1, node, RecordDict(), {})
         manager.register(LocalProxy(i + 1, context, config, record))
     server = Server(client_manager=manager, strategy=components.strategy)
-    server.set_max_workers(1)  # one client at a time: reproducible, like one actor
-    components.strategy.class_lists.workers = 1  # and its class-list query too
+    server.set_max_workers(parallel)
+    # the class-list query: one client at a time (it builds each one's data first)
+    components.strategy.class_lists.workers = 1
     return server, components.config.num_rounds
 
 
@@ -154,6 +163,7 @@ def run_inprocess(
     num_clients: int,
     record: Recorder | None = None,
     node_configs: list[dict[str, Any]] | None = None,
+    parallel: int = 0,
 ) -> dict[str, Any]:
     """Run ``config`` with ``num_clients`` in this process; return results.json.
 
@@ -162,12 +172,15 @@ def run_inprocess(
     if not config.get("run-name"):
         raise ValueError("run_inprocess() needs a 'run-name' to find its results")
     threads = torch.get_num_threads()  # build_client pins simulated clients to one thread
-    try:
-        server, rounds = build_inprocess(config, num_clients, record, node_configs)
-        server.fit(rounds, timeout=None)
-        outcome.judge(server.strategy)  # RunFailed (results.json written) if it failed
-    finally:
-        torch.set_num_threads(threads)
+    # the server's numpy work runs between the clients' training on the same cores:
+    # BLAS's own threads would spin against torch's (2x a client-round, measured)
+    with threadpool_limits(limits=1, user_api="blas"):
+        try:
+            server, rounds = build_inprocess(config, num_clients, record, node_configs, parallel)
+            server.fit(rounds, timeout=None)
+            outcome.judge(server.strategy)  # RunFailed (results.json written) if it failed
+        finally:
+            torch.set_num_threads(threads)
     path = Path(config.get("output-dir", "outputs")).resolve() / config["run-name"] / "results.json"
     if not path.exists():
         raise RuntimeError(f"the run wrote no results at {path}")

@@ -99,8 +99,11 @@ class Limits:
         references: list[NDArrays],
         bounds: Bounds,
         history: list[float],
+        direction: np.ndarray | None = None,
     ) -> Limits:
-        """The held round's rules (strategies/robust.py) taken over ``replies``."""
+        """The held round's rules (strategies/robust.py) taken over ``replies``; the
+        direction check's centre is ``direction`` (the last streamed round's unit
+        update, far less noisy) where there is one, else the replies' median update."""
         out = cls()
         if bounds.weight_cap > 0:
             out.count = count_limit([r.num_examples for r in replies], bounds.weight_cap)
@@ -113,9 +116,12 @@ class Limits:
                 updates = [
                     u * min(1.0, out.norm / n) if n > 0 else u for u, n in zip(updates, norms)
                 ]
-            centre = column_median(np.stack(updates))
-            scale = float(np.linalg.norm(centre))
-            out.centre = centre / scale if scale > 0 else None
+            if direction is not None:
+                out.centre = direction
+            else:
+                centre = column_median(np.stack(updates))
+                scale = float(np.linalg.norm(centre))
+                out.centre = centre / scale if scale > 0 else None
             out.typical = lower_median([float(np.linalg.norm(u)) for u in updates])
         return out
 
@@ -190,9 +196,7 @@ class StreamedRound:
     def _fix(self, replies: list[Reply]) -> None:
         """Fix the references from ``replies`` and judge every reply waiting for them."""
         references = [self.reference_of(r.client_key) for r in replies]
-        self.limits = Limits.of(replies, references, self.bounds, self.history)
-        if self.limits.centre is not None and self.direction is not None:
-            self.limits.centre = self.direction  # the mean of a whole round: far less noisy
+        self.limits = Limits.of(replies, references, self.bounds, self.history, self.direction)
         if self.limits.norm is not None:
             self.extra.update(update_norm_limit=self.limits.norm, updates_clipped=0)
         if self.limits.centre is not None:

@@ -9,7 +9,7 @@ import pytest
 
 import pflower.patches
 from methods import method_names
-from server_app.inprocess import build_inprocess
+from server_app.inprocess import build_inprocess, run_inprocess
 
 SMALL = {"sim-samples": 60, "hidden-dim": 16, "num-server-rounds": 3, "run-name": "spill"}
 
@@ -191,17 +191,18 @@ def test_every_method_trains_with_partial_participation(method: str, tmp_path) -
     assert scored == {f"client-{i}" for i in range(4)}
 
 
-def test_the_in_process_client_trains_on_every_thread_a_ray_node_on_one(tmp_path, monkeypatch):
-    """The in-process engine runs one client at a time and gives it every thread torch
-    has (its node config's ``torch-threads``); a simulated node without that key (a
-    Ray actor, one per core) is pinned to one thread."""
+def test_in_process_clients_share_the_threads_a_ray_node_takes_one(tmp_path, monkeypatch):
+    """The in-process engine trains as many clients at once as torch has threads, each
+    on one (``parallel=1``: one client at a time on every thread), through its node
+    config's ``torch-threads``; a simulated node without that key (a Ray actor, one per
+    core) is pinned to one thread. Parallel or not, the run's numbers are the same."""
     import torch
     from flwr.common import Context, RecordDict
 
     import client_app.base
     from client_app.app import build_client
 
-    seen: list[int] = []
+    seen: list[int] = []  # torch's threads as each client trained
     train = client_app.base.train_epochs
 
     def counting(*args: Any, **kwargs: Any) -> Any:
@@ -212,10 +213,16 @@ def test_the_in_process_client_trains_on_every_thread_a_ray_node_on_one(tmp_path
     threads = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
-        config = {**SMALL, "method": "fedavg", "output-dir": str(tmp_path), "num-server-rounds": 1}
-        server, rounds = build_inprocess(config, 2)
-        server.fit(rounds, timeout=None)
-        assert seen == [3, 3]
+        results = []
+        for parallel, want in ((1, 3), (0, 1)):
+            seen.clear()
+            config = {**SMALL, "method": "fedavg", "output-dir": str(tmp_path / str(parallel))}
+            results.append(run_inprocess({**config, "run-name": "r"}, 6, parallel=parallel))
+            assert set(seen) == {want}, parallel
+        one, side_by_side = results
+        for a, b in zip(one["rounds"], side_by_side["rounds"], strict=True):
+            assert a["per_client_accuracy"] == b["per_client_accuracy"]
+            assert a["train_loss_mean"] == pytest.approx(b["train_loss_mean"], abs=1e-6)
         ray_node = Context(0, 1, {"partition-id": 0, "num-partitions": 2}, RecordDict(), {})
         build_client(ray_node, config)
         assert torch.get_num_threads() == 1

@@ -9,6 +9,7 @@ h_g <- 0.5 h_p + 0.5 h_g before the shared tensors go up.
 from __future__ import annotations
 
 import copy
+import threading
 from typing import Any
 
 import torch
@@ -20,6 +21,8 @@ from client_app.base import PFLClient
 from client_app.train import evaluate, train_epochs
 from methods.fedcp import FedCPParams
 from methods.fedcp.model import FedCPModel, mmd_rbf
+
+GLOBAL_RNG = threading.Lock()  # held while a client's training draws from torch's global RNG
 
 
 class FedCPClient(PFLClient):
@@ -51,10 +54,11 @@ class FedCPClient(PFLClient):
         m = self.model
         params = [*m.features.parameters(), *m.head.parameters(), *m.cpn.parameters()]
         # the gumbel noise comes from torch's global RNG (F.gumbel_softmax takes no
-        # generator): seed it from the round's generator, and restore it afterwards
+        # generator): seed it from the round's generator, and restore it afterwards;
+        # one client at a time holds it (the in-process engine trains clients side by side)
         seed = int(torch.randint(0, 2**62, (1,), generator=generator))
         devices = [self.device.index or 0] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
+        with GLOBAL_RNG, torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
             loss = train_epochs(
                 m,
