@@ -109,6 +109,8 @@ def _run(grid: Grid, context: Context, overrides: dict[str, Any] | None) -> None
     if answers and not strategy.cfg.class_names.strip():  # their class lists came too
         strategy.class_lists.check(1, answers, before=True)
         strategy.class_lists.asked = True
+    if site_info.deployed(grid) and strategy.recorder is not None:
+        strategy.recorder.data_at_sites = True  # results.json names them, not 'synthetic'
     if declared and strategy.recorder is not None:
         strategy.recorder.extra["data_source"] = {"declared_by": "the sites", **declared}
     cfg = components.strategy.cfg  # the run config build_server validated

@@ -195,6 +195,18 @@ class ProcessGroup:
             except ProcessLookupError:
                 pass
 
+    def pause(self, proc: Proc, sig: int = signal.SIGSTOP) -> None:
+        """Freeze one process and everything it started (by pid), as a site that stops
+        answering does; ``resume`` lets it go on where it was."""
+        for pid in [proc.popen.pid, *descendants(proc.popen.pid)]:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def resume(self, proc: Proc) -> None:
+        self.pause(proc, signal.SIGCONT)
+
     def close(self) -> None:
         """Kill every process started here (SuperNodes first), whatever state it is in."""
         for proc in reversed(self.procs):

@@ -14,13 +14,12 @@ import logging
 import time
 from typing import Any
 
-from flwr.common import GetPropertiesIns
 from flwr.server.compat.grid_client_proxy import GridClientProxy
 
 from client_app.site_data import ASK_DATA_INFO, CLASSES_COUNT_KEY, SHAPE_KEY
 from models.roles import CLIENT_KEY
 from pflower.config.schema import ConfigError, RunConfig
-from strategies.replies import Reply
+from strategies.replies import ClassLists, Reply, ask_properties
 
 log = logging.getLogger("flwr.pflower")
 
@@ -49,15 +48,14 @@ def ask_sites(grid: Any, cfg: RunConfig) -> tuple[dict[str, tuple[str, int]], li
     nodes = wait_for_sites(grid, cfg.min_available_clients, timeout)
     answers: dict[str, tuple[str, int]] = {}
     replies: list[Reply] = []
-    for node in nodes:
-        proxy = GridClientProxy(node, grid, grid.run.run_id)
-        try:
-            res = proxy.get_properties(GetPropertiesIns({ASK_DATA_INFO: True}), timeout, 0)
-        except Exception as err:  # noqa: BLE001 - a refusal, a crash: its first fit will say
-            log.warning("node %d: no data info before round 1 (%s)", node, str(err)[:200])
+    proxies = [GridClientProxy(node, grid, grid.run.run_id) for node in nodes]
+    asked = ask_properties(proxies, {ASK_DATA_INFO: True}, timeout, 0, ClassLists.workers)
+    for proxy, res in asked:
+        if isinstance(res, Exception):  # a refusal, a crash: its first fit will say
+            log.warning("node %d: no data info before round 1 (%s)", proxy.node_id, str(res)[:200])
             continue
         shape, classes = res.properties.get(SHAPE_KEY), res.properties.get(CLASSES_COUNT_KEY)
-        key = str(res.properties.get(CLIENT_KEY) or node)
+        key = str(res.properties.get(CLIENT_KEY) or proxy.node_id)
         replies.append(Reply(key, [], 0, dict(res.properties)))
         if shape:
             answers[key] = (str(shape), int(classes or 0))

@@ -12,11 +12,20 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.common import FitRes, NDArrays, Parameters, Scalar, parameters_to_ndarrays
+from flwr.common import (
+    FitRes,
+    GetPropertiesIns,
+    GetPropertiesRes,
+    NDArrays,
+    Parameters,
+    Scalar,
+    parameters_to_ndarrays,
+)
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
@@ -201,6 +210,26 @@ def accept_fit_replies(
     return accepted, rejected, received
 
 
+def ask_properties(
+    proxies: list[ClientProxy],
+    config: dict[str, Scalar],
+    timeout: float | None,
+    group_id: int,
+    workers: int,
+) -> list[tuple[ClientProxy, GetPropertiesRes | Exception]]:
+    """Every node's answer to a properties query (or why it gave none), asked
+    ``workers`` at a time, in the order of ``proxies``."""
+
+    def one(proxy: ClientProxy) -> tuple[ClientProxy, GetPropertiesRes | Exception]:
+        try:
+            return proxy, proxy.get_properties(GetPropertiesIns(dict(config)), timeout, group_id)
+        except Exception as err:  # noqa: BLE001 - the caller says what a silent node means
+            return proxy, err
+
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(proxies)))) as pool:
+        return list(pool.map(one, proxies))
+
+
 class ClassLists:
     """Each site's class-list digest; a run whose sites disagree stops before it
     aggregates anything (each site's label ids come from its own list)."""
@@ -216,26 +245,17 @@ class ClassLists:
         properties query, answered from its data alone) and stop the run, naming the
         sites, before any of them trains. A site that cannot answer is logged and
         checked on its first fit reply instead."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        from flwr.common import GetPropertiesIns
-
         if self.asked:  # answered already, before the model was built (site_info.py)
             return
         self.asked = True
-
-        def one(proxy: ClientProxy) -> Reply | None:
-            try:
-                res = proxy.get_properties(GetPropertiesIns({}), timeout, server_round)
-            except Exception as err:  # noqa: BLE001 - a refusal, a crash: its fit will say
+        replies = []
+        for proxy, res in ask_properties(proxies, {}, timeout, server_round, self.workers):
+            if isinstance(res, Exception):  # a refusal, a crash: its fit will say
                 log.info("node %d: no class list before round %d (%s)", proxy.node_id,
-                         server_round, str(err)[:120])  # fmt: skip
-                return None
+                         server_round, str(res)[:120])  # fmt: skip
+                continue
             key = res.properties.get(CLIENT_KEY)
-            return Reply(str(key or proxy.node_id), [], 0, dict(res.properties))
-
-        with ThreadPoolExecutor(max_workers=max(1, min(self.workers, len(proxies)))) as pool:
-            replies = [r for r in pool.map(one, proxies) if r is not None]
+            replies.append(Reply(str(key or proxy.node_id), [], 0, dict(res.properties)))
         self.check(server_round, replies, before=True)
 
     def check(self, server_round: int, replies: list[Reply], before: bool = False) -> None:

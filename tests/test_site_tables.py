@@ -91,6 +91,7 @@ def test_hospitals_declare_their_own_tables_and_an_unusable_one_fails_the_run(
     # the model was built from the shape the sites' data give: age, dose, ward b, ward c
     assert res["data_source"]["input-shape"] == "4", res.get("data_source")
     assert res["config"]["input-shape"] == "4"
+    assert res["config"]["dataset"] == "each site's own data"  # not the server's default
     outcome = res["outcome"]
     if declares:
         assert status == "finished:completed", server_log
@@ -109,3 +110,70 @@ def test_hospitals_declare_their_own_tables_and_an_unusable_one_fails_the_run(
     assert errors and all("target" not in e and "outcome" not in e for e in errors), errors
     assert all(str(tmp_path) not in e for e in errors), errors
     assert "target" not in problem and str(tmp_path) not in problem
+
+
+def test_a_hospital_joining_mid_run_trains_from_the_next_round_with_fresh_state(
+    tmp_path: Path,
+) -> None:
+    """Round 1 is held open for the test: hospital-c is frozen (SIGSTOP, by pid) before
+    the run starts, so the server waits for its answer to round 1's class-list query
+    while hospital-d starts and connects; then hospital-c goes on. Round 1 trains the
+    three sites it sampled; from round 2 hospital-d trains too, keeping its own personal
+    state, and results.json, the outcome and its own ledger say so."""
+    joiner = "hospital-d"
+    (tmp_path / "data").mkdir()
+    files = {
+        site: table(tmp_path / "data" / f"{site}.csv", seed)
+        for seed, site in enumerate((*SITES, joiner))
+    }
+    rounds = 3
+    with LoopbackFederation(tmp_path / "fed", tls=True, auth=True) as fed:
+        fed.make_certs([*SITES, joiner])
+        fed.start_superlink()
+        for site in (*SITES, joiner):
+            fed.register(site)
+        procs = {site: fed.start_site(site, files[site]) for site in SITES}
+        for site, proc in procs.items():
+            fed.wait_for(lambda p=proc: "SuperNode ID" in p.text(), 180, site, proc)
+        fed.pause(procs[SITES[2]])
+        run_id = fed.run(
+            {
+                "method": "fedper",
+                "model": "mlp",
+                "hidden-dim": 8,
+                "input-shape": "4",  # no data-info query: round 1's sample is asked first
+                "num-classes": 2,
+                "label-column": "outcome",
+                "split-column": "part",
+                "categorical-columns": "ward:a/b/c",
+                "local-steps": 3,
+                "batch-size": 8,
+                "num-server-rounds": rounds,
+                "min-available-clients": 3,
+                "output-dir": str(fed.root / "out"),
+                "run-name": "late",
+            }
+        )
+        # round 1 has sampled a, b and c, and waits for c's class list
+        fed.wait_for(lambda: read_ledger(fed.state_dir(SITES[0])), 120, "hospital-a's answer")
+        late = fed.start_site(joiner, files[joiner])
+        fed.wait_for(lambda: "SuperNode ID" in late.text(), 180, joiner, late)
+        fed.resume(procs[SITES[2]])
+        status = fed.wait_run(run_id, RUN_TIMEOUT)
+        server_log = fed.tail(200)
+        ledger = read_ledger(fed.state_dir(joiner))
+    assert status == "finished:completed", server_log
+    res = json.loads((fed.root / "out" / "late" / "results.json").read_text())
+    everyone = sorted((*SITES, joiner))
+    assert res["outcome"]["participants"] == {
+        "1": list(SITES),
+        **{str(r): everyone for r in range(2, rounds + 1)},
+    }
+    assert [r["replies"] for r in res["rounds"]] == [3] + [4] * (rounds - 1)
+    # what left hospital-d: nothing before round 2, a reply to every fit after
+    trained = sorted(int(e["round"]) for e in ledger if e["type"] == "train" and not e["error"])
+    assert trained == list(range(2, rounds + 1)), ledger
+    # it keeps its own personal head from round 2 on, in its own state dir only
+    home = fed.state_dir(joiner)
+    assert [p.relative_to(home).as_posix() for p in home.rglob("*.npz")] == [f"late/{joiner}.npz"]
+    assert joiner in res["rounds"][-1]["per_client_accuracy"]

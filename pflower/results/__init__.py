@@ -33,6 +33,9 @@ PER_CLIENT_INLINE = 1000
 PER_CLIENT_FILE = "per_client.jsonl"
 
 
+SITES_DATA = "each site's own data"  # a deployed run's dataset and partition
+
+
 class RunRecorder:
     """Collects per-round records and writes the results files."""
 
@@ -47,6 +50,7 @@ class RunRecorder:
         self.round_offset = 0  # rounds done before a resumed run
         self.provenance = provenance()
         self.board = tensorboard_writer(self.dir) if cfg.tensorboard else None
+        self.data_at_sites = False  # deployed: the server's 'dataset' is not what trained
 
     def resume(self, server_round: int, rounds: list[dict[str, Any]], path: Path) -> None:
         """Go on after ``server_round``, keeping the earlier runs' records."""
@@ -105,9 +109,12 @@ class RunRecorder:
         accs = [r["accuracy_mean"] for r in self.rounds]
         best = max(range(len(accs)), key=accs.__getitem__) if accs else None
         pooled = [r["accuracy_pooled"] for r in self.rounds]
+        config = self.cfg.as_dict()
+        if self.data_at_sites and config["dataset"] == "synthetic":  # the server holds none
+            config.update(dataset=SITES_DATA, partitioner=SITES_DATA)
         return {
             "method": self.cfg.method,
-            "config": self.cfg.as_dict(),
+            "config": config,
             "provenance": self.provenance,
             "rounds": self.rounds,
             "best_accuracy_mean": accs[best] if accs else None,
