@@ -3,25 +3,53 @@
 #   bash scripts/dev.sh run [flwr run options]   # the main job (offline, embedded default data)
 #   bash scripts/dev.sh check [--run-config ...] # validate a run config in about a second
 #   bash scripts/dev.sh test                     # lint, format check, import contracts, all tests;
-#                                                # with CI=true also the compose end-to-end
+#                                                # with CI=true also flwr 1.42's reduced job
+#                                                # and the compose end-to-end
 #   bash scripts/dev.sh images                   # the registry-free docker image (docs/DEPLOYMENT.md)
 #   bash scripts/dev.sh compose-test [--timing]  # server + two sites in containers, end to end
 # `run` and `check` exit 0 on success, 2 on a bad config, 1 on a failed run.
+#
+# The Flower line: PFLOWER_FLOWER=1.39 (the default: gRPC Fleet) or 1.42 (HTTP Fleet),
+# each in its own environment (.venv, .venv-flwr142) pinned by its constraints file
+# (docs/FLOWER_VERSIONS.md). PFLOWER_FLOWER_BASE=<a 1.39 venv> makes the 1.42 one a
+# thin layer over it: the four packages that differ installed on top (CI does this).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV="${VENV:-.venv}"
+case "${PFLOWER_FLOWER:-1.39}" in
+    1.39) VENV="${VENV:-.venv}" CONSTRAINTS=constraints.txt ;;
+    1.42) VENV="${VENV:-.venv-flwr142}" CONSTRAINTS=constraints-flwr142.txt ;;
+    *) echo "dev.sh: PFLOWER_FLOWER=${PFLOWER_FLOWER} is not a supported Flower line (1.39, 1.42)" >&2; exit 2 ;;
+esac
+
+# the 1.42 environment as a layer over a 1.39 one: its site-packages (and the
+# project's editable install) under the layer's own, which holds flwr 1.42 and the
+# three packages whose pins differ (constraints-flwr142.txt)
+layer_over() {
+    local base site
+    base="$(cd "$1" && pwd)"
+    python3 -m venv "$VENV"
+    site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    "$base/bin/python" -c "import sysconfig; print('import site; site.addsitedir(%r)' % sysconfig.get_paths()['purelib'])" \
+        > "$site/pflower-base-env.pth"
+    "$VENV/bin/pip" install -q --no-deps -c "$CONSTRAINTS" flwr certifi cryptography uv
+    touch "$VENV/.installed"
+}
 
 setup() {
     [ "${PFLOWER_SKIP_SETUP:-}" = 1 ] && return 0  # the environment is ready (tests)
+    if [ -n "${PFLOWER_FLOWER_BASE:-}" ] && [ ! -x "$VENV/bin/python" ]; then
+        layer_over "$PFLOWER_FLOWER_BASE"
+    fi
     if [ ! -x "$VENV/bin/python" ]; then
         python3 -m venv "$VENV"
     fi
     # find_spec, not import: importing torch alone takes seconds, and `check` must not
     if ! "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None \
             for m in ('flwr', 'torch', 'torchvision', 'pflower.data', 'pflower.cli')))" 2>/dev/null \
-        || [ pyproject.toml -nt "$VENV/.installed" ] || [ constraints.txt -nt "$VENV/.installed" ]; then
+        || { [ -z "${PFLOWER_FLOWER_BASE:-}" ] && { [ pyproject.toml -nt "$VENV/.installed" ] \
+            || [ "$CONSTRAINTS" -nt "$VENV/.installed" ]; }; }; then
         "$VENV/bin/pip" install -q --upgrade pip
-        "$VENV/bin/pip" install -q -e ".[dev]" -c constraints.txt  # the tested versions
+        "$VENV/bin/pip" install -q -e ".[dev]" -c "$CONSTRAINTS"  # the tested versions
         touch "$VENV/.installed"
     fi
 }
@@ -65,6 +93,10 @@ case "${1:-}" in
         "$VENV/bin/ruff" format --check .
         "$VENV/bin/lint-imports"  # the directions of dependency (pyproject.toml)
         "$VENV/bin/python" -m pytest -q -rs --durations=40 "$@"  # the slowest 40 named
+        # then the second Flower line's reduced job (flwr 1.42, a layer over this venv)
+        if [ "${PFLOWER_FLOWER:-1.39}" = 1.39 ] && { [ "${CI:-}" = true ] || [ "${PFLOWER_FLOWER142_TEST:-}" = 1 ]; }; then
+            PFLOWER_FLOWER_BASE="$VENV" bash scripts/flower142_ci.sh
+        fi
         # then the deployment in containers (root, Docker; installs Debian's if missing)
         if [ "${CI:-}" = true ] || [ "${PFLOWER_COMPOSE_TEST:-}" = 1 ]; then
             exec bash scripts/compose_ci.sh

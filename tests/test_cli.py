@@ -139,6 +139,15 @@ def test_check_validates_the_federation_config(federation: str, message: str) ->
     assert proc.returncode == 0, proc.stderr
 
 
+def test_the_flower_line_switch_names_the_supported_lines() -> None:
+    """``PFLOWER_FLOWER`` picks the Flower line; a line the project does not support
+    stops dev.sh before any set-up, naming the two that are."""
+    proc = dev_sh("check", PFLOWER_FLOWER="1.41", timeout=30)
+    assert proc.returncode == 2
+    assert "PFLOWER_FLOWER=1.41 is not a supported Flower line (1.39, 1.42)" in proc.stderr
+    assert dev_sh("check", PFLOWER_FLOWER="1.39", timeout=60).returncode == 0
+
+
 def test_check_passes_a_model_that_takes_the_data() -> None:
     proc = dev_sh(
         "check", "--run-config", "method='feddecomp' model='resnet8' dataset='sklearn-digits'"

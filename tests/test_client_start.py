@@ -382,11 +382,13 @@ def _long_poll(monkeypatch, stored: list, held: int = 100, asked: list | None = 
     gets the node of every look the SuperLink takes at the state."""
     from types import SimpleNamespace
 
-    from flwr.server.superlink.fleet.message_handler import message_handler
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
     from flwr.server.superlink.linkstate.sql_linkstate import SqlLinkState
 
     import pflower.patches
+    from pflower.flower_lines import fleet_pull_handler
+
+    message_handler = fleet_pull_handler()  # this Flower line's Fleet pull
 
     def pull(request, state, store):  # Flower's handler: at once, message or not
         if asked is not None:

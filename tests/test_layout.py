@@ -102,10 +102,28 @@ def _tracked_top_level() -> set[str]:
 def test_the_top_level_is_the_designs_parts() -> None:
     import tomllib
 
-    files = {"README.md", "pyproject.toml", "constraints.txt"}
+    files = {"README.md", "pyproject.toml", "constraints.txt", "constraints-flwr142.txt"}
     assert _tracked_top_level() - files == TOP_LEVEL and len(TOP_LEVEL) <= 12
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"] == WHEEL
+
+
+def test_the_flower_142_pins_are_the_139_pins_but_four() -> None:
+    """The second Flower line's environment differs from the tested one only where
+    flwr 1.42 requires it; the project admits both lines and nothing between."""
+    import tomllib
+
+    def pins(name: str) -> dict[str, str]:
+        lines = (ROOT / name).read_text().splitlines()
+        return dict(ln.split("==", 1) for ln in lines if ln and not ln.startswith("#"))
+
+    old, new = pins("constraints.txt"), pins("constraints-flwr142.txt")
+    assert old.keys() == new.keys()
+    assert {k for k in old if old[k] != new[k]} == {"flwr", "certifi", "cryptography", "uv"}
+    assert old["flwr"].startswith("1.39.") and new["flwr"].startswith("1.42.")
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    (flwr,) = [d for d in deps if d.startswith("flwr[")]
+    assert flwr == "flwr[simulation]>=1.39,<1.43,!=1.40.*,!=1.41.*"
 
 
 def class_sizes(paths: list[Path]) -> dict[str, int]:

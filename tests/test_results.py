@@ -4,6 +4,7 @@ provenance), rounds.csv, TensorBoard event files on request."""
 from __future__ import annotations
 
 import csv
+import importlib.metadata
 import importlib.util
 import platform
 
@@ -32,7 +33,7 @@ def test_results_carry_losses_best_pooled_and_provenance(tmp_path) -> None:
     assert res["best_accuracy_pooled"] == max(r["accuracy_pooled"] for r in res["rounds"])
     prov = res["provenance"]
     assert prov["python"] == platform.python_version()
-    assert prov["flwr"].startswith("1.39") and prov["torch"]
+    assert prov["flwr"] == importlib.metadata.version("flwr") and prov["torch"]
     assert set(prov) == {"flwr", "torch", "python", "git_commit", "command"}
     rows = list(csv.DictReader((tmp_path / "r" / "rounds.csv").open()))
     assert tuple(rows[0]) == CSV_COLUMNS and len(rows) == 3

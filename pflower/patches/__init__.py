@@ -5,15 +5,15 @@ speed measured in docs/PERFORMANCE.md; none changes what is computed or sent.
 
 | patch | what it replaces | why | checked against |
 |---|---|---|---|
-| ``linkstate-index`` | flwr ``InMemoryLinkState.store_message_ins`` / ``get_message_ins``, ``vce_api.add_messages_to_queue`` | the simulation engine scanned every stored message for every node ten times a second (N^2 per round) | flwr 1.39.0 |
-| ``supernode-backoff`` | flwr ``start_client_internal``'s ``time`` and ``_pull_and_store_message`` | a SuperNode slept 3 s between empty pulls | flwr 1.39.0 |
-| ``fleet-long-poll`` | flwr ``message_handler.pull_messages`` (the SuperLink's Fleet ``PullMessages``), ``InMemoryLinkState`` / ``SqlLinkState.store_message_ins`` | a site learnt of its next message at its next poll, 0.4-0.7 s a message in a deployed round | flwr 1.39.0 |
-| ``object-retries`` | the ``initial_backoff``, ``backoff_cap`` and ``max_tries_per_object`` defaults of flwr's ``pull_objects`` / ``pull_and_inflate_object_from_tree`` | a message part not there yet was asked for again after 1 s, then up to 10 s apart | flwr 1.39.0 |
-| ``fab-reuse`` | flwr ``run_clientapp.install_from_fab`` | a ClientApp unpacked and hashed the whole FAB on every message, then used the copy installed before | flwr 1.39.0 |
-| ``superexec-fork`` | flwr ``run_superexec.get_executor`` | a ClientApp started a fresh Python per message | flwr 1.39.0 |
-| ``clientapp-task-end`` | flwr ``run_clientapp.flwr_exit``, in a warm SuperExec's worker | a ClientApp process exited after each message: the app imported, its config read and its model built again for the next | flwr 1.39.0 |
+| ``linkstate-index`` | flwr ``InMemoryLinkState.store_message_ins`` / ``get_message_ins``, ``vce_api.add_messages_to_queue`` | the simulation engine scanned every stored message for every node ten times a second (N^2 per round) | flwr 1.39.0, 1.42.0 |
+| ``supernode-backoff`` | flwr ``start_client_internal``'s ``time`` and ``_pull_and_store_message`` | a SuperNode slept 3 s between empty pulls | flwr 1.39.0, 1.42.0 |
+| ``fleet-long-poll`` | flwr ``pull_messages`` of the SuperLink's Fleet (1.39: ``message_handler``; 1.42: ``fleet_handlers``, both servicers; pflower/flower_lines.py), ``InMemoryLinkState`` / ``SqlLinkState.store_message_ins`` | a site learnt of its next message at its next poll, 0.4-0.7 s a message in a deployed round | flwr 1.39.0, 1.42.0 |
+| ``object-retries`` | the ``initial_backoff``, ``backoff_cap`` and ``max_tries_per_object`` defaults of flwr's ``pull_objects`` / ``pull_and_inflate_object_from_tree`` | a message part not there yet was asked for again after 1 s, then up to 10 s apart | flwr 1.39.0, 1.42.0 |
+| ``fab-reuse`` | flwr ``run_clientapp.install_from_fab`` | a ClientApp unpacked and hashed the whole FAB on every message, then used the copy installed before | flwr 1.39.0, 1.42.0 |
+| ``superexec-fork`` | flwr ``run_superexec.get_executor`` | a ClientApp started a fresh Python per message | flwr 1.39.0 (1.42 takes an ``Executor``: not redone, a 1.42 site runs cold) |
+| ``clientapp-task-end`` | flwr ``run_clientapp.flwr_exit``, in a warm SuperExec's worker | a ClientApp process exited after each message: the app imported, its config read and its model built again for the next | flwr 1.39.0, 1.42.0 |
 | ``optimizers-without-dynamo`` | the ``torch._dynamo`` wrappers of ``torch.optim.SGD`` / ``Adam`` | torch imported ``torch._dynamo`` on an optimizer's first use: 2-5 s per process | torch 2.13, 2.14 |
-| ``secagg-masks`` | flwr ``pseudo_rand_gen`` where SecAgg+ masks (client mod, server workflow) | it folds every seed to 32 bits and expands it with a Mersenne Twister (flwr issue #7522) | flwr 1.39.0 |
+| ``secagg-masks`` | flwr ``pseudo_rand_gen`` where SecAgg+ masks (client mod, server workflow) | it folds every seed to 32 bits and expands it with a Mersenne Twister (flwr issue #7522) | flwr 1.39.0, 1.42.0 |
 
 Each patch is its own module, in the table's order: ``linkstate``, ``backoff``,
 ``long_poll``, ``retries``, ``fab``, ``fork``, ``task_end``, ``optim``, ``secagg``;

@@ -7,19 +7,38 @@ import os
 from importlib.metadata import PackageNotFoundError, version
 
 SWITCH = "PFLOWER_FLOWER_PATCHES"
-# library -> the version prefixes every patch of it was checked against
-TESTED: dict[str, tuple[str, ...]] = {"flwr": ("1.39.",), "torch": ("2.13.", "2.14.")}
-PATCHES: dict[str, str] = {  # patch -> the library it patches
-    "linkstate-index": "flwr",
-    "supernode-backoff": "flwr",
-    "fleet-long-poll": "flwr",
-    "object-retries": "flwr",
-    "fab-reuse": "flwr",
-    "superexec-fork": "flwr",
-    "clientapp-task-end": "flwr",
-    "optimizers-without-dynamo": "torch",
-    "secagg-masks": "flwr",
+FLWR_39, FLWR_42 = "1.39.", "1.42."
+# patch -> (the library it patches, the version prefixes it was checked against)
+PATCHES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "linkstate-index": ("flwr", (FLWR_39, FLWR_42)),
+    "supernode-backoff": ("flwr", (FLWR_39, FLWR_42)),
+    "fleet-long-poll": ("flwr", (FLWR_39, FLWR_42)),
+    "object-retries": ("flwr", (FLWR_39, FLWR_42)),
+    "fab-reuse": ("flwr", (FLWR_39, FLWR_42)),
+    "superexec-fork": ("flwr", (FLWR_39,)),  # 1.42's SuperExec takes an Executor: not redone
+    "clientapp-task-end": ("flwr", (FLWR_39, FLWR_42)),
+    "optimizers-without-dynamo": ("torch", ("2.13.", "2.14.")),
+    "secagg-masks": ("flwr", (FLWR_39, FLWR_42)),
 }
+# library -> every version prefix some patch of it was checked against
+TESTED: dict[str, tuple[str, ...]] = {}
+for _library, _versions in PATCHES.values():
+    TESTED[_library] = tuple(dict.fromkeys((*TESTED.get(_library, ()), *_versions)))
+
+
+def installed(library: str) -> str:
+    """The installed version of ``library`` ("" when it is not installed)."""
+    try:
+        return version(library)
+    except PackageNotFoundError:
+        return ""
+
+
+def applies(patch: str) -> bool:
+    """Whether ``patch`` was checked against the installed version of its library (a
+    patch not redone for a newer line is left out there, and its caller says so)."""
+    library, versions = PATCHES[patch]
+    return installed(library).startswith(versions)
 
 
 class UntestedVersion(RuntimeError):
@@ -37,14 +56,11 @@ def check(libraries: tuple[str, ...] = ("flwr", "torch")) -> None:
     if not enabled():
         return
     for library in libraries:
-        try:
-            installed = version(library)
-        except PackageNotFoundError:
-            continue
-        if not installed.startswith(TESTED[library]):
-            names = ", ".join(p for p, lib in PATCHES.items() if lib == library)
+        found = installed(library)
+        if found and not found.startswith(TESTED[library]):
+            names = ", ".join(p for p, (lib, _) in PATCHES.items() if lib == library)
             raise UntestedVersion(
-                f"{library} {installed} is not a version the project's patches of it ({names}) "
+                f"{library} {found} is not a version the project's patches of it ({names}) "
                 f"were checked against ({', '.join(TESTED[library])}x; pflower.patches): install "
                 f"one of those, or set {SWITCH}=0 to run without the patches"
             )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pflower.patches.core import check
+from pflower.patches.core import UntestedVersion, applies, check, installed
 
 
 def superexec_fork(executor: Callable[..., Any]) -> None:
@@ -13,6 +13,12 @@ def superexec_fork(executor: Callable[..., Any]) -> None:
     warm SuperExec's forking one in its place (deploy/warm_superexec.py). Not a
     speed-up that can be left out: the warm SuperExec is this patch."""
     check(("flwr",))
+    if not applies("superexec-fork"):
+        raise UntestedVersion(
+            f"flwr {installed('flwr')}: the warm SuperExec (patch superexec-fork) is written "
+            "for flwr 1.39's SuperExec, and 1.42's takes an Executor object: start the site "
+            "with --no-warm (a ClientApp process a message) on this Flower"
+        )
     import flwr.supercore.superexec.run_superexec as superexec
 
     superexec.get_executor = executor

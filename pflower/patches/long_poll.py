@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pflower.flower_lines import fleet_pull_handler
 from pflower.patches.core import check, enabled
 from pflower.patches.timing import LONG_POLL, LONG_POLLS_HELD
 
@@ -22,7 +23,6 @@ def fleet_long_poll() -> bool:
     if not enabled():
         return False
     check(("flwr",))
-    from flwr.server.superlink.fleet.message_handler import message_handler
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
     from flwr.server.superlink.linkstate.sql_linkstate import SqlLinkState
 
@@ -43,7 +43,8 @@ def fleet_long_poll() -> bool:
 
     for state in (InMemoryLinkState, SqlLinkState):
         state.store_message_ins = storing(state.store_message_ins)  # type: ignore[method-assign]
-    pull = message_handler.pull_messages
+    handler = fleet_pull_handler()  # where the two Flower lines keep it
+    pull = handler.pull_messages
 
     def pull_messages(request: Any, state: Any, store: Any) -> Any:
         if not held.acquire(blocking=False):
@@ -62,5 +63,5 @@ def fleet_long_poll() -> bool:
         finally:
             held.release()
 
-    message_handler.pull_messages = pull_messages
+    handler.pull_messages = pull_messages
     return True

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from importlib.metadata import version
 from typing import Any
 
-from pflower.patches.core import TESTED, UntestedVersion
+from pflower.patches.core import PATCHES, UntestedVersion, applies, installed
 
 # The SecAgg+ protocol this build speaks: carried in the set-up stage's config, so a
 # peer with Flower's own masks (or another version) refuses the round instead of
@@ -58,11 +57,11 @@ def secagg_masks() -> bool:
 
     if getattr(utils, "_pflower_masks", False):
         return True
-    installed = version("flwr")
-    if not installed.startswith(TESTED["flwr"]):
+    if not applies("secagg-masks"):
         raise UntestedVersion(
-            f"flwr {installed}: the SecAgg+ mask patch (pflower.patches.secagg_masks) was checked "
-            f"against flwr {', '.join(TESTED['flwr'])}x only; secure aggregation refuses to run"
+            f"flwr {installed('flwr')}: the SecAgg+ mask patch (pflower.patches.secagg_masks) "
+            f"was checked against flwr {', '.join(PATCHES['secagg-masks'][1])}x only; secure "
+            "aggregation refuses to run"
         )
     utils._flower_pseudo_rand_gen = utils.pseudo_rand_gen  # kept for the benchmark
     for module in (utils, client, server):

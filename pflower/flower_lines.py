@@ -1,0 +1,34 @@
+"""Where the two supported Flower lines differ, in one place (docs/FLOWER_VERSIONS.md).
+
+flwr 1.39 is the default line: its SuperNodes speak gRPC to the SuperLink's Fleet
+API. flwr 1.42 is the second: HTTP Fleet on the SuperLink's shared port, and some
+internals moved. Code that must reach such an internal asks here, not Flower.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from importlib.metadata import PackageNotFoundError, version
+from types import ModuleType
+
+
+def flower_version() -> str:
+    try:
+        return version("flwr")
+    except PackageNotFoundError:
+        return ""
+
+
+def http_fleet() -> bool:
+    """Whether this Flower's SuperNodes reach the SuperLink over HTTP (1.40 on)."""
+    major, minor, *_ = (flower_version() or "0.0").split(".")
+    return (int(major), int(minor)) >= (1, 40)
+
+
+def fleet_pull_handler() -> ModuleType:
+    """The module whose ``pull_messages(request, state, store)`` answers a SuperNode's
+    pull: one handler both Fleet servicers call in 1.42, the gRPC one's own in 1.39."""
+    try:
+        return import_module("flwr.superlink.servicer.fleet.fleet_handlers")
+    except ImportError:
+        return import_module("flwr.server.superlink.fleet.message_handler.message_handler")
