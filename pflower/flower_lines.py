@@ -12,16 +12,17 @@ from importlib.metadata import PackageNotFoundError, version
 from types import ModuleType
 
 
-def flower_version() -> str:
+def installed(library: str) -> str:
+    """The installed version of ``library`` ("" when it is not installed)."""
     try:
-        return version("flwr")
+        return version(library)
     except PackageNotFoundError:
         return ""
 
 
 def http_fleet() -> bool:
     """Whether this Flower's SuperNodes reach the SuperLink over HTTP (1.40 on)."""
-    major, minor, *_ = (flower_version() or "0.0").split(".")
+    major, minor, *_ = (installed("flwr") or "0.0").split(".")
     return (int(major), int(minor)) >= (1, 40)
 
 

@@ -72,7 +72,7 @@ def test_the_installed_versions_are_the_checked_ones() -> None:
 
 
 def test_an_untested_version_is_refused_in_one_line_naming_the_switch(monkeypatch) -> None:
-    monkeypatch.setattr(pflower.patches.core, "version", lambda lib: "9.9.9")
+    monkeypatch.setattr(pflower.patches.core, "installed", lambda lib: "9.9.9")
     with pytest.raises(pflower.patches.UntestedVersion) as err:
         pflower.patches.check(("flwr",))
     message = str(err.value)

@@ -4,7 +4,8 @@ one-line refusal of any other (the table: pflower/patches/__init__.py)."""
 from __future__ import annotations
 
 import os
-from importlib.metadata import PackageNotFoundError, version
+
+from pflower.flower_lines import installed
 
 SWITCH = "PFLOWER_FLOWER_PATCHES"
 FLWR_39, FLWR_42 = "1.39.", "1.42."
@@ -24,14 +25,6 @@ PATCHES: dict[str, tuple[str, tuple[str, ...]]] = {
 TESTED: dict[str, tuple[str, ...]] = {}
 for _library, _versions in PATCHES.values():
     TESTED[_library] = tuple(dict.fromkeys((*TESTED.get(_library, ()), *_versions)))
-
-
-def installed(library: str) -> str:
-    """The installed version of ``library`` ("" when it is not installed)."""
-    try:
-        return version(library)
-    except PackageNotFoundError:
-        return ""
 
 
 def applies(patch: str) -> bool:

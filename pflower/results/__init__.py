@@ -14,11 +14,11 @@ import platform
 import subprocess
 import sys
 import time
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 from pflower.config.schema import ConfigError, RunConfig
+from pflower.flower_lines import installed
 
 log = logging.getLogger("flwr.pflower")
 
@@ -167,13 +167,6 @@ def write_rounds_csv(rounds: list[dict[str, Any]], path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _version(package: str) -> str:
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return ""
-
-
 def git_commit(where: Path) -> str:
     """The checkout's HEAD (with '+dirty' for uncommitted changes); '' elsewhere."""
     try:
@@ -211,8 +204,8 @@ def provenance() -> dict[str, str]:
     where the SuperLink was started, and ``bash scripts/dev.sh run`` fills in the
     commit and the command the user typed when the run ends (pflower.cli)."""
     return {
-        "flwr": _version("flwr"),
-        "torch": _version("torch"),
+        "flwr": installed("flwr"),
+        "torch": installed("torch"),
         "python": platform.python_version(),
         "git_commit": git_commit_once(Path.cwd()),
         "command": redacted_command(sys.argv),
