@@ -20,12 +20,6 @@ def installed(library: str) -> str:
         return ""
 
 
-def http_fleet() -> bool:
-    """Whether this Flower's SuperNodes reach the SuperLink over HTTP (1.40 on)."""
-    major, minor, *_ = (installed("flwr") or "0.0").split(".")
-    return (int(major), int(minor)) >= (1, 40)
-
-
 def fleet_pull_handler() -> ModuleType:
     """The module whose ``pull_messages(request, state, store)`` answers a SuperNode's
     pull: one handler both Fleet servicers call in 1.42, the gRPC one's own in 1.39."""

@@ -112,7 +112,7 @@ def test_hospitals_declare_their_own_tables_and_an_unusable_one_fails_the_run(
     assert "target" not in problem and str(tmp_path) not in problem
 
 
-def test_a_hospital_joining_mid_run_trains_from_the_next_round_with_fresh_state(
+def test_a_hospital_joining_mid_run_trains_from_the_next_round_on_its_own_state(
     tmp_path: Path,
 ) -> None:
     """Round 1 is held open for the test: hospital-c is frozen (SIGSTOP, by pid) before

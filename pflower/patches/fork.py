@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pflower.patches.core import UntestedVersion, applies, check, installed
+from pflower.flower_lines import installed
+from pflower.patches.core import UntestedVersion, applies, check
 
 
 def superexec_fork(executor: Callable[..., Any]) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pflower.patches.core import PATCHES, UntestedVersion, applies, installed
+from pflower.flower_lines import installed
+from pflower.patches.core import PATCHES, UntestedVersion, applies
 
 # The SecAgg+ protocol this build speaks: carried in the set-up stage's config, so a
 # peer with Flower's own masks (or another version) refuses the round instead of
