@@ -10,6 +10,9 @@
     python -m deploy.site --print-app-hash               # the build this site runs
     python -m deploy.site --ledger --state-dir /var/lib/pflower   # what left the site
 
+``--superlink`` is the SuperLink's Fleet API: port 9092 on flwr 1.39, its HTTP port
+(8000) on flwr 1.42 (docs/FLOWER_VERSIONS.md).
+
 Builds the ``flower-supernode`` command line (the site's identity, data, device
 and state directory go into the node config, which the ClientApp reads), prints
 it, and replaces this process with it (``--dry-run`` only prints, and exits 2 if a
@@ -37,6 +40,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from pflower.flower_lines import default_fleet_port
 from pflower.privacy.policy import DEFAULT_MIN_SECAGG_SITES
 
 
@@ -58,7 +62,11 @@ def node_config(values: dict[str, str | int]) -> str:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m deploy.site", description=__doc__.split("\n")[0])
-    p.add_argument("--superlink", help="SuperLink Fleet API, HOST:PORT (9092)")
+    p.add_argument(
+        "--superlink",
+        help=f"SuperLink Fleet API, HOST:PORT ({default_fleet_port()} with this Flower: 9092 on "
+        "flwr 1.39, the SuperLink's HTTP port 8000 on 1.42)",
+    )
     p.add_argument("--site", help="stable site identity (keys personal state)")
     p.add_argument("--data-path", default="", help="this site's own data (file or directory)")
     p.add_argument("--device", default="", help="torch device, e.g. cuda:0 (default: auto)")

@@ -17,6 +17,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from pflower.flower_lines import default_fleet_port, fleet_over_http
+
 PROJECT = Path(__file__).resolve().parents[1]
 
 
@@ -130,13 +132,13 @@ def check_connection(superlink: str, root_certificates: str | None, timeout: flo
     import socket
     import ssl
 
-    import grpc
-
     host, _, port_text = superlink.rpartition(":")
     host = host.strip("[]")
     where = f"--superlink {superlink}"
     if not host or not port_text.isdigit():
-        raise SiteCheckFailed(f"{where}: give HOST:PORT (the Fleet API, 9092 by default)")
+        raise SiteCheckFailed(
+            f"{where}: give HOST:PORT (the Fleet API, {default_fleet_port()} by default)"
+        )
     port = int(port_text)
     try:
         address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][4][0]
@@ -151,7 +153,8 @@ def check_connection(superlink: str, root_certificates: str | None, timeout: flo
     with sock:
         if root_certificates:
             context = ssl.create_default_context(cafile=root_certificates)
-            context.set_alpn_protocols(["h2"])  # what gRPC speaks
+            # what the Fleet API speaks: gRPC's HTTP/2 (1.39), HTTP/1.1 (1.42)
+            context.set_alpn_protocols(["http/1.1"] if fleet_over_http() else ["h2"])
             try:
                 with context.wrap_socket(sock, server_hostname=host) as conn:
                     subject = dict(x[0] for x in conn.getpeercert().get("subject", ()))
@@ -167,6 +170,17 @@ def check_connection(superlink: str, root_certificates: str | None, timeout: flo
                 ) from None
             except (ssl.SSLError, OSError) as err:
                 raise SiteCheckFailed(f"{where}: TLS handshake failed ({err})") from None
+    if fleet_over_http():  # flwr 1.42: the Fleet API is HTTP on the SuperLink's port
+        endpoint = http_endpoint_up(superlink, root_certificates, timeout)
+    else:
+        endpoint = grpc_endpoint_up(superlink, root_certificates, timeout)
+    return f"SuperLink {superlink} ({address}) reachable: {tls}; {endpoint}"
+
+
+def grpc_endpoint_up(superlink: str, root_certificates: str | None, timeout: float) -> str:
+    """Wait until a gRPC endpoint at ``superlink`` is ready (HTTP/2 up, no RPC called)."""
+    import grpc
+
     if root_certificates:
         creds = grpc.ssl_channel_credentials(Path(root_certificates).read_bytes())
         channel = grpc.secure_channel(superlink, creds)
@@ -176,12 +190,43 @@ def check_connection(superlink: str, root_certificates: str | None, timeout: flo
         grpc.channel_ready_future(channel).result(timeout=timeout)
     except grpc.FutureTimeoutError:
         raise SiteCheckFailed(
-            f"{where}: TCP{' and TLS' if root_certificates else ''} work, but no gRPC endpoint "
-            f"answered within {timeout:.0f}s (is this the SuperLink's Fleet API port?)"
+            f"--superlink {superlink}: TCP{' and TLS' if root_certificates else ''} work, but "
+            f"no gRPC endpoint answered within {timeout:.0f}s (is this the SuperLink's Fleet "
+            "API port?)"
         ) from None
     finally:
         channel.close()
-    return f"SuperLink {superlink} ({address}) reachable: {tls}; its gRPC endpoint is up"
+    return "its gRPC endpoint is up"
+
+
+def http_endpoint_up(superlink: str, root_certificates: str | None, timeout: float) -> str:
+    """Ask the SuperLink's HTTP API at ``superlink`` for ``/health`` (it registers
+    nothing); any answer but 200 names what came back."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    scheme = "https" if root_certificates else "http"
+    context = ssl.create_default_context(cafile=root_certificates) if root_certificates else None
+    where = f"--superlink {superlink}"
+    try:
+        with urllib.request.urlopen(
+            f"{scheme}://{superlink}/health", timeout=timeout, context=context
+        ) as reply:
+            status = reply.status
+    except urllib.error.HTTPError as err:
+        status = err.code
+    except (urllib.error.URLError, OSError) as err:
+        why = getattr(err, "reason", err)
+        raise SiteCheckFailed(
+            f"{where}: TCP{' and TLS' if root_certificates else ''} work, but no HTTP endpoint "
+            f"answered ({why}; is this the SuperLink's port, 8000 by default?)"
+        ) from None
+    if status != 200:
+        raise SiteCheckFailed(
+            f"{where}: an HTTP endpoint answered /health with {status}, not a SuperLink's 200"
+        )
+    return "its Fleet HTTP endpoint is up"
 
 
 def check_data(cfg: Any, site: str, data_path: str) -> str:

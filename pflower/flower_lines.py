@@ -20,6 +20,20 @@ def installed(library: str) -> str:
         return ""
 
 
+def fleet_over_http() -> bool:
+    """Whether the installed Flower's SuperNodes reach the SuperLink over HTTP on its
+    shared port (``--port``, 8000; 1.40 on) rather than gRPC on the Fleet API's own
+    (``--fleet-api-address``, 9092; 1.39)."""
+    major, minor = (int(part) for part in installed("flwr").split(".")[:2])
+    return (major, minor) >= (1, 40)
+
+
+def default_fleet_port() -> int:
+    """The port a SuperNode dials by default: the SuperLink's HTTP port (8000) on
+    HTTP-Fleet lines, the gRPC Fleet API's (9092) on 1.39."""
+    return 8000 if fleet_over_http() else 9092
+
+
 def fleet_pull_handler() -> ModuleType:
     """The module whose ``pull_messages(request, state, store)`` answers a SuperNode's
     pull: one handler both Fleet servicers call in 1.42, the gRPC one's own in 1.39."""

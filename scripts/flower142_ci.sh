@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # CI's reduced job on the second Flower line, flwr 1.42 (issue #64): this checkout in
 # a 1.42 environment made as a layer over the 1.39 one (scripts/dev.sh,
-# PFLOWER_FLOWER_BASE), then the fast suite, one SecAgg+ round (secure against plain,
-# in Flower's simulation) and the README's main job through `flwr run`.
-# Not yet on 1.42: a deployment (HTTP Fleet; docs/FLOWER_VERSIONS.md).
+# PFLOWER_FLOWER_BASE), then the fast tests of every test file that reaches Flower,
+# one SecAgg+ round (secure against plain, in Flower's simulation), the README's main
+# job through `flwr run`, and loopback deployments over 1.42's HTTP Fleet: three sites
+# with TLS and SuperNode authentication, one restarted (its personal state restored),
+# an unregistered node refused, SecAgg+ between the sites, a modified app refused by
+# hash at every site, and two sites started by deploy.site on their own folders.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PFLOWER_FLOWER=1.42 PFLOWER_FLOWER_BASE="${PFLOWER_FLOWER_BASE:-.venv}"
@@ -13,8 +16,15 @@ bash scripts/dev.sh check >/dev/null  # makes the layer, then validates the defa
 found = version("flwr"); sys.exit(0 if found.startswith("1.42.") else "flwr " + found)'
 case "$VENV" in /*) bin="$VENV/bin" ;; *) bin="$PWD/$VENV/bin" ;; esac
 export PATH="$bin:$PATH"  # flwr's own commands: 1.42's
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider -m "not slow" "$@"
+# the tests that reach Flower (the rest is the same code on both lines, run by the
+# 1.39 suite): a file that imports it or starts a loopback deployment
+mapfile -t flower_tests < <(grep -l -E "^\s*(import|from) flwr|LoopbackFederation" tests/test_*.py)
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider -m "not slow" "${flower_tests[@]}" "$@"
+deployed="test_secure_supernode_restart or unregistered or secure_aggregation_over_tls"
+deployed="$deployed or refuses_an_app_it_did_not_approve"
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
     "tests/test_secure_aggregation.py::test_secure_runs_equal_plain_runs_up_to_quantization[fedavg]" \
-    tests/test_flwr_run.py::test_the_readme_main_job_runs_offline
+    tests/test_flwr_run.py::test_the_readme_main_job_runs_offline \
+    "tests/test_site_launch.py::test_two_sites_train_on_their_own_folders_over_tls_with_auth[cpu]"
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/test_deployment.py -k "$deployed"
 echo "flwr 1.42: the reduced job passed"

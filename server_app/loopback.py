@@ -27,6 +27,7 @@ from typing import Any, Self
 import tomli_w
 
 from deploy.site import node_config
+from pflower.flower_lines import fleet_over_http
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
@@ -353,7 +354,9 @@ class LoopbackFederation(FlwrCli):
             raise ValueError("SuperNode authentication needs TLS (Flower refuses otherwise)")
         self.root = Path(self.root)
         self.root.mkdir(parents=True, exist_ok=True)
-        self.http_port, self.fleet_port = free_ports(2)
+        self.http_port, self.grpc_fleet_port = free_ports(2)
+        # the port SuperNodes dial: 1.42's HTTP Fleet shares the SuperLink's port
+        self.fleet_port = self.http_port if fleet_over_http() else self.grpc_fleet_port
         self.pki = self.root / "pki"
         self.cli_home = self.root / "home" / "cli"
         self.secret = self.root / "superexec.secret"
@@ -380,8 +383,8 @@ class LoopbackFederation(FlwrCli):
             *(superlink or [str(BIN / "flower-superlink")]),
             "--port",
             str(self.http_port),
-            "--fleet-api-address",
-            f"127.0.0.1:{self.fleet_port}",
+            "--fleet-api-address",  # 1.42 still opens it (deprecated): never on 9092
+            f"127.0.0.1:{self.grpc_fleet_port}",
             "--disable-runtime-dependency-installation",
         ]
         if self.tls:

@@ -54,6 +54,7 @@ from deploy.warm_superexec import own_flags
 from methods import parse_run_config
 from models.wire import Wire
 from pflower.data import data_info
+from pflower.flower_lines import fleet_over_http
 from server_app.app import build_server
 from server_app.loopback import BIN, REPO, LoopbackFederation, descendants, free_ports
 from server_app.simulate import simulate
@@ -412,6 +413,9 @@ def test_secure_deployment_refuses_an_unregistered_supernode(federations) -> Non
     superlink = next(p for p in fed.procs if p.name == "superlink").text()
     assert "No SuperNode found with the given public key" in superlink
     assert "https://127.0.0.1" in superlink  # TLS on the SuperLink's HTTP API
+    if fleet_over_http():  # flwr 1.42: the sites came in over HTTP on that port
+        assert '"POST /v1/fleet/activate-node HTTP/1.1" 412' in superlink  # the intruder
+        assert '"POST /v1/fleet/pull-messages HTTP/1.1" 200' in superlink
     res = _results(fed.root)
     assert sorted(res["rounds"][-1]["per_client_accuracy"]) == SITES
     listed = fed.flwr("supernode", "list", "loopback", "--format", "json").stdout

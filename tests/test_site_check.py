@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from deploy.site import main
+from pflower.flower_lines import fleet_over_http
 from tests.helpers import image_folder
 
 RUN = "method='fedper' model='cnn4' class-names='bright,dark' input-shape='3,16,16'"
@@ -87,8 +88,9 @@ def test_a_missing_data_path_stops_the_site_before_it_joins(tmp_path, capsys) ->
 
 @pytest.fixture(scope="module")
 def tls_endpoint(tmp_path_factory):
-    """A gRPC endpoint with TLS (no services: readiness is all --connect asks for),
-    its certificates from deploy/make_certs.sh, and a second CA that did not sign it."""
+    """The installed Flower line's Fleet endpoint with TLS: gRPC (1.39; no services:
+    readiness is all --connect asks for) or HTTPS answering /health (1.42), its
+    certificates from deploy/make_certs.sh, and a second CA that did not sign it."""
     import subprocess
     from concurrent import futures
 
@@ -99,6 +101,9 @@ def tls_endpoint(tmp_path_factory):
     for name in ("ours", "other"):
         done = subprocess.run(["bash", str(make), str(root / name)], capture_output=True)
         assert done.returncode == 0, done.stderr
+    if fleet_over_http():
+        yield from _https_health(root)
+        return
     creds = grpc.ssl_server_credentials(
         [((root / "ours/server.key").read_bytes(), (root / "ours/server.pem").read_bytes())]
     )
@@ -107,6 +112,28 @@ def tls_endpoint(tmp_path_factory):
     server.start()
     yield f"127.0.0.1:{port}", root / "ours/ca.crt", root / "other/ca.crt"
     server.stop(None)
+
+
+def _https_health(root: Path):
+    import http.server
+    import ssl
+    import threading
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(root / "ours/server.pem", root / "ours/server.key")
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"127.0.0.1:{server.server_address[1]}", root / "ours/ca.crt", root / "other/ca.crt"
+    server.shutdown()
 
 
 def _free_port() -> int:
@@ -124,7 +151,8 @@ def test_connect_completes_tls_and_reaches_the_endpoint(tmp_path, capsys, tls_en
     assert check(tmp_path, data, RUN, *link) == 0
     out = capsys.readouterr().out
     assert f"ok: SuperLink {address} (127.0.0.1) reachable: TLS" in out
-    assert "with ca.crt" in out and "its gRPC endpoint is up" in out
+    endpoint = "its Fleet HTTP endpoint is up" if fleet_over_http() else "its gRPC endpoint is up"
+    assert "with ca.crt" in out and endpoint in out
 
 
 @pytest.mark.parametrize("case", ["wrong CA", "closed port", "unresolvable"])
@@ -146,11 +174,59 @@ def test_connect_says_when_tcp_works_but_no_grpc_answers() -> None:
     """A port that accepts and stays silent (not the Fleet API)."""
     import socket
 
-    from deploy.site_check import SiteCheckFailed, check_connection
+    from deploy.site_check import SiteCheckFailed, grpc_endpoint_up
 
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         port = listener.getsockname()[1]
         with pytest.raises(SiteCheckFailed, match="no gRPC endpoint answered"):
-            check_connection(f"127.0.0.1:{port}", None, timeout=1.0)
+            grpc_endpoint_up(f"127.0.0.1:{port}", None, timeout=1.0)
+
+
+@pytest.fixture
+def http_superlink():
+    """An HTTP server that answers ``/health`` with 200 (as flwr 1.42's SuperLink
+    does) and anything else with 404; ``status`` changes what /health says."""
+    import http.server
+    import threading
+
+    answer = {"status": 200}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            self.send_response(answer["status"] if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"127.0.0.1:{server.server_address[1]}", answer
+    server.shutdown()
+
+
+def test_the_http_probe_of_flower_142_asks_health_and_names_a_wrong_answer(
+    http_superlink,
+) -> None:
+    from deploy.site_check import SiteCheckFailed, http_endpoint_up
+
+    address, answer = http_superlink
+    assert http_endpoint_up(address, None, timeout=5) == "its Fleet HTTP endpoint is up"
+    answer["status"] = 503
+    with pytest.raises(SiteCheckFailed, match="answered /health with 503"):
+        http_endpoint_up(address, None, timeout=5)
+
+
+def test_the_http_probe_says_when_tcp_works_but_no_http_answers() -> None:
+    import socket
+
+    from deploy.site_check import SiteCheckFailed, http_endpoint_up
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        with pytest.raises(SiteCheckFailed, match="no HTTP endpoint answered"):
+            http_endpoint_up(f"127.0.0.1:{port}", None, timeout=1.0)

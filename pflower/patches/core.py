@@ -16,7 +16,7 @@ PATCHES: dict[str, tuple[str, tuple[str, ...]]] = {
     "fleet-long-poll": ("flwr", (FLWR_39, FLWR_42)),
     "object-retries": ("flwr", (FLWR_39, FLWR_42)),
     "fab-reuse": ("flwr", (FLWR_39, FLWR_42)),
-    "superexec-fork": ("flwr", (FLWR_39,)),  # 1.42's SuperExec takes an Executor: not redone
+    "superexec-fork": ("flwr", (FLWR_39, FLWR_42)),
     "clientapp-task-end": ("flwr", (FLWR_39, FLWR_42)),
     "optimizers-without-dynamo": ("torch", ("2.13.", "2.14.")),
     "secagg-masks": ("flwr", (FLWR_39, FLWR_42)),

@@ -16,9 +16,9 @@ def superexec_fork(executor: Callable[..., Any]) -> None:
     check(("flwr",))
     if not applies("superexec-fork"):
         raise UntestedVersion(
-            f"flwr {installed('flwr')}: the warm SuperExec (patch superexec-fork) is written "
-            "for flwr 1.39's SuperExec, and 1.42's takes an Executor object: start the site "
-            "with --no-warm (a ClientApp process a message) on this Flower"
+            f"flwr {installed('flwr')}: the warm SuperExec (patch superexec-fork) was not "
+            "checked against this Flower's SuperExec: start the site with --no-warm (a "
+            "ClientApp process a message) on it"
         )
     import flwr.supercore.superexec.run_superexec as superexec
 
