@@ -4,7 +4,8 @@ A preset names methods, settings (table columns: data, clients, rounds) and
 variants (extra rows: a method with keys on top), seeds, and the paper's
 numbers. Reserved keys in ``[config]``, a setting or a variant: ``engine``
 (inprocess | simulation | plain | deployment | deployment-warm), ``clients``, ``rounds``,
-``num-cpus``, ``num-gpus``; every other key is a run-config key.
+``num-cpus``, ``num-gpus``, ``flower`` (1.39 | 1.42: the Flower line's environment the
+cell runs in); every other key is a run-config key.
 String values may name data: ``{dev}`` (the CIFAR-10 dev set),
 ``{dev:N}`` (a seeded N-row subset of it), ``{fashion}`` (Fashion-MNIST),
 ``{dev-domains:K}`` (K per-domain image folders, comma-separated: for ``client-data-paths``),
@@ -37,7 +38,9 @@ DATA_CACHE = REPO / "outputs" / "data"
 SHARED_DATA = Path(os.environ.get("PFLOWER_DATA_DIR") or REPO.parent / "shared" / "data")
 CIFAR10_DEV = SHARED_DATA / "cifar10-dev-12k.parquet"
 FASHION_IDX = Path("/usr/share/datasets/fashion-mnist")
-RESERVED = ("engine", "clients", "rounds", "num-cpus", "num-gpus", "paper")
+RESERVED = ("engine", "clients", "rounds", "num-cpus", "num-gpus", "paper", "flower")
+# a cell's Flower line (``flower`` in a setting or variant): its interpreter's venv
+FLOWER_LINES = ("1.39", "1.42")
 TOP_LEVEL = (
     *("description", "methods", "seeds", "settings", "variants", "config", "method-config"),
     *("report", "probe", "gpu", "equal-budget", "base-row", "engine", "clients", "rounds"),
@@ -61,6 +64,7 @@ class Cell:
     num_cpus: float = 1.0
     num_gpus: float = 0.0
     probe: str = ""
+    flower: str = ""  # "": the Flower of the interpreter that runs the preset
 
     @property
     def dir(self) -> Path:
@@ -145,6 +149,7 @@ class Preset:
                             float(keys.get("num-cpus", 1.0)),
                             float(keys.get("num-gpus", 0.0)),
                             self.probe,
+                            str(keys.get("flower", "")),
                         )
                     )
         return [_found_elsewhere(c, runs) for c in out]
@@ -255,6 +260,9 @@ def load(name: str) -> Preset:
         engine = {**config, **keys}.get("engine", "inprocess")
         if engine not in ENGINES:
             raise SystemExit(f"{path.name} [{sname}]: engine {engine!r} not in {ENGINES}")
+        flower = str({**config, **keys}.get("flower", FLOWER_LINES[0]))
+        if flower not in FLOWER_LINES:
+            raise SystemExit(f"{path.name} [{sname}]: flower {flower!r} not in {FLOWER_LINES}")
     return Preset(
         name=path.stem,
         description=raw.get("description", "").strip(),

@@ -309,6 +309,25 @@ def _tree_rss(pid: int) -> int:
     return total
 
 
+def flower_python(line: str) -> str:
+    """The interpreter of a cell on Flower ``line`` ("": this one): ``.venv`` for 1.39,
+    ``.venv-flwr142`` for 1.42, made by scripts/dev.sh if missing (1.42 as a layer
+    over this interpreter's environment)."""
+    from pflower.flower_lines import installed
+
+    if not line or installed("flwr").startswith(line + "."):
+        return sys.executable
+    venv = REPO / (".venv" if line == "1.39" else ".venv-flwr142")
+    python = venv / "bin" / "python"
+    if not python.exists():
+        env = {**os.environ, "PFLOWER_FLOWER": line, "VENV": str(venv)}
+        if line != "1.39":
+            env["PFLOWER_FLOWER_BASE"] = sys.prefix
+        dev = ["bash", "scripts/dev.sh", "check"]
+        subprocess.run(dev, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
+    return str(python)
+
+
 def run_cell(cell: Cell, timeout: float | None, resume_at: int = 0) -> tuple[bool, float, str]:
     """One cell in a subprocess, its peak memory sampled; (ok, seconds, reason).
     ``resume_at``: go on from the cell's own checkpoint of that round."""
@@ -324,7 +343,7 @@ def run_cell(cell: Cell, timeout: float | None, resume_at: int = 0) -> tuple[boo
     # a resumed cell's log goes on after its earlier part
     with open(log_path, "a" if resume_at else "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks", "cell", cell_spec(spec)],
+            [flower_python(cell.flower), "-m", "benchmarks", "cell", cell_spec(spec)],
             cwd=REPO,
             stdout=log,
             stderr=subprocess.STDOUT,

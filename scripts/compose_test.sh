@@ -12,6 +12,8 @@
 # --timing: then the same 5 rounds again in the containers, undisturbed, and on loopback
 # processes (a SuperLink and two `python -m deploy.site` sites on the same folders, TLS
 # and authentication), one after the other; prints the seconds per round of both.
+# PFLOWER_FLOWER=1.42: the same on flwr 1.42 (its image pflower/app:<version>-flwr142,
+# the sites dialing the SuperLink's HTTP port, the CLI of .venv-flwr142 or VENV142).
 set -euo pipefail
 TIMING=0
 case "${1:-}" in
@@ -21,7 +23,12 @@ case "${1:-}" in
 esac
 cd "$(dirname "$0")/.."
 REPO=$PWD
-PY="${PYTHON:-$REPO/.venv/bin/python}"
+case "${PFLOWER_FLOWER:-1.39}" in
+    1.39) PY="${PYTHON:-$REPO/.venv/bin/python}" TAG_SUFFIX="" ;;
+    1.42) PY="${PYTHON:-${VENV142:-$REPO/.venv-flwr142}/bin/python}" TAG_SUFFIX="-flwr142" ;;
+    *) echo "compose_test: PFLOWER_FLOWER=$PFLOWER_FLOWER is not a supported Flower line" >&2; exit 2 ;;
+esac
+export PYTHON="$PY"  # docker_images.sh's too
 fail() { echo "compose_test: FAILED: $*" >&2; exit 1; }
 say() { echo "compose_test: $*"; }
 command -v docker-compose >/dev/null || fail "docker-compose is missing (Debian: apt-get install docker-compose)"
@@ -34,16 +41,20 @@ DEV_DATA="${PFLOWER_DEV_DATA:-$REPO/../shared/data/cifar10-dev-12k.parquet}"
 t_start=$(date +%s)
 bash scripts/docker_images.sh
 t_images=$(date +%s)
-VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1)
+VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1)$TAG_SUFFIX
 export PFLOWER_SUPERLINK_IMAGE="pflower/app:$VERSION" PFLOWER_SUPERNODE_IMAGE="pflower/app:$VERSION" \
     PFLOWER_SUPEREXEC_IMAGE="pflower/app:$VERSION"
+# where the sites dial: the gRPC Fleet port (1.39) or the SuperLink's HTTP port (1.42),
+# which the server compose file then binds beyond 127.0.0.1 for them
+FLEET_PORT=$("$PY" -c "from pflower.flower_lines import default_fleet_port as p; print(p())")
+[ "$FLEET_PORT" = 8000 ] && export HTTP_API_BIND=0.0.0.0
 W=$(mktemp -d /var/tmp/pflower-compose.XXXXXX)
 P="pflct$$"  # compose project prefix, unique to this run
 SITES=(site-a site-b)
 compose_server() { docker-compose -p "$P-server" -f "$W/server/compose.server.yml" "$@"; }
 compose_site() {  # SITE ARGS...: a site's stack, with its own data, certificates and volume
     local site=$1; shift
-    SITE=$site SUPERLINK=host.docker.internal:9092 DATA_DIR="$W/data/$site" \
+    SITE=$site SUPERLINK="host.docker.internal:$FLEET_PORT" DATA_DIR="$W/data/$site" \
         CERTS_DIR="$W/$site/certs" docker-compose -p "$P-$site" -f "$W/compose.client.yml" "$@"
 }
 cleanup() {
@@ -94,7 +105,7 @@ default = "compose"
 address = "127.0.0.1:8000"
 root-certificates = "$W/server/certs/ca.crt"
 EOF
-flwr() { FLWR_HOME="$W/cli" FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 "$REPO/.venv/bin/flwr" "$@"; }
+flwr() { FLWR_HOME="$W/cli" FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 "$(dirname "$PY")/flwr" "$@"; }
 wait_for() {  # SECONDS WHAT COMMAND...: poll until the command succeeds
     local limit=$1 what=$2; shift 2
     local deadline=$(($(date +%s) + limit))

@@ -9,14 +9,21 @@
 #      air-gapped site copies this folder instead (docs/DEPLOYMENT.md);
 #   3. docker build with the wheelhouse mounted (no index, no registry).
 # Each step is skipped when its output exists for the same inputs.
+# PFLOWER_FLOWER=1.42 builds pflower/app:<version>-flwr142 from constraints-flwr142.txt
+# (its own wheelhouse, seeded with links to the 1.39 one's wheels: four pins differ).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1)
 BASE_IMAGE="${BASE_IMAGE:-pflower/base:bookworm}"
-APP_IMAGE="${APP_IMAGE:-pflower/app:$VERSION}"
 PY="${PYTHON:-.venv/bin/python}"
 WORK="${PFLOWER_DOCKER_WORK:-/var/tmp/pflower-docker}"
 WHEELS="${PFLOWER_WHEELHOUSE:-${XDG_CACHE_HOME:-${HOME:-/var/tmp}/.cache}/pflower/wheelhouse}"
+case "${PFLOWER_FLOWER:-1.39}" in
+    1.39) CONSTRAINTS=constraints.txt TAG="$VERSION" ;;
+    1.42) CONSTRAINTS=constraints-flwr142.txt TAG="$VERSION-flwr142" SEED="$WHEELS" WHEELS="$WHEELS-flwr142" ;;
+    *) echo "docker_images: PFLOWER_FLOWER=$PFLOWER_FLOWER is not a supported Flower line (1.39, 1.42)" >&2; exit 2 ;;
+esac
+APP_IMAGE="${APP_IMAGE:-pflower/app:$TAG}"
 
 need() { command -v "$1" >/dev/null || { echo "docker_images: '$1' is missing ($2)" >&2; exit 1; }; }
 need docker "install Debian's docker.io"
@@ -37,13 +44,21 @@ fi
 t1=$(date +%s)
 # the wheelhouse's inputs, by content (a fresh clone's files are all new by mtime):
 # the pins and the project's dependencies, not the rest of pyproject.toml
-inputs=$({ cat constraints.txt; "$PY" -c "import json, tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+inputs=$({ cat "$CONSTRAINTS"; "$PY" -c "import json, tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
 print(json.dumps([p.get(k) for k in ('requires-python', 'dependencies', 'optional-dependencies')]))"; } \
     | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$WHEELS/.complete" 2>/dev/null)" != "$inputs" ]; then
-    echo "docker_images: filling $WHEELS (constraints.txt)"
+    echo "docker_images: filling $WHEELS ($CONSTRAINTS)"
     rm -rf "$WHEELS" && mkdir -p "$WHEELS"
-    "$PY" -m pip download -q -d "$WHEELS" -c constraints.txt . hatchling 2>&1 \
+    if [ -n "${SEED:-}" ] && [ -d "$SEED" ]; then  # pip keeps a wheel already there
+        cp -l "$SEED"/*.whl "$WHEELS"/ 2>/dev/null || cp "$SEED"/*.whl "$WHEELS"/
+        # less the wheels of the packages whose pins differ between the two lines
+        for pin in $(diff <(grep -v '^#' constraints.txt) <(grep -v '^#' "$CONSTRAINTS") | sed -n 's/^< //p'); do
+            name=$(echo "${pin%%==*}" | tr '.-' '__') version=${pin#*==}
+            rm -f "$WHEELS/$name-$version-"*.whl
+        done
+    fi
+    "$PY" -m pip download -q -d "$WHEELS" -c "$CONSTRAINTS" . hatchling 2>&1 \
         | grep -v "is ignored: it is neither" || true
     [ -n "$(ls "$WHEELS"/torch-*.whl 2>/dev/null)" ] || { echo "docker_images: pip download failed" >&2; exit 1; }
     echo "$inputs" >"$WHEELS/.complete"
@@ -53,7 +68,7 @@ echo "docker_images: building $APP_IMAGE on $BASE_IMAGE"
 # the build context: the app's packages (those the wheel carries) and its pins
 ctx="$WORK/context" && rm -rf "$ctx" && mkdir -p "$ctx/app"
 packages=$("$PY" -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['tool']['hatch']['build']['targets']['wheel']['packages']))")
-cp constraints.txt "$ctx/"
+cp "$CONSTRAINTS" "$ctx/constraints.txt"
 "$PY" scripts/wheel_hashes.py "$WHEELS" >"$ctx/wheel-hashes.txt"  # what the build may install
 cp pyproject.toml README.md "$ctx/app/"
 for pkg in $packages; do cp -r "$pkg" "$ctx/app/"; done

@@ -17,8 +17,10 @@ found = version("flwr"); sys.exit(0 if found.startswith("1.42.") else "flwr " + 
 case "$VENV" in /*) bin="$VENV/bin" ;; *) bin="$PWD/$VENV/bin" ;; esac
 export PATH="$bin:$PATH"  # flwr's own commands: 1.42's
 # the tests that reach Flower (the rest is the same code on both lines, run by the
-# 1.39 suite): a file that imports it or starts a loopback deployment
-mapfile -t flower_tests < <(grep -l -E "^\s*(import|from) flwr|LoopbackFederation" tests/test_*.py)
+# 1.39 suite): a file that imports it, asks which line is installed, or starts a
+# loopback deployment
+mapfile -t flower_tests < <(grep -l -E \
+    "^\s*(import|from) (flwr|pflower\.flower_lines)|LoopbackFederation" tests/test_*.py)
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider -m "not slow" "${flower_tests[@]}" "$@"
 deployed="test_secure_supernode_restart or unregistered or secure_aggregation_over_tls"
 deployed="$deployed or refuses_an_app_it_did_not_approve"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -91,11 +92,40 @@ def test_rows_settings_and_key_precedence(tmp_path):
         ('methods = ["fedavg"]\nengine = "ray"', "engine"),
         ('methods = ["fedavg"]\n[config]\ndataset = "{cifar}"', "placeholder"),
         ('methods = ["fedavg"]\n[settings.dir0.5]\nalpha = 0.5', "quote names with dots"),
+        ('methods = ["fedavg"]\n[variants.x]\nflower = "1.40"', "flower '1.40' not in"),
     ],
 )
 def test_a_bad_preset_fails_naming_the_problem(tmp_path, text, message):
     with pytest.raises(SystemExit, match=message):
         _preset(tmp_path, text).cells(runs=tmp_path)
+
+
+def test_a_cell_on_another_flower_line_runs_in_that_lines_environment(tmp_path, monkeypatch):
+    """``flower`` picks the cell's interpreter: this one for its own line (or none
+    named), the other line's venv otherwise, made by dev.sh when it is missing."""
+    from pflower.flower_lines import installed
+
+    preset = _preset(
+        tmp_path,
+        'methods = ["fedavg"]\nbase-row = false\n[variants.old]\nflower = "1.39"\n'
+        '[variants.new]\nflower = "1.42"\n[variants.any]\nengine = "inprocess"',
+    )
+    lines = {c.label: c.flower for c in preset.cells(runs=tmp_path)}
+    assert lines == {"fedavg old": "1.39", "fedavg new": "1.42", "fedavg any": ""}
+    assert all("flower" not in c.config for c in preset.cells(runs=tmp_path))  # reserved
+    here = installed("flwr")[:4]  # "1.39" or "1.42"
+    other = "1.42" if here == "1.39" else "1.39"
+    assert runner.flower_python("") == runner.flower_python(here) == sys.executable
+    made = []
+    monkeypatch.setattr(runner, "REPO", tmp_path)  # no venv there: dev.sh is asked
+    monkeypatch.setattr(runner.subprocess, "run", lambda cmd, **kw: made.append((cmd, kw)))
+    python = runner.flower_python(other)
+    venv = tmp_path / (".venv" if other == "1.39" else ".venv-flwr142")
+    assert python == str(venv / "bin" / "python")
+    ((cmd, kw),) = made
+    assert cmd == ["bash", "scripts/dev.sh", "check"] and kw["env"]["PFLOWER_FLOWER"] == other
+    assert kw["env"]["VENV"] == str(venv)
+    assert kw["env"].get("PFLOWER_FLOWER_BASE") == (sys.prefix if other == "1.42" else None)
 
 
 def test_dev_subset_placeholder_makes_a_seeded_subset_once(tmp_path):

@@ -377,9 +377,12 @@ def _pull_for(node: int):
     return SimpleNamespace(node=SimpleNamespace(node_id=node))
 
 
-def _long_poll(monkeypatch, stored: list, held: int = 100, asked: list | None = None):
+def _long_poll(
+    monkeypatch, stored: list, held: int = 100, asked: list | None = None, http: bool = False
+):
     """fleet-long-poll over a stand-in state: ``stored`` is its messages; ``asked``
-    gets the node of every look the SuperLink takes at the state."""
+    gets the node of every look the SuperLink takes at the state; ``http``: as on a
+    Flower line whose SuperNodes pull over HTTP."""
     from types import SimpleNamespace
 
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
@@ -400,6 +403,7 @@ def _long_poll(monkeypatch, stored: list, held: int = 100, asked: list | None = 
     monkeypatch.setattr(InMemoryLinkState, "store_message_ins", lambda self, m: stored.append(m))
     monkeypatch.setattr(SqlLinkState, "store_message_ins", SqlLinkState.store_message_ins)
     monkeypatch.setattr(pflower.patches.long_poll, "LONG_POLLS_HELD", held)
+    monkeypatch.setattr(pflower.flower_lines, "fleet_over_http", lambda: http)
     assert pflower.patches.fleet_long_poll()
     return message_handler.pull_messages, InMemoryLinkState.store_message_ins
 
@@ -452,6 +456,35 @@ def test_the_superlink_holds_an_empty_pull_for_long_poll_seconds_and_no_more_pul
     store(None, _message(7))  # wakes the held one
     first.join(30)
     assert not first.is_alive()
+
+
+def test_over_http_fleet_held_pulls_leave_most_of_the_http_apis_threads_free(monkeypatch):
+    """On flwr 1.42 a held pull occupies one of the HTTP API's threads, which the
+    ServerApp's pushes need: at most a quarter of them are held, the next pull is
+    answered at once."""
+    import pflower.patches
+    from pflower.patches.timing import HTTP_API_THREADS
+
+    monkeypatch.setattr(pflower.patches.long_poll, "LONG_POLL", 1e6)
+    asked: list = []
+    pull, store = _long_poll(monkeypatch, [], held=100, asked=asked, http=True)
+    cap = HTTP_API_THREADS // 4
+    holders = [threading.Thread(target=pull, args=(_pull_for(n), None, None)) for n in range(cap)]
+    for t in holders:
+        t.start()
+    deadline = time.monotonic() + 30  # a guard against a hang, not a duration
+    while len(set(asked)) < cap and time.monotonic() < deadline:
+        time.sleep(0.01)
+    extra: list = []
+    answered = threading.Thread(target=lambda: extra.append(pull(_pull_for(99), None, None)))
+    answered.start()
+    answered.join(30)
+    assert extra and extra[0].messages_list == [] and all(t.is_alive() for t in holders)
+    for n in range(cap):
+        store(None, _message(n))  # each held pull gets its node's message
+    for t in holders:
+        t.join(30)
+    assert not any(t.is_alive() for t in holders)
 
 
 def test_the_warm_superexec_forgets_exactly_the_projects_packages():

@@ -102,7 +102,9 @@ def tls_endpoint(tmp_path_factory):
         done = subprocess.run(["bash", str(make), str(root / name)], capture_output=True)
         assert done.returncode == 0, done.stderr
     if fleet_over_http():
-        yield from _https_health(root)
+        server = _health_server({"status": 200}, tls=root / "ours")
+        yield f"127.0.0.1:{server.server_address[1]}", root / "ours/ca.crt", root / "other/ca.crt"
+        server.shutdown()
         return
     creds = grpc.ssl_server_credentials(
         [((root / "ours/server.key").read_bytes(), (root / "ours/server.pem").read_bytes())]
@@ -114,26 +116,29 @@ def tls_endpoint(tmp_path_factory):
     server.stop(None)
 
 
-def _https_health(root: Path):
+def _health_server(answer: dict[str, int], tls: Path | None = None):
+    """An HTTP(S) server in a thread that answers ``/health`` with ``answer["status"]``
+    (200: what flwr 1.42's SuperLink says) and anything else with 404; ``tls``: the
+    make_certs.sh folder whose server certificate it presents."""
     import http.server
     import ssl
     import threading
 
     class Health(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-            self.send_response(200 if self.path == "/health" else 404)
+            self.send_response(answer["status"] if self.path == "/health" else 404)
             self.end_headers()
 
         def log_message(self, *args: object) -> None:
             pass
 
     server = http.server.HTTPServer(("127.0.0.1", 0), Health)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(root / "ours/server.pem", root / "ours/server.key")
-    server.socket = context.wrap_socket(server.socket, server_side=True)
+    if tls is not None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(tls / "server.pem", tls / "server.key")
+        server.socket = context.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"127.0.0.1:{server.server_address[1]}", root / "ours/ca.crt", root / "other/ca.crt"
-    server.shutdown()
+    return server
 
 
 def _free_port() -> int:
@@ -186,23 +191,8 @@ def test_connect_says_when_tcp_works_but_no_grpc_answers() -> None:
 
 @pytest.fixture
 def http_superlink():
-    """An HTTP server that answers ``/health`` with 200 (as flwr 1.42's SuperLink
-    does) and anything else with 404; ``status`` changes what /health says."""
-    import http.server
-    import threading
-
     answer = {"status": 200}
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-            self.send_response(answer["status"] if self.path == "/health" else 404)
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = _health_server(answer)
     yield f"127.0.0.1:{server.server_address[1]}", answer
     server.shutdown()
 
