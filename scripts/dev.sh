@@ -58,6 +58,8 @@ setup() {
 # bin/ must be on PATH even when the venv is not activated (CI).
 use_venv_path() {
     case "$VENV" in /*) export PATH="$VENV/bin:$PATH" ;; *) export PATH="$PWD/$VENV/bin:$PATH" ;; esac
+    # the scripts started from here (docker_images.sh, compose_test.sh) use this line's
+    export PYTHON="${PYTHON:-$(cd "$VENV/bin" && pwd)/python}"
 }
 
 case "${1:-}" in
@@ -99,13 +101,14 @@ case "${1:-}" in
         fi
         # then the deployment in containers (root, Docker; installs Debian's if missing)
         if [ "${CI:-}" = true ] || [ "${PFLOWER_COMPOSE_TEST:-}" = 1 ]; then
-            exec bash scripts/compose_ci.sh
+            exec bash scripts/compose_ci.sh  # on this line (PFLOWER_FLOWER)
         fi
         echo "dev.sh: the compose end-to-end did not run (CI=true or PFLOWER_COMPOSE_TEST=1 runs it)"
         ;;
     images)
         shift
         setup
+        use_venv_path
         exec bash scripts/docker_images.sh "$@"
         ;;
     compose-test)

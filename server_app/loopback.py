@@ -383,10 +383,10 @@ class LoopbackFederation(FlwrCli):
             *(superlink or [str(BIN / "flower-superlink")]),
             "--port",
             str(self.http_port),
-            "--fleet-api-address",  # 1.42 still opens it (deprecated): never on 9092
-            f"127.0.0.1:{self.grpc_fleet_port}",
             "--disable-runtime-dependency-installation",
         ]
+        if not fleet_over_http():  # 1.42: deprecated, its gRPC Fleet is off
+            cmd += ["--fleet-api-address", f"127.0.0.1:{self.grpc_fleet_port}"]
         if self.tls:
             cmd += [
                 "--ssl-ca-certfile",
