@@ -24,7 +24,7 @@ def fleet_over_http() -> bool:
     """Whether the installed Flower's SuperNodes reach the SuperLink over HTTP on its
     shared port (``--port``, 8000; 1.40 on) rather than gRPC on the Fleet API's own
     (``--fleet-api-address``, 9092; 1.39)."""
-    major, minor = (int(part) for part in installed("flwr").split(".")[:2])
+    major, minor = (int(part) for part in (installed("flwr") or "0.0").split(".")[:2])
     return (major, minor) >= (1, 40)
 
 

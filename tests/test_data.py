@@ -426,3 +426,40 @@ def test_the_shared_neurons_carry_the_label_only_when_most_of_the_teacher_is_sha
     assert main_job["accuracy_personal_part_alone"] < half["accuracy_personal_part_alone"]
     with pytest.raises(ValueError, match="keep_teachers"):
         label_share_of_shared_neurons(generate_simulation_study(2, 20))
+
+
+@pytest.mark.parametrize(
+    "pil_mode, mode, size, fast",
+    [
+        ("RGB", "RGB", (8, 6), True),  # the CIFAR case: decoded by torchvision
+        ("L", "L", (8, 6), True),
+        ("L", "RGB", (8, 6), False),  # a mode conversion: PIL's, as before
+        ("RGB", "L", (8, 6), False),
+        ("RGBA", "RGB", (8, 6), False),
+        ("P", "RGB", (8, 6), False),  # a palette
+        ("I;16", "L", (8, 6), False),  # 16-bit
+        ("RGB", "RGB", (4, 4), False),  # a resize
+    ],
+)
+def test_an_image_decodes_to_the_same_pixels_whichever_decoder_reads_it(
+    pil_mode: str, mode: str, size: tuple[int, int], fast: bool
+) -> None:
+    from pflower.data.hf import _decode, png_as_is
+
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (6, 8, 4), dtype=np.uint8)
+    img = Image.fromarray(pixels, "RGBA")
+    img = img if pil_mode == "RGBA" else img.convert("RGB").convert(pil_mode)
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    data = buf.getvalue()
+    shape = (1 if mode == "L" else 3, size[1], size[0])
+    assert png_as_is(data, mode, shape) is fast
+    got = _decode({"bytes": data, "path": None}, mode, shape)
+    expected = Image.open(io.BytesIO(data)).convert(mode)  # the reference: PIL, as before
+    if expected.size != size:
+        expected = expected.resize(size, Image.BILINEAR)
+    arr = np.asarray(expected, dtype=np.uint8)
+    arr = arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
+    assert got.shape == shape and got.dtype == np.uint8
+    np.testing.assert_array_equal(got, arr)

@@ -52,7 +52,7 @@ class _Source:
     input_shape: tuple[int, ...]
     columns: dict[str, np.ndarray]  # other plain columns (split, partition-by ids)
     class_names: tuple[str, ...] = ()  # the label column's ClassLabel names, if any
-    ds: Any = None  # datasets.Dataset with undecoded images (image sources)
+    ds: Any = None  # datasets.Dataset with undecoded images, Arrow-formatted (image sources)
     image_column: str | None = None
     mode: str = "RGB"
     dense: np.ndarray | None = None  # fully materialised float32 inputs (tabular/digits)
@@ -78,8 +78,10 @@ class _Source:
                 self._done = np.zeros(len(self.labels), dtype=bool)
             todo = np.unique(idx[~self._done[idx]])
             if len(todo):
-                cells = self.ds.select_columns([self.image_column])[todo.tolist()]
-                for row, cell in zip(todo, cells[self.image_column], strict=True):
+                # rows of the Arrow-formatted set, not select_columns' new data set per
+                # call (its fingerprint and copied features: 0.7 of 0.9 ms a call)
+                cells = self.ds[todo.tolist()].column(self.image_column).to_pylist()
+                for row, cell in zip(todo, cells, strict=True):
                     self._cache[row] = _decode(cell, self.mode, self.input_shape)
                 self._done[todo] = True
             return self._cache[idx].astype(np.float32) / 255.0
@@ -94,9 +96,35 @@ class _Source:
         return ((x - mean.reshape(shape)) / std.reshape(shape)).astype(np.float32)
 
 
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PNG_MODES = {0: "L", 2: "RGB"}  # IHDR colour type -> the mode its pixels are in
+
+
+def png_as_is(data: bytes, mode: str, shape: tuple[int, ...]) -> bool:
+    """Whether ``data`` is an 8-bit PNG already in ``mode`` at ``shape``'s size: its
+    pixels are the image's as stored (PNG is lossless), so any decoder gives PIL's."""
+    return (
+        data[:8] == PNG_SIGNATURE
+        and data[12:16] == b"IHDR"
+        and data[24] == 8
+        and PNG_MODES.get(data[25]) == mode
+        and int.from_bytes(data[16:20], "big") == shape[2]
+        and int.from_bytes(data[20:24], "big") == shape[1]
+    )
+
+
 def _decode(cell: Any, mode: str, shape: tuple[int, ...]) -> np.ndarray:
     from PIL import Image
 
+    data = cell.get("bytes") if isinstance(cell, dict) else None
+    if data and png_as_is(data, mode, shape):
+        # torchvision's libpng decoder: the same pixels as PIL's in about 0.6 of the
+        # time (0.045 against 0.07 ms a CIFAR image), no PIL image in between
+        import torch
+        from torchvision.io import ImageReadMode, decode_png
+
+        raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        return decode_png(raw, ImageReadMode.UNCHANGED).numpy()
     if isinstance(cell, dict):
         img = (
             Image.open(io.BytesIO(cell["bytes"])) if cell.get("bytes") else Image.open(cell["path"])
@@ -186,7 +214,7 @@ def source_from_dataset(
         )
         mode = "L" if img.mode in ("1", "L", "LA", "I", "I;16", "F") else "RGB"
         w, h = img.size
-        src.ds, src.image_column, src.mode = raw, image_col, mode
+        src.ds, src.image_column, src.mode = raw.with_format("arrow"), image_col, mode
         src.input_shape = (1 if mode == "L" else 3, h, w)
         src.columns = plain
     else:
