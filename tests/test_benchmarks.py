@@ -746,3 +746,12 @@ def test_scale_100k_ci_variant_streams_rounds_of_one_percent(tmp_path):
     assert [len(r["per_client_train_loss"]) for r in res["rounds"]] == [20, 20, 20]
     assert all(r["aggregation_streamed"] for r in res["rounds"])
     assert len(res["rounds"][-1]["per_client_accuracy"]) == 20
+
+
+def test_the_image_decode_benchmark_checks_the_pixels_and_tables_both_decoders(capsys):
+    from benchmarks.image_decode import main as image_decode
+
+    assert image_decode(["--images", "40", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "40 CIFAR-10 PNGs, the same pixels" in out
+    assert "| PIL |" in out and "| product |" in out and "product / PIL: " in out
