@@ -52,6 +52,21 @@ class MemoryStore:
         self.state = None
 
 
+def local_superlink_env(home: Path) -> dict[str, str]:
+    """The environment for a test's ``flwr run`` on the local simulation: its own
+    FLWR_HOME, and free ports for the local SuperLink flwr starts (Flower reads them
+    from these variables), not Flower's fixed 39091 / 39093, where the user's own may
+    be running (the README's ``run`` leaves it up), or another test's."""
+    from server_app.loopback import free_ports
+
+    http, control = free_ports(2)
+    return {
+        "FLWR_HOME": str(home),
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(control),
+    }
+
+
 def image_folder(
     root: Path, classes: Sequence[str] = ("a", "b"), per_class: int = 4, side: int = 16
 ) -> Path:

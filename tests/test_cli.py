@@ -19,6 +19,7 @@ from pflower.cli.__main__ import (
     results_status,
     split_args,
 )
+from tests.helpers import local_superlink_env
 from tests.test_flwr_run import _stop_local_superlink
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +35,7 @@ def dev_sh(
         **extra_env,
     }
     if home is not None:
-        env["FLWR_HOME"] = str(home)
+        env.update(local_superlink_env(home))
     return subprocess.run(
         ["bash", "scripts/dev.sh", *args],
         cwd=ROOT,

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from pflower.cli.__main__ import check, deployment_named, split_args
-from tests.helpers import image_folder
+from tests.helpers import image_folder, local_superlink_env
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -183,7 +183,7 @@ def test_every_documented_local_command_runs(command, tmp_path, flwr_home) -> No
     pinned = ["--run-config", f"output-dir='{out}' run-name='doc'"]
     env = {
         **os.environ,
-        "FLWR_HOME": str(flwr_home),
+        **local_superlink_env(flwr_home),
         "VENV": str(Path(sys.executable).parent.parent),
         "PFLOWER_SKIP_SETUP": "1",
     }

@@ -16,6 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.helpers import local_superlink_env
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -43,7 +45,7 @@ def test_the_readme_main_job_runs_offline(tmp_path: Path) -> None:
     home = tmp_path / "flwr-home"
     env = {
         **os.environ,
-        "FLWR_HOME": str(home),
+        **local_superlink_env(home),
         "VENV": str(Path(sys.executable).parent.parent),
         "PFLOWER_SKIP_SETUP": "1",
     }
@@ -83,7 +85,7 @@ def test_flwr_run_rejects_a_bad_config_before_training(tmp_path: Path) -> None:
     home = tmp_path / "flwr-home"
     env = {
         **os.environ,
-        "FLWR_HOME": str(home),
+        **local_superlink_env(home),
         "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
         # flwr launches `flower-superlink` by name: this interpreter's bin/ first
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
