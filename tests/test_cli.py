@@ -32,10 +32,10 @@ def dev_sh(
         **os.environ,
         "VENV": str(Path(sys.executable).parent.parent),
         "PFLOWER_SKIP_SETUP": "1",
-        **extra_env,
     }
     if home is not None:
         env.update(local_superlink_env(home))
+    env.update(extra_env)  # over those: a test may name the port itself
     return subprocess.run(
         ["bash", "scripts/dev.sh", *args],
         cwd=ROOT,
