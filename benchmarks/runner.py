@@ -321,6 +321,7 @@ def flower_python(line: str) -> str:
     python = venv / "bin" / "python"
     if not python.exists():
         env = {**os.environ, "PFLOWER_FLOWER": line, "VENV": str(venv)}
+        env.pop("PFLOWER_FLOWER_BASE", None)  # a 1.39 venv is a venv of its own
         if line != "1.39":
             env["PFLOWER_FLOWER_BASE"] = sys.prefix
         dev = ["bash", "scripts/dev.sh", "check"]
