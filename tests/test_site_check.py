@@ -175,18 +175,21 @@ def test_connect_names_the_step_that_fails_in_one_line(tmp_path, capsys, tls_end
     assert len(err) == 1 and err[0].startswith("site check FAILED: --superlink") and says in err[0]
 
 
-def test_connect_says_when_tcp_works_but_no_grpc_answers() -> None:
-    """A port that accepts and stays silent (not the Fleet API)."""
+@pytest.mark.parametrize("probe, says", [("grpc", "gRPC"), ("http", "HTTP")])
+def test_connect_says_when_tcp_works_but_nothing_answers(probe: str, says: str) -> None:
+    """A port that accepts and stays silent (not the Fleet API): the probe of either
+    Flower line (1.39's gRPC channel, 1.42's /health) names what did not answer."""
     import socket
 
-    from deploy.site_check import SiteCheckFailed, grpc_endpoint_up
+    from deploy import site_check
 
+    endpoint_up = getattr(site_check, f"{probe}_endpoint_up")
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         port = listener.getsockname()[1]
-        with pytest.raises(SiteCheckFailed, match="no gRPC endpoint answered"):
-            grpc_endpoint_up(f"127.0.0.1:{port}", None, timeout=1.0)
+        with pytest.raises(site_check.SiteCheckFailed, match=f"no {says} endpoint answered"):
+            endpoint_up(f"127.0.0.1:{port}", None, timeout=1.0)
 
 
 @pytest.fixture
@@ -207,16 +210,3 @@ def test_the_http_probe_of_flower_142_asks_health_and_names_a_wrong_answer(
     answer["status"] = 503
     with pytest.raises(SiteCheckFailed, match="answered /health with 503"):
         http_endpoint_up(address, None, timeout=5)
-
-
-def test_the_http_probe_says_when_tcp_works_but_no_http_answers() -> None:
-    import socket
-
-    from deploy.site_check import SiteCheckFailed, http_endpoint_up
-
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        port = listener.getsockname()[1]
-        with pytest.raises(SiteCheckFailed, match="no HTTP endpoint answered"):
-            http_endpoint_up(f"127.0.0.1:{port}", None, timeout=1.0)
