@@ -56,6 +56,7 @@ from models.wire import Wire
 from pflower.data import data_info
 from pflower.flower_lines import fleet_over_http
 from server_app.app import build_server
+from server_app.inprocess import run_inprocess
 from server_app.loopback import BIN, REPO, LoopbackFederation, descendants, free_ports
 from server_app.simulate import simulate
 from tests.test_wire_audit import check_values
@@ -465,6 +466,23 @@ def test_plain_deployment_completes_and_keeps_personal_state_on_each_site(federa
         # forks a worker, which serves the rest (the same app build)
         assert superexec.text().count("forked as pid") == 1
         assert superexec.text().count("to worker pid") == ROUNDS + 1
+
+
+def test_a_deployment_trains_what_the_in_process_engine_trains_for_sites_of_those_names(
+    federations, tmp_path: Path
+) -> None:
+    """The same code in both: a client's random stream is seeded by its name, so the
+    in-process engine given the sites' names ends every round where the deployment
+    did, site by site (named by partition instead, it draws other batches)."""
+    fed: LoopbackFederation = federations["plain"]
+    assert fed.wait_run(fed.run_id, RUN_TIMEOUT) == "finished:completed"
+    deployed = _results(fed.root)["rounds"]
+    local = run_inprocess(
+        _run_config(tmp_path, "fedper"), len(SITES), node_configs=[{"site": s} for s in SITES]
+    )["rounds"]
+    assert [r["per_client_accuracy"] for r in local] == [r["per_client_accuracy"] for r in deployed]
+    for mine, theirs in zip(local, deployed):
+        assert mine["per_client_train_loss"] == pytest.approx(theirs["per_client_train_loss"])
 
 
 def test_the_ledger_lists_every_message_a_site_answered(federations) -> None:
