@@ -7,6 +7,7 @@ internals moved. Code that must reach such an internal asks here, not Flower.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 from types import ModuleType
@@ -41,3 +42,16 @@ def fleet_pull_handler() -> ModuleType:
         return import_module("flwr.superlink.servicer.fleet.fleet_handlers")
     except ImportError:
         return import_module("flwr.server.superlink.fleet.message_handler.message_handler")
+
+
+def registration_order(grid: object) -> dict[int, int]:
+    """Simulation: each node's place in the order Flower's engine registered it, which
+    is its partition id (both lines' ``_register_nodes`` create node ``i`` for partition
+    ``i`` with a random id, into the in-memory LinkState's ``nodes`` dict). Empty where
+    the grid has no in-memory LinkState (a deployment)."""
+    state = getattr(grid, "state", None)  # InMemoryGrid's, through a wrapping grid too
+    nodes = getattr(state, "nodes", None)
+    if not isinstance(nodes, dict):
+        return {}
+    with getattr(state, "lock", None) or nullcontext():
+        return {node_id: place for place, node_id in enumerate(list(nodes))}

@@ -86,7 +86,7 @@ class PFLStrategy(Strategy):
         self.wire = wire if wire is not None else Wire.of_spec(spec)
         spill = recorder.dir / "client-payloads" if recorder is not None else None
         self.payloads = Payloads(self.wire, initial, cfg.personal_state_budget_mb * 2**20, spill)
-        self.sampler = Sampler(cfg.min_available_clients)
+        self.sampler = Sampler(cfg.min_available_clients, cfg.seed)
         self.clients = ClientKeys(load_roster(cfg.roster) if cfg.roster else None)
         self.class_lists = ClassLists()
         self.dp = privacy.DPRelease(cfg)
@@ -274,7 +274,9 @@ def instructions(
 ) -> list[tuple[ClientProxy, Parameters, dict[str, Scalar]]]:
     """A round's sample, each with its payload and instructions (fit or evaluate)."""
     strategy.clients.manager = client_manager
-    sample = strategy.sampler.sample(client_manager, fraction)
+    sample = strategy.sampler.sample(
+        client_manager, fraction, server_round, "fit" if fit else "evaluate"
+    )
     rl = strategy.rounds.of(server_round)
     if fit:
         strategy.dp.sample = (len(sample), client_manager.num_available())

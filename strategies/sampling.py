@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import time
 
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
+
+from pflower.flower_lines import registration_order
 
 log = logging.getLogger("flwr.pflower")
 
@@ -16,11 +19,15 @@ SETTLE_S = 30  # how long the first round waits for registrations to settle
 
 
 class Sampler:
-    """Waits once for the federation to settle, then samples a fraction of it."""
+    """Waits once for the federation to settle, then samples a fraction of it: the
+    same clients for the same seed and round in every run and engine (Flower's
+    ``ClientManager.sample`` draws from Python's unseeded global generator)."""
 
-    def __init__(self, min_available_clients: int) -> None:
+    def __init__(self, min_available_clients: int, seed: int = 0) -> None:
         self.min_available = min_available_clients
+        self.seed = seed
         self.settled = False
+        self._order: dict[int, int] = {}  # simulation: node id -> its partition id
 
     def wait_for_federation(self, client_manager: ClientManager) -> int:
         """Once per run, before the first round: nodes register asynchronously,
@@ -39,9 +46,13 @@ class Sampler:
             self.settled = True
         return client_manager.num_available()
 
-    def sample(self, client_manager: ClientManager, fraction: float) -> list[ClientProxy]:
+    def sample(
+        self, client_manager: ClientManager, fraction: float, server_round: int, kind: str
+    ) -> list[ClientProxy]:
         """ceil(fraction x available) clients (at least 1), after waiting up to WAIT_S
-        for ``min-available-clients``."""
+        for ``min-available-clients``; drawn by a generator seeded by the run's seed,
+        the round and ``kind`` (fit, evaluate) from the clients in partition order
+        (simulation: the engine's registration order; else by node id)."""
         self.wait_for_federation(client_manager)
         wanted = self.min_available
         if client_manager.num_available() < wanted:
@@ -52,6 +63,15 @@ class Sampler:
                     client_manager.num_available(),
                     wanted,
                 )
-        available = client_manager.num_available()
-        n = max(1, int(math.ceil(fraction * available)))
-        return client_manager.sample(num_clients=n, min_num_clients=n)
+        available = list(client_manager.all().values())
+        n = max(1, int(math.ceil(fraction * len(available))))
+        ranked = sorted(available, key=self._place)
+        if n >= len(ranked):
+            return ranked
+        return random.Random(f"{self.seed}/{kind}/{server_round}").sample(ranked, n)
+
+    def _place(self, proxy: ClientProxy) -> tuple[int, int]:
+        node_id = int(getattr(proxy, "node_id", 0) or proxy.cid)
+        if node_id not in self._order:
+            self._order = registration_order(getattr(proxy, "grid", None))
+        return self._order.get(node_id, len(self._order)), node_id

@@ -181,5 +181,47 @@ def test_the_first_round_waits_for_registrations_to_settle() -> None:
     sampler = Sampler(min_available_clients=1)
     assert sampler.wait_for_federation(manager) == 5
     late.join()
-    assert len(sampler.sample(manager, 0.5)) == 3  # ceil(0.5 x 5)
-    assert len(sampler.sample(manager, 0.01)) == 1  # at least one
+    assert len(sampler.sample(manager, 0.5, 1, "fit")) == 3  # ceil(0.5 x 5)
+    assert len(sampler.sample(manager, 0.01, 1, "fit")) == 1  # at least one
+
+
+def test_a_rounds_sample_is_the_seeds_in_any_run_and_any_registration_order() -> None:
+    """The same seed and round draw the same clients whatever order the nodes
+    registered in, and whatever Python's global generator did before (Flower's own
+    sample draws from it); another round, kind or seed draws others. In simulation
+    the clients are ranked by the engine's registration order (the partition ids),
+    not by their random node ids."""
+    import random
+    from types import SimpleNamespace
+
+    from flwr.server import SimpleClientManager
+
+    def drawn(nodes: list[int], seed: int, server_round: int, kind: str = "fit") -> list[int]:
+        manager = SimpleClientManager()
+        for node in nodes:
+            manager.register(FakeProxy(node))
+        random.seed(len(nodes) + server_round)  # whatever came before
+        sampler = Sampler(min_available_clients=1, seed=seed)
+        sampler.settled = True
+        return sorted(p.node_id for p in sampler.sample(manager, 0.1, server_round, kind))
+
+    nodes = list(range(1, 101))
+    first = drawn(nodes, 0, 3)
+    assert len(first) == 10
+    assert drawn(list(reversed(nodes)), 0, 3) == first
+    assert drawn(nodes, 0, 4) != first and drawn(nodes, 1, 3) != first
+    assert drawn(nodes, 0, 3, "evaluate") != first
+
+    # a simulation's random node ids, ranked by the order the engine registered them
+    ids = random.Random(7).sample(range(10**6, 10**9), 100)
+    state = SimpleNamespace(nodes={node: None for node in ids}, lock=None)
+    grid = SimpleNamespace(state=state)
+    manager = SimpleClientManager()
+    for node in sorted(ids):
+        proxy = FakeProxy(node)
+        proxy.grid = grid
+        manager.register(proxy)
+    sampler = Sampler(min_available_clients=1, seed=0)
+    sampler.settled = True
+    places = sorted(ids.index(p.node_id) + 1 for p in sampler.sample(manager, 0.1, 3, "fit"))
+    assert places == first  # the same partitions as nodes 1..100 in order
