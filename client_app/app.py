@@ -69,6 +69,58 @@ def _built_template(cfg: RunConfig, data_path: str, cache_dir: str) -> nn.Module
     return get_method(cfg.method).build_model(cfg, data_info(cfg, data_path, cache_dir))
 
 
+# A simulated client's model is its worker thread's resident copy of the template, put
+# back to the template's values each message: a deep copy per message held the GIL
+# for 2 ms of a 40 ms client-round (measured), against the other worker's training.
+# A method keeps its per-message state on its client, never on the model
+# (docs/ADDING_A_METHOD.md); tests/test_scale.py checks every method trains the same
+# numbers either way.
+REUSE_MODELS = True
+_resident = threading.local()
+
+
+def _structure(model: nn.Module) -> tuple[list[str], list[str]]:
+    return [n for n, _ in model.named_parameters()], [n for n, _ in model.named_buffers()]
+
+
+def _hooked(model: nn.Module) -> bool:
+    """Whether a hook is left on the model (a method that registers one removes it)."""
+    hook_lists = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks")
+    return any(getattr(p, "_backward_hooks", None) for p in model.parameters()) or any(
+        getattr(m, name, None) for m in model.modules() for name in hook_lists
+    )
+
+
+def client_model(template: nn.Module, reuse: bool) -> nn.Module:
+    """The model a client trains, with the template's values: a deep copy of it, or
+    (``reuse``) this thread's resident copy with the template's values, gradient
+    flags and modes put back; a resident copy whose structure changed or that carries
+    a hook is replaced by a fresh deep copy."""
+    held = getattr(_resident, "held", None) if reuse else None
+    if held is None or held[0] is not template or _structure(held[1]) != held[2]:
+        return _fresh(template, reuse)
+    model = held[1]
+    if _hooked(model):
+        return _fresh(template, reuse)
+    with torch.no_grad():
+        for mine, theirs in zip(model.parameters(), template.parameters(), strict=True):
+            mine.copy_(theirs)
+            mine.requires_grad_(theirs.requires_grad)
+            mine.grad = None
+        for mine, theirs in zip(model.buffers(), template.buffers(), strict=True):
+            mine.copy_(theirs)
+    for mine, theirs in zip(model.modules(), template.modules(), strict=True):
+        mine.training = theirs.training
+    return model
+
+
+def _fresh(template: nn.Module, reuse: bool) -> nn.Module:
+    model = copy.deepcopy(template)
+    if reuse:
+        _resident.held = (template, model, _structure(template))
+    return model
+
+
 def pick_device(requested: str = "") -> torch.device:
     """The node's device: ``requested`` if given, else CUDA when available."""
     if requested:
@@ -114,7 +166,8 @@ def build_client(context: Context, overrides: dict[str, Any] | None = None) -> C
     method = get_method(cfg.method)
     state_dir = str(node.get("state-dir", ""))
     cache_dir = data_cache_dir(node)
-    model = copy.deepcopy(_template(cfg, data_path, cache_dir))
+    reuse = REUSE_MODELS and "site" not in node and not state_dir  # simulated
+    model = client_model(_template(cfg, data_path, cache_dir), reuse)
     timing.mark("model")
     data = load_client_data(cfg, partition_id, num_partitions, data_path, cache_dir)
     check_site_data(cfg, data, f"site '{site}'" if "site" in node else site)
