@@ -96,38 +96,60 @@ class Limits:
     def of(
         cls,
         replies: list[Reply],
-        references: list[NDArrays],
+        updates: list[np.ndarray],
         bounds: Bounds,
         history: list[float],
         direction: np.ndarray | None = None,
     ) -> Limits:
-        """The held round's rules (strategies/robust.py) taken over ``replies``; the
-        direction check's centre is ``direction`` (the last streamed round's unit
-        update, far less noisy) where there is one, else the replies' median update."""
+        """The held round's rules (strategies/robust.py) taken over ``replies`` (their
+        ``updates``); the direction check's centre is ``direction`` (the last streamed
+        round's unit update, far less noisy) where there is one, else the replies'
+        median update."""
         out = cls()
         if bounds.weight_cap > 0:
             out.count = count_limit([r.num_examples for r in replies], bounds.weight_cap)
-        updates = [update_of(r.arrays, ref) for r, ref in zip(replies, references)]
         norms = [float(np.linalg.norm(u)) for u in updates]
         if bounds.norm_bound > 0:
             out.norm = bounds.norm_bound * lower_median(norms + history)
         if bounds.direction_from and len(replies) >= bounds.direction_from:
-            if out.norm is not None:  # the median of the updates as the norm bound leaves them
-                updates = [
-                    u * min(1.0, out.norm / n) if n > 0 else u for u, n in zip(updates, norms)
-                ]
+            limit = out.norm
+            # the updates as the norm bound leaves them (one it does not clip: as it is)
+            bounded = [
+                u * (limit / n) if limit is not None and n > limit else u
+                for u, n in zip(updates, norms)
+            ]
             if direction is not None:
                 out.centre = direction
             else:
-                centre = column_median(np.stack(updates))
+                centre = column_median(np.stack(bounded))
                 scale = float(np.linalg.norm(centre))
                 out.centre = centre / scale if scale > 0 else None
-            out.typical = lower_median([float(np.linalg.norm(u)) for u in updates])
+            out.typical = lower_median(
+                [
+                    n if b is u else float(np.linalg.norm(b))
+                    for u, b, n in zip(updates, bounded, norms)
+                ]
+            )
         return out
 
 
+@dataclass
+class Verdict:
+    """What the bounds made of one reply (worked out outside the round's lock)."""
+
+    reason: str | None  # why it is rejected, or None
+    norm: float = 0.0  # its update's norm as kept
+    capped: bool = False
+    clipped: bool = False
+    against: bool = False
+
+
 class StreamedRound:
-    """One streamed round: its reservoir, its references once fixed, its running sum."""
+    """One streamed round: its reservoir, its references once fixed, its running sum.
+
+    The lock guards the round's lists, counters and sum; a reply's bounds (its update
+    vector, norm and direction) are worked out outside it, so a worker folding one
+    reply, or fixing the references, holds back no other worker's training."""
 
     def __init__(
         self,
@@ -149,8 +171,10 @@ class StreamedRound:
         self.members, self.waiting = set(members), set(members)
         # no bound: nothing to wait for
         self.limits: Limits | None = None if members else Limits()
+        self.fixing = False  # a worker is fixing the references
         self.pending: list[Reply] = []  # accepted, waiting for the references
         self.sample: list[Reply] = []  # the reservoir's accepted replies
+        self.measured: dict[int, np.ndarray] = {}  # id of a held reply -> its update vector
         self.sum = RunningMean()
         self.kept: list[Reply] = []  # each accepted reply, its arrays dropped
         self.rejected: list[str] = []
@@ -173,81 +197,116 @@ class StreamedRound:
             )
             self.bytes_up += received
             self.rejected += rejected
+            ready, held = [], []
             for reply in accepted:
                 if self.limits is not None:
-                    self._add(reply)
+                    ready.append(reply)
                     continue
+                held.append(reply)
                 self.pending.append(reply)
                 self.most_waiting = max(self.most_waiting, len(self.pending))
                 if proxy.node_id in self.members:
                     self.sample.append(reply)
-            self._returned(proxy.node_id)
+        for reply in held:  # its update taken now, on this worker, not by the one that fixes
+            reference = self.reference_of(reply.client_key)
+            self.measured[id(reply)] = update_of(reply.arrays, reference)
+        self._judge(ready)
+        with self.lock:
+            sample = self._returned(proxy.node_id)
+        if sample is not None:
+            self._fix(sample)
 
     def returned(self, node_id: int) -> None:
         """A node's fit ended without a reply to fold (a failure, a timeout)."""
         with self.lock:
-            self._returned(node_id)
+            sample = self._returned(node_id)
+        if sample is not None:
+            self._fix(sample)
 
-    def _returned(self, node_id: int) -> None:
+    def _returned(self, node_id: int) -> list[Reply] | None:
+        """(Under the lock.) The reservoir's replies once its last node has returned,
+        for this worker to fix the references from; else None."""
         self.waiting.discard(node_id)
-        if self.limits is None and not self.waiting and self.sample:
-            self._fix(self.sample)
+        if self.limits is None and not self.fixing and not self.waiting and self.sample:
+            self.fixing = True
+            return list(self.sample)
+        return None
 
     def _fix(self, replies: list[Reply]) -> None:
         """Fix the references from ``replies`` and judge every reply waiting for them."""
-        references = [self.reference_of(r.client_key) for r in replies]
-        self.limits = Limits.of(replies, references, self.bounds, self.history, self.direction)
-        if self.limits.norm is not None:
-            self.extra.update(update_norm_limit=self.limits.norm, updates_clipped=0)
-        if self.limits.centre is not None:
-            self.extra["against_the_round"] = 0
-        pending, self.pending, self.sample = self.pending, [], []
-        for reply in sorted(pending, key=lambda r: r.client_key):
-            self._add(reply)
+        updates = [
+            self.measured.get(id(r))
+            if id(r) in self.measured
+            else update_of(r.arrays, self.reference_of(r.client_key))
+            for r in replies
+        ]
+        limits = Limits.of(replies, updates, self.bounds, self.history, self.direction)
+        with self.lock:
+            self.limits = limits
+            if limits.norm is not None:
+                self.extra.update(update_norm_limit=limits.norm, updates_clipped=0)
+            if limits.centre is not None:
+                self.extra["against_the_round"] = 0
+            pending, self.pending, self.sample = self.pending, [], []
+        self._judge(sorted(pending, key=lambda r: r.client_key))
 
-    def _add(self, reply: Reply) -> None:
-        reported = reply.num_examples  # what the round's record keeps
-        reason = self._bound(reply)
-        if reason is not None:
-            log.warning("round %d: rejected reply from %s", self.round, reason)
-            self.rejected.append(reason)
-            return
-        weight = float(reply.num_examples) if self.weighted else 1.0
-        self.sum.add(reply.arrays, weight)
-        reply.arrays, reply.num_examples = [], reported
-        self.kept.append(reply)
+    def _judge(self, replies: list[Reply]) -> None:
+        """Bound each reply, then (under the lock) add it to the sum or reject it."""
+        for reply in replies:
+            reported = reply.num_examples  # what the round's record keeps
+            verdict = self._bound(reply, self.measured.pop(id(reply), None))
+            with self.lock:
+                for counter, hit in (
+                    ("weights_capped", verdict.capped),
+                    ("updates_clipped", verdict.clipped),
+                    ("against_the_round", verdict.against),
+                ):
+                    if hit:
+                        self.extra[counter] = self.extra.get(counter, 0) + 1
+                if verdict.reason is not None:
+                    log.warning("round %d: rejected reply from %s", self.round, verdict.reason)
+                    self.rejected.append(verdict.reason)
+                    continue
+                weight = float(reply.num_examples) if self.weighted else 1.0
+                self.sum.add(reply.arrays, weight)
+                reply.arrays, reply.num_examples = [], reported
+                self.kept.append(reply)
+                self.norms.append(verdict.norm)
 
-    def _bound(self, reply: Reply) -> str | None:
-        """The reply with its weight capped and its update bounded, or why it is rejected."""
+    def _bound(self, reply: Reply, update: np.ndarray | None = None) -> Verdict:
+        """The reply with its weight capped and its update bounded (``update``: its
+        update vector, if already taken), or why it is rejected."""
         limits = self.limits
         assert limits is not None
-        if limits.count is not None and reply.num_examples > limits.count:
-            self.extra["weights_capped"] = self.extra.get("weights_capped", 0) + 1
+        capped = limits.count is not None and reply.num_examples > limits.count
+        if capped:
             reply.num_examples = limits.count
         reference = self.reference_of(reply.client_key)
         tensors = compared([reply.arrays], [reference])
-        update = update_vector(reply.arrays, reference, tensors)
-        norm, moved = float(np.linalg.norm(update)), False
+        if update is None:
+            update = update_vector(reply.arrays, reference, tensors)
+        norm, moved, clipped, against = float(np.linalg.norm(update)), False, False, False
         if limits.norm is not None and norm > limits.norm:
             if self.bounds.action == "reject":
-                return (
+                reason = (
                     f"{reply.client_key}: update norm above update-norm-bound x the "
                     f"lower median ({limits.norm:.3g})"
                 )
+                return Verdict(reason, capped=capped)
             update *= limits.norm / norm
-            norm, moved = limits.norm, True
-            self.extra["updates_clipped"] += 1
+            norm, moved, clipped = limits.norm, True, True
         centre = limits.centre
         if centre is not None and update.size == centre.size and norm > 0:
             cosine = float(update @ centre) / norm
             if cosine < self.bounds.min_cosine:
-                self.extra["against_the_round"] += 1
+                against = True
                 if self.bounds.direction_action == "reject":
-                    return (
+                    reason = (
                         f"{reply.client_key}: update points against the round (cosine "
                         f"{cosine:.2f} with the median update, below direction-min-cosine "
                         f"{self.bounds.min_cosine:g})"
                     )
+                    return Verdict(reason, capped=capped, clipped=clipped, against=True)
                 update -= float(update @ centre) * centre  # what it adds across the round
                 length = float(np.linalg.norm(update))
                 if length > limits.typical:
@@ -255,15 +314,17 @@ class StreamedRound:
                 norm, moved = float(np.linalg.norm(update)), True
         if moved:
             reply.arrays = with_update(reply.arrays, reference, tensors, update)
-        self.norms.append(norm)
-        return None
+        return Verdict(None, norm, capped, clipped, against)
 
     def close(self) -> None:
         """No more replies: judge any still waiting (held rules, if the reservoir gave none)."""
         with self.lock:
             self.closed = True
-            if self.limits is None and self.pending:
-                self._fix(self.pending)
+            held = self.pending if self.limits is None and self.pending else None
+        if held is not None:
+            self._fix(held)
+        with self.lock:
+            self.measured.clear()
             self.kept.sort(key=lambda r: r.client_key)
             self.rejected.sort()
             self.extra["replies_held_at_once"] = self.most_waiting
