@@ -5,7 +5,6 @@ checkpoint are both written and read through here (neither side imports the othe
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import tempfile
 from pathlib import Path
@@ -25,7 +24,7 @@ def _digest(arrays: dict[str, np.ndarray]) -> str:
         h.update(key.encode())
         h.update(str(a.dtype).encode())
         h.update(str(a.shape).encode())
-        h.update(a.tobytes())
+        h.update(a.reshape(-1).view(np.uint8))  # tobytes()'s bytes, without copying them
     return h.hexdigest()
 
 
@@ -47,12 +46,11 @@ def write_checked_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
     """Write ``arrays`` with a sha256 of their contents: to a temporary file in the
     same directory, fsync, then rename (a crash leaves the old file or the new)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    buf = io.BytesIO()
-    np.savez(buf, **arrays, **{_CHECKSUM: np.array(_digest(arrays))})
+    checksum = np.array(_digest(arrays))
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(buf.getvalue())
+            np.savez(f, **arrays, **{_CHECKSUM: checksum})  # straight to the file: no copy
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
