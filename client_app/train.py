@@ -106,6 +106,7 @@ def only_trainable(model: nn.Module, params: Iterable[nn.Parameter]) -> Iterator
 
 # torch's SGD and Adam, without their torch._dynamo wrappers (pflower.patches says why)
 SGD, Adam = pflower.patches.optimizers()
+pflower.patches.npy_headers()  # the received tensors, without parsing their headers again
 
 
 def make_optimizer(params: list[nn.Parameter], cfg: RunConfig) -> torch.optim.Optimizer:

@@ -19,7 +19,7 @@ def test_the_table_lists_every_patch_and_every_patch_function_is_in_it() -> None
     functions = {"linkstate-index", "supernode-backoff", "object-retries", "superexec-fork"}
     functions |= {"fleet-long-poll"}
     functions |= {"fab-reuse", "clientapp-task-end"}
-    functions |= {"optimizers-without-dynamo", "secagg-masks"}
+    functions |= {"optimizers-without-dynamo", "secagg-masks", "npy-headers"}
     assert set(pflower.patches.PATCHES) == functions
     for name in functions:
         assert f"``{name}``" in doc  # the table row
@@ -111,7 +111,9 @@ def test_the_switch_runs_flower_and_torch_as_they_are() -> None:
         "from client_app.train import SGD, Adam; import server_app.app; "
         "from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState as S; "
         "assert SGD is torch.optim.SGD and Adam is torch.optim.Adam; "
-        "assert not getattr(S, '_pflower_indexed', False); print('ok')"
+        "assert not getattr(S, '_pflower_indexed', False); "
+        "from flwr.compat.common import parameter as P; import client_app.train; "
+        "assert not getattr(P.bytes_to_ndarray, '_pflower_npy', False); print('ok')"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT
@@ -142,3 +144,43 @@ def test_a_clientapp_task_ends_with_flowers_exit_handlers_and_the_worker_goes_on
     with pytest.raises(pflower.patches.TaskEnded):
         runner.flwr_exit(101)  # the next task's end: its own handlers only
     assert ran == ["status pushed", "heartbeat stopped"]
+
+
+def test_npy_headers_reads_what_np_load_reads_and_refuses_what_it_refuses() -> None:
+    """Every dtype, shape and memory order Flower's ``ndarray_to_bytes`` writes reads
+    back as ``np.load`` reads it: the same values, dtype, shape, order, writable and
+    its own memory, on first sight of a header and from memory after; a truncated
+    tensor is refused as np.load refuses it, and a non-.npy one goes to np.load."""
+    import numpy as np
+    from flwr.compat.common import parameter
+
+    assert pflower.patches.npy_headers()
+    fast = parameter.bytes_to_ndarray
+    flower = fast._pflower_flower
+    rng = np.random.default_rng(0)
+    arrays = [
+        rng.normal(size=(64, 32, 5, 5)).astype(np.float32),
+        rng.normal(size=(3, 4)).astype(">f8"),
+        np.asfortranarray(rng.normal(size=(7, 5))),
+        np.array(3.5),
+        np.zeros((0, 4), np.float32),
+        np.array([True, False, True]),
+        rng.integers(0, 9, size=(5,), dtype=np.int64),
+        np.array(["a", "bc"]),
+    ]
+    for array in arrays:
+        data = parameter.ndarray_to_bytes(array)
+        want = flower(data)
+        for _ in range(2):  # first sight of the header, then from memory
+            got = fast(data)
+            assert got.dtype == want.dtype and got.shape == want.shape
+            assert np.array_equal(got, want)
+            assert got.flags.f_contiguous == want.flags.f_contiguous
+            assert got.flags.c_contiguous == want.flags.c_contiguous
+            assert got.flags.writeable and got.flags.owndata
+    short = parameter.ndarray_to_bytes(arrays[0])[:-4]
+    for read in (fast, flower):
+        with pytest.raises(ValueError):
+            read(short)
+    with pytest.raises(ValueError):  # not .npy at all: np.load's own refusal
+        fast(b"not a tensor")
