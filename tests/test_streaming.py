@@ -280,3 +280,25 @@ def test_a_checkpoint_keeps_the_bounds_history() -> None:
     fresh = make_strategy(config(method="fedavg"))
     fresh.restore_server_state(older)  # a checkpoint from before: no history, no error
     assert fresh.norm_history.direction is None and not fresh.norm_history.values()
+
+
+def test_the_running_sum_a_chunk_at_a_time_is_twosum_over_whole_tensors() -> None:
+    """The sum works a cache-sized chunk at a time; its hi and lo are, bit for bit,
+    TwoSum's over whole tensors (a tensor longer than a chunk, one shorter, a 0-d)."""
+    rng = np.random.default_rng(5)
+    shapes = [(3 * RunningMean.CHUNK + 17,), (5, 7), ()]
+    uploads = [[rng.normal(size=s).astype(np.float32) for s in shapes] for _ in range(6)]
+    weights = [float(w) for w in rng.integers(1, 500, size=6)]
+    total = RunningMean()
+    hi = [np.zeros(s) for s in shapes]
+    lo = [np.zeros(s) for s in shapes]
+    for upload, w in zip(uploads, weights):
+        total.add(upload, w)
+        for i, a in enumerate(upload):
+            x = a.astype(np.float64) * w
+            s = hi[i] + x
+            back = s - hi[i]
+            lo[i] = lo[i] + ((x - back) + (hi[i] - (s - back)))
+            hi[i] = s
+    for mine, want in zip(total.hi + total.lo, hi + lo):
+        assert mine.shape == want.shape and np.array_equal(mine, want)
