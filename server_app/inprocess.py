@@ -64,6 +64,7 @@ class LocalProxy(ClientProxy):
     ) -> None:
         super().__init__(str(node_id))
         self.node_id = node_id
+        self.partition_id = int(context.node_config.get("partition-id", node_id - 1))
         self.context = context
         self.overrides = overrides
         self.record = record

@@ -172,7 +172,7 @@ class PFLStrategy(Strategy):
             self.class_lists.ask([p for p, _, _ in sent], self.cfg.round_timeout or None, 1)
         rl.marks["configure"] = time.perf_counter()
         self.rounds.participation.asked[server_round] = nodes = [p.node_id for p, _, _ in sent]
-        self.streamed = streaming.open_round(self, server_round, nodes)
+        self.streamed = streaming.open_round(self, server_round, nodes, self.sampler.places(sent))
         sent = streaming.folding(self.streamed, sent)  # each reply folded as it arrives
         return [(proxy, FitIns(payload, config)) for proxy, payload, config in sent]
 

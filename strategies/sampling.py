@@ -6,6 +6,8 @@ import logging
 import math
 import random
 import time
+from collections.abc import Iterable
+from typing import Any
 
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
@@ -65,13 +67,23 @@ class Sampler:
                 )
         available = list(client_manager.all().values())
         n = max(1, int(math.ceil(fraction * len(available))))
-        ranked = sorted(available, key=self._place)
+        ranked = sorted(available, key=lambda p: (self.place(p), p.node_id))
         if n >= len(ranked):
             return ranked
         return random.Random(f"{self.seed}/{kind}/{server_round}").sample(ranked, n)
 
-    def _place(self, proxy: ClientProxy) -> tuple[int, int]:
+    def places(self, sent: Iterable[tuple[Any, ...]]) -> dict[int, int]:
+        """Node id -> rank key (``place``) of a round's (proxy, ...) instructions."""
+        return {item[0].node_id: self.place(item[0]) for item in sent}
+
+    def place(self, proxy: ClientProxy) -> int:
+        """A client's rank key: its partition id where the engine tells it (the
+        in-process engine's proxies carry it; the Ray simulation registered its nodes
+        in partition order), else its node id (a deployment)."""
+        partition = getattr(proxy, "partition_id", None)
+        if partition is not None:
+            return int(partition)
         node_id = int(getattr(proxy, "node_id", 0) or proxy.cid)
         if node_id not in self._order:
             self._order = registration_order(getattr(proxy, "grid", None))
-        return self._order.get(node_id, len(self._order)), node_id
+        return self._order.get(node_id, node_id)

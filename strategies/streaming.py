@@ -73,9 +73,17 @@ def _rank(server_round: int, node_id: int) -> int:
     return int.from_bytes(digest, "big")
 
 
-def reservoir_nodes(server_round: int, node_ids: list[int], size: int = RESERVOIR) -> set[int]:
-    """The ``size`` sampled nodes whose replies fix a streamed round's references."""
-    return set(sorted(node_ids, key=lambda n: _rank(server_round, n))[:size])
+def reservoir_nodes(
+    server_round: int,
+    node_ids: list[int],
+    size: int = RESERVOIR,
+    places: dict[int, int] | None = None,
+) -> set[int]:
+    """The ``size`` sampled nodes whose replies fix a streamed round's references,
+    ranked by their ``places`` (simulation: partition ids, the same in every engine),
+    else by node id."""
+    places = places or {}
+    return set(sorted(node_ids, key=lambda n: _rank(server_round, places.get(n, n)))[:size])
 
 
 def update_of(upload: NDArrays, reference: NDArrays) -> np.ndarray:
@@ -371,15 +379,18 @@ def streams(strategy: Any) -> bool:
     )
 
 
-def open_round(strategy: Any, server_round: int, node_ids: list[int]) -> StreamedRound | None:
-    """A streamed round over the sampled ``node_ids``, or None (held)."""
+def open_round(
+    strategy: Any, server_round: int, node_ids: list[int], places: dict[int, int] | None = None
+) -> StreamedRound | None:
+    """A streamed round over the sampled ``node_ids`` (``places``: each one's rank key,
+    see ``reservoir_nodes``), or None (held)."""
     cfg = strategy.cfg
     if not streams(strategy):
         return None
     bounded = cfg.weight_cap > 0 or cfg.update_norm_bound > 0 or cfg.direction_check_from > 0
     return StreamedRound(
         server_round,
-        reservoir_nodes(server_round, node_ids, cfg.stream_reservoir) if bounded else set(),
+        reservoir_nodes(server_round, node_ids, cfg.stream_reservoir, places) if bounded else set(),
         Bounds.of(cfg, True),
         strategy.norm_history.values(),
         strategy.aggregation == "weighted",
