@@ -77,13 +77,15 @@ class Sampler:
         return {item[0].node_id: self.place(item[0]) for item in sent}
 
     def place(self, proxy: ClientProxy) -> int:
-        """A client's rank key: its partition id where the engine tells it (the
-        in-process engine's proxies carry it; the Ray simulation registered its nodes
-        in partition order), else its node id (a deployment)."""
+        """A client's rank key: in simulation its number in the federation, partition
+        id + 1 (the in-process engine's node id; the Ray simulation registered its
+        random node ids in partition order), else its node id (a deployment)."""
         partition = getattr(proxy, "partition_id", None)
-        if partition is not None:
-            return int(partition)
-        node_id = int(getattr(proxy, "node_id", 0) or proxy.cid)
-        if node_id not in self._order:
-            self._order = registration_order(getattr(proxy, "grid", None))
-        return self._order.get(node_id, node_id)
+        if partition is None:
+            node_id = int(getattr(proxy, "node_id", 0) or proxy.cid)
+            if node_id not in self._order:
+                self._order = registration_order(getattr(proxy, "grid", None))
+            partition = self._order.get(node_id)
+            if partition is None:
+                return node_id
+        return int(partition) + 1

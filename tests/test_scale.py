@@ -264,7 +264,7 @@ def test_a_resident_model_per_worker_trains_what_a_copy_per_message_trains(
         assert a["per_client_train_loss"] == b["per_client_train_loss"]
 
 
-def test_a_simulated_nodes_registration_order_is_its_partition_id() -> None:
+def test_a_simulated_nodes_registration_order_is_its_partition_id(tmp_path) -> None:
     """What the seeded sampler ranks simulated clients by (strategies/sampling.py):
     Flower's simulation engine registers node ``i`` for partition ``i`` with a random
     node id, and the in-memory LinkState keeps them in that order."""
@@ -285,6 +285,10 @@ def test_a_simulated_nodes_registration_order_is_its_partition_id() -> None:
     assert sorted(partitions) != list(partitions)  # random ids: their order is not the partitions'
     assert registration_order(SimpleNamespace(state=factory.state())) == partitions
     assert registration_order(SimpleNamespace()) == {}  # a deployment's grid: none
+    # the in-process engine's node ids are the same numbers: its reservoirs as before
+    server, _ = build_inprocess({**SMALL, "method": "fedavg", "output-dir": str(tmp_path)}, 5)
+    proxies = list(server.client_manager().all().values())
+    assert [server.strategy.sampler.place(p) for p in proxies] == [p.node_id for p in proxies]
 
 
 @pytest.mark.slow
