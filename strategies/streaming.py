@@ -9,7 +9,8 @@ received it and returns it emptied of its arrays.
 
 The bounds (strategies/robust.py) take their references from a bounded reservoir of
 the round's own replies: the ``RESERVOIR`` sampled nodes whose hash of round and node
-id is smallest, sent their instructions first. Replies that arrive before every
+id (in simulation: the client's number, the same in every engine) is smallest, sent
+their instructions first. Replies that arrive before every
 reservoir node has returned wait (a few, as those nodes go first); then the
 references are fixed from the reservoir's accepted replies and every reply is judged
 by them alone, so the round's outcome does not depend on the order replies arrive in:
