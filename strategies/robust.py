@@ -431,7 +431,8 @@ class RunningMean:
                 n = min(self.CHUNK, flat.size - at)
                 x, s, back = (row[:n] for row in self._scratch)
                 hi, lo = hi_flat[at : at + n], lo_flat[at : at + n]
-                np.multiply(flat[at : at + n], weight, out=x, dtype=np.float64)  # exact
+                # exact: a float32 times a count below 2**29 fits float64's 53 bits
+                np.multiply(flat[at : at + n], weight, out=x, dtype=np.float64)
                 np.add(hi, x, out=s)
                 np.subtract(s, hi, out=back)
                 np.subtract(x, back, out=x)  # TwoSum, the bits s lost: (x - back) ...

@@ -206,22 +206,20 @@ class StreamedRound:
             )
             self.bytes_up += received
             self.rejected += rejected
-            ready, held = [], []
-            for reply in accepted:
-                if self.limits is not None:
-                    ready.append(reply)
-                    continue
-                held.append(reply)
-                self.pending.append(reply)
+            fixed = self.limits is not None
+        # a reply that must wait for the references has its update taken now, on this
+        # worker, before it joins the waiting ones (the worker that fixes them reads it)
+        measured = {} if fixed else {id(r): self._update(r) for r in accepted}
+        with self.lock:
+            self.measured.update(measured)
+            ready = accepted if self.limits is not None else []  # fixed meanwhile: judged now
+            if not ready:
+                self.pending += accepted
                 self.most_waiting = max(self.most_waiting, len(self.pending))
                 if proxy.node_id in self.members:
-                    self.sample.append(reply)
-        for reply in held:  # its update taken now, on this worker, not by the one that fixes
-            reference = self.reference_of(reply.client_key)
-            self.measured[id(reply)] = update_of(reply.arrays, reference)
-        self._judge(ready)
-        with self.lock:
+                    self.sample += accepted
             sample = self._returned(proxy.node_id)
+        self._judge(ready)
         if sample is not None:
             self._fix(sample)
 
@@ -243,12 +241,8 @@ class StreamedRound:
 
     def _fix(self, replies: list[Reply]) -> None:
         """Fix the references from ``replies`` and judge every reply waiting for them."""
-        updates = [
-            self.measured.get(id(r))
-            if id(r) in self.measured
-            else update_of(r.arrays, self.reference_of(r.client_key))
-            for r in replies
-        ]
+        updates = [self.measured.get(id(r)) for r in replies]
+        updates = [self._update(r) if u is None else u for r, u in zip(replies, updates)]
         limits = Limits.of(replies, updates, self.bounds, self.history, self.direction)
         with self.lock:
             self.limits = limits
@@ -258,6 +252,10 @@ class StreamedRound:
                 self.extra["against_the_round"] = 0
             pending, self.pending, self.sample = self.pending, [], []
         self._judge(sorted(pending, key=lambda r: r.client_key))
+
+    def _update(self, reply: Reply) -> np.ndarray:
+        """The reply's update vector against what it was sent."""
+        return update_of(reply.arrays, self.reference_of(reply.client_key))
 
     def _judge(self, replies: list[Reply]) -> None:
         """Bound each reply, then (under the lock) add it to the sum or reject it."""

@@ -184,3 +184,11 @@ def test_npy_headers_reads_what_np_load_reads_and_refuses_what_it_refuses() -> N
             read(short)
     with pytest.raises(ValueError):  # not .npy at all: np.load's own refusal
         fast(b"not a tensor")
+    # a header claiming a negative dimension, the data padded to fit what frombuffer's
+    # count of -1 ("all of it") would read: refused, as np.load refuses it
+    header = b"{'descr': '<f4', 'fortran_order': False, 'shape': (-1,), }"
+    header += b" " * (63 - len(header)) + b"\n"
+    crafted = b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + bytes(32)
+    for read in (flower, fast):
+        with pytest.raises(ValueError, match="negative"):
+            read(crafted)

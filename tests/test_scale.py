@@ -241,23 +241,22 @@ def test_a_resident_model_per_worker_trains_what_a_copy_per_message_trains(
     import client_app.app
 
     fresh = client_app.app._fresh
-    copies: list[bool] = []
+    copies: list[bool] = []  # one entry per deep copy of the template
 
     def counted(template: Any, reuse: bool) -> Any:
         copies.append(reuse)
         return fresh(template, reuse)
 
     monkeypatch.setattr(client_app.app, "_fresh", counted)
-    runs = []
+    runs, copied_models = [], []
     for reuse in (True, False):
         monkeypatch.setattr(client_app.app, "REUSE_MODELS", reuse)
         copies.clear()
         config = {**SMALL, "method": method, "fraction-fit": 0.75, "output-dir": str(tmp_path)}
         runs.append(run_inprocess({**config, "run-name": f"reuse-{reuse}"}, 4, parallel=1))
-        messages = len(copies) if not reuse else None
-        if reuse:
-            resident_copies = len(copies)
-    assert resident_copies < messages  # not vacuous: the resident model was reused
+        copied_models.append(len(copies))
+    with_reuse, per_message = copied_models  # per message: one copy a message
+    assert with_reuse < per_message  # not vacuous: the resident model was reused
     resident, copied = runs
     for a, b in zip(resident["rounds"], copied["rounds"], strict=True):
         assert a["per_client_accuracy"] == b["per_client_accuracy"]

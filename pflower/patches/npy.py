@@ -20,7 +20,8 @@ _lock = threading.Lock()
 def _layout(tensor: bytes) -> tuple[int, tuple[int, ...], bool, np.dtype] | None:
     """(data offset, shape, fortran order, dtype) of a .npy byte string, numpy's own
     reading of its header, remembered by the header's bytes; None where Flower's own
-    path should read it (not .npy, an unknown version, objects, zero-size items)."""
+    path should read it (not .npy, an unknown version, objects, zero-size items, a
+    negative dimension, which np.load refuses)."""
     if tensor[:6] != _MAGIC or len(tensor) < 10:
         return None
     version = tensor[6]
@@ -41,8 +42,9 @@ def _layout(tensor: bytes) -> tuple[int, tuple[int, ...], bool, np.dtype] | None
             else np.lib.format.read_array_header_2_0
         )
         found = read(fp)
-        if found[2].hasobject or found[2].itemsize == 0:
-            return None
+        shape, _, dtype = found
+        if dtype.hasobject or dtype.itemsize == 0 or any(d < 0 for d in shape):
+            return None  # np.load's own refusal (a negative dimension) or its own path
         with _lock:
             if len(_headers) < _MOST_HEADERS:
                 _headers[header] = found
