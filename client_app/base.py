@@ -25,6 +25,7 @@ from client_app.state import PersonalStore
 from client_app.train import cross_entropy, evaluate, train_epochs
 from models.roles import (
     CHECKPOINT_ROUND,
+    CHECKPOINT_WRITING,
     CLASSES_KEY,
     CLIENT_KEY,
     DATA_KEY,
@@ -231,11 +232,9 @@ class PFLClient(NumPyClient):
                 ", ".join(bad[:3]),
             )
             return
-        checkpointed = (config or {}).get(CHECKPOINT_ROUND)
+        told = [(config or {}).get(key) for key in (CHECKPOINT_ROUND, CHECKPOINT_WRITING)]
         self.store.save(
-            state,
-            message_round(config or {}),
-            None if checkpointed is None else int(checkpointed),
+            state, message_round(config or {}), *(None if r is None else int(r) for r in told)
         )
 
     # ---- hooks a method overrides --------------------------------------------------------

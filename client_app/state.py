@@ -7,8 +7,9 @@ Deployment: an atomic on-disk store under the site's state directory, so the
 personal part survives a SuperNode restart.
 
 ``load(upto)`` reads the newest state saved at round ``upto`` or before (None: the
-newest); ``save(arrays, server_round, checkpointed)`` names the round that wrote it
-and the round of the server's last checkpoint. Only the per-round store uses them.
+newest); ``save(arrays, server_round, checkpointed, writing)`` names the round that
+wrote it, the round of the server's last checkpoint and of the one it is writing.
+Only the per-round store uses them.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class PersonalStore(Protocol):
         arrays: dict[str, np.ndarray],
         server_round: int | None = None,
         checkpointed: int | None = None,
+        writing: int | None = None,
     ) -> None: ...
 
     def set_aside(self, why: str) -> None:
@@ -63,6 +65,7 @@ class ContextStore:
         arrays: dict[str, np.ndarray],
         server_round: int | None = None,
         checkpointed: int | None = None,
+        writing: int | None = None,
     ) -> None:
         self.context.state[_RECORD] = ArrayRecord(
             # np.require keeps 0-d entries (BN num_batches_tracked) 0-d; ascontiguousarray would not
@@ -104,6 +107,7 @@ class DiskStore:
         arrays: dict[str, np.ndarray],
         server_round: int | None = None,
         checkpointed: int | None = None,
+        writing: int | None = None,
     ) -> None:
         write_checked_npz(self.path, arrays)
 
@@ -115,7 +119,8 @@ def file_name(site: str) -> str:
 class RoundStore(DiskStore):
     """A simulated client's personal state, one file per round that saved it:
     ``<root>/<site>/r<round>.npz``. A save keeps, beside the new file, the newest one
-    at or before the server's last checkpoint, so a run resumed from that checkpoint
+    at or before the server's last checkpoint (and at or before the one it is
+    writing), so a run resumed from that checkpoint
     finds the client as it was then, even if the client had trained again before
     the run stopped. A site with no file of its own reads ``fallback`` (the
     personal state of the run it resumes from)."""
@@ -148,15 +153,18 @@ class RoundStore(DiskStore):
         arrays: dict[str, np.ndarray],
         server_round: int | None = None,
         checkpointed: int | None = None,
+        writing: int | None = None,
     ) -> None:
         before = self.versions(self.dir)
         now = server_round if server_round is not None else max(before, default=0)
         self.path = self.dir / f"r{now}.npz"
         write_checked_npz(self.path, arrays)
-        # rounds after the checkpoint will never be resumed from: only the newest
-        # state at or before it is kept beside this round's
-        limit = -1 if checkpointed is None else checkpointed
-        kept = max((r for r in before if r <= limit and r != now), default=None)
+        # a run resumes from the server's last checkpoint, or from the one it is
+        # writing: the newest state at or before each is kept beside this round's
+        kept = {now}
+        for limit in (checkpointed, writing):
+            if limit is not None:
+                kept.add(max((r for r in before if r <= limit), default=now))
         for r, path in before.items():
-            if r not in (now, kept):
+            if r not in kept:
                 path.unlink(missing_ok=True)

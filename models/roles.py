@@ -18,6 +18,7 @@ from torch import nn
 CLIENT_KEY = "client-key"  # fit/evaluate metrics: the stable client identity
 EVALUATE_FIRST = "evaluate-first"  # fit instruction: score before training (eval-in-fit)
 CHECKPOINT_ROUND = "checkpoint-round"  # instruction: the round of the server's last checkpoint
+CHECKPOINT_WRITING = "checkpoint-writing"  # instruction: the round of the one being written
 CLASSES_KEY = "class-names-sha"  # fit metrics: a digest of the client's own class list
 DATA_KEY = "data-sha"  # fit metrics: a digest of the client's data (results.json)
 DEVICE_KEY = "device"  # fit metrics: the device type the client trained on (cpu, cuda)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,39 @@ def save_server_state(
     meta = json.dumps({"method": method, "round": server_round})
     write_checked_npz(path, {**arrays, _META: np.array(meta)})
     return path
+
+
+class CheckpointWrite:
+    """A checkpoint written (atomically, and synced) on a thread of its own while the
+    next round runs: the clients are told its round as the one being written beside
+    the last one written, and keep their personal state as of each
+    (client_app/state.py), so a run resumed from either file finds its clients'
+    states. The arrays are written as ``server_state`` returned them: the strategy
+    replaces its global tensors each round, never changes them in place."""
+
+    def __init__(
+        self, run_dir: Path, method: str, server_round: int, arrays: dict[str, np.ndarray]
+    ) -> None:
+        self.round = server_round
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(
+            target=self._write, args=(run_dir, method, arrays), name=f"checkpoint-{server_round}"
+        )
+        self.thread.start()
+
+    def _write(self, run_dir: Path, method: str, arrays: dict[str, np.ndarray]) -> None:
+        try:
+            save_server_state(run_dir, method, self.round, arrays)
+        except BaseException as err:  # noqa: BLE001 - raised again by wait
+            self.error = err
+
+    def wait(self) -> int:
+        """The round written, once it is; raises what the write raised (the run stops
+        there, as on a failed synchronous write)."""
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.round
 
 
 def checkpoint_path(resume_from: str) -> Path:
@@ -114,5 +148,10 @@ def save_if_due(strategy: Any, server_round: int) -> None:
     if recorder is not None and checkpoint_due(
         done, cfg.checkpoint_every, rounds.offset + cfg.num_server_rounds
     ):
-        save_server_state(recorder.dir, cfg.method, done, strategy.server_state())
-        rounds.checkpointed = done
+        rounds.settle_checkpoint()  # the one before first: they land in order
+        state = strategy.server_state()
+        if done == rounds.offset + cfg.num_server_rounds:  # the last: written at once
+            save_server_state(recorder.dir, cfg.method, done, state)
+            rounds.checkpointed = done
+        else:  # settled by the next checkpoint (Rounds.settle_checkpoint)
+            rounds.writing = CheckpointWrite(recorder.dir, cfg.method, done, state)

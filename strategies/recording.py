@@ -9,15 +9,25 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.common import Scalar
 
-from models.roles import CHECKPOINT_ROUND, DATA_KEY, DEVICE_KEY, EVAL_PREFIX, EVALUATE_FIRST
+from models.roles import (
+    CHECKPOINT_ROUND,
+    CHECKPOINT_WRITING,
+    DATA_KEY,
+    DEVICE_KEY,
+    EVAL_PREFIX,
+    EVALUATE_FIRST,
+)
 from pflower.results import RunRecorder
 from strategies.outcome import Participation
 from strategies.replies import Evaluation, Reply
+
+if TYPE_CHECKING:
+    from strategies.checkpoint import CheckpointWrite
 
 log = logging.getLogger("flwr.pflower")
 # evaluate metrics whose mean over clients each round record keeps (as name_mean)
@@ -127,7 +137,8 @@ class Rounds(dict[int, RoundLog]):
         super().__init__()
         self.recorder = recorder
         self.offset = 0  # rounds done before this run (resume-from)
-        self.checkpointed = 0  # the round of the newest server checkpoint
+        self.checkpointed = 0  # the newest server checkpoint known written
+        self.writing: CheckpointWrite | None = None  # the next, being written
         self.unscored = False  # the checkpoint's round has no record yet (eval-in-fit)
         self.facts = ClientFacts()
         self.participation = Participation()  # who was asked, who replied (outcome.py)
@@ -149,15 +160,24 @@ class Rounds(dict[int, RoundLog]):
 
     def instructions(self, server_round: int, fit: bool, eval_in_fit: bool) -> dict[str, Scalar]:
         """What every fit or evaluate message of a round carries: its round counted
-        across resumes, the newest checkpoint's round (a simulated client keeps its
-        state as of it), and whether to score the model received before training."""
+        across resumes, the newest checkpoint written and the one being written (a
+        simulated client keeps its state as of each), and whether to score the model
+        received before training."""
         config: dict[str, Scalar] = {
             "server-round": self.offset + server_round,
             CHECKPOINT_ROUND: self.checkpointed,
         }
+        if self.writing is not None:
+            config[CHECKPOINT_WRITING] = self.writing.round
         if fit and eval_in_fit and self.scores_previous(server_round):
             config[EVALUATE_FIRST] = True
         return config
+
+    def settle_checkpoint(self) -> None:
+        """Wait for the checkpoint being written; from now on the clients are told of it."""
+        if self.writing is not None:
+            writing, self.writing = self.writing, None
+            self.checkpointed = writing.wait()
 
     def of(self, server_round: int) -> RoundLog:
         return self.setdefault(server_round, RoundLog())

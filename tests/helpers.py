@@ -45,6 +45,7 @@ class MemoryStore:
         arrays: dict[str, np.ndarray],
         server_round: int | None = None,
         checkpointed: int | None = None,
+        writing: int | None = None,
     ) -> None:
         self.state = {k: v.copy() for k, v in arrays.items()}
 

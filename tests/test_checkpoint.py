@@ -33,6 +33,8 @@ def _one_round(strategy: PFLStrategy, server_round: int, clients: int = 4) -> No
         ]
         replies.append((FakeProxy(k + 1), fit_res(arrays, f"client-{k}", 10 + k)))
     strategy.aggregate_fit(server_round, replies, [])
+    if strategy.rounds.writing is not None:  # the checkpoint, written on its own thread
+        strategy.rounds.writing.thread.join()
 
 
 @pytest.mark.parametrize("method", ["fedavg", "fedper", "fedfac-static", "fedfac-dynamic"])
@@ -59,6 +61,41 @@ def test_a_resumed_server_has_what_the_saved_one_learned(method: str, tmp_path: 
     # rounds go on from the saved one, on the wire and in the checkpoint
     _one_round(second, 1)
     assert json.loads(str(np.load(tmp_path / "b" / SERVER_STATE)["__meta__"]))["round"] == 3
+
+
+def test_a_checkpoint_is_written_beside_the_next_round_and_told_as_being_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Round 2's checkpoint is written on its own thread while round 3 runs: round 3's
+    clients are told round 1's as written and round 2's as being written (they keep
+    their state as of both); the next checkpoint waits for it first."""
+    strategy = _with_recorder(
+        config(method="fedavg", output_dir=str(tmp_path), run_name="a", num_server_rounds=4)
+    )
+    saved = tmp_path / "a" / SERVER_STATE
+    _one_round(strategy, 1)
+    _one_round(strategy, 2)
+    writing = strategy.rounds.writing
+    assert writing is not None and writing.round == 2
+    told = strategy.rounds.instructions(3, True, True)
+    assert (told["checkpoint-round"], told["checkpoint-writing"]) == (1, 2)
+    kept = np.load(saved)
+    assert json.loads(str(kept["__meta__"]))["round"] == 2
+    for got, want in zip(
+        (kept[f"global/{s.name}"] for s in strategy.spec), strategy.global_arrays, strict=True
+    ):
+        np.testing.assert_array_equal(got, want)
+    assert not list(saved.parent.glob("*.tmp"))
+    # a write that fails stops the run at the next checkpoint, the last good file kept
+    monkeypatch.setattr(
+        "strategies.checkpoint.write_checked_npz",
+        lambda path, arrays: (_ for _ in ()).throw(OSError("disk full")),
+    )
+    _one_round(strategy, 3)  # settles round 2's, starts round 3's (which fails)
+    assert strategy.rounds.checkpointed == 2
+    with pytest.raises(OSError, match="disk full"):
+        _one_round(strategy, 4)
+    assert json.loads(str(np.load(saved)["__meta__"]))["round"] == 2
 
 
 def test_factorized_fl_resumes_every_clients_own_aggregate(tmp_path: Path) -> None:

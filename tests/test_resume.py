@@ -49,6 +49,20 @@ def test_a_client_keeps_its_state_as_of_the_servers_last_checkpoint(tmp_path) ->
     assert sorted(p.name for p in store.dir.iterdir()) == ["r2.npz", "r4.npz"]  # untouched
 
 
+def test_a_client_keeps_its_state_as_of_the_checkpoint_being_written_too(tmp_path) -> None:
+    """While the server writes round 3's checkpoint (round 4 running), a resumed run
+    may start from round 2's or round 3's: the client keeps its state as of each."""
+    store = RoundStore(tmp_path / "run" / PERSONAL_STATE_DIR, "client/0")
+    for r in (1, 2, 3):
+        store.save(_state(r), server_round=r, checkpointed=r - 1, writing=None)
+    store.save(_state(4), server_round=4, checkpointed=2, writing=3)
+    assert sorted(p.name for p in store.dir.iterdir()) == ["r2.npz", "r3.npz", "r4.npz"]
+    assert store.load(upto=3)["head.weight"][0, 0] == 3
+    assert store.load(upto=2)["head.weight"][0, 0] == 2
+    store.save(_state(5), server_round=5, checkpointed=3, writing=4)  # 2's is let go
+    assert sorted(p.name for p in store.dir.iterdir()) == ["r3.npz", "r4.npz", "r5.npz"]
+
+
 def test_a_fresh_run_does_not_read_what_an_earlier_run_of_its_name_left(tmp_path) -> None:
     run_dir = tmp_path / "runs" / "exp"
     left = run_dir / PERSONAL_STATE_DIR / "client-0"
