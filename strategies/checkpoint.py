@@ -60,6 +60,8 @@ class CheckpointWrite:
         try:
             save_server_state(run_dir, method, self.round, arrays)
         except BaseException as err:  # noqa: BLE001 - raised again by wait
+            # logged now too: a run whose last round aggregates nothing never waits
+            log.error("checkpoint of round %d not written: %s", self.round, err)
             self.error = err
 
     def wait(self) -> int:

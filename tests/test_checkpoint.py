@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -64,7 +65,7 @@ def test_a_resumed_server_has_what_the_saved_one_learned(method: str, tmp_path: 
 
 
 def test_a_checkpoint_is_written_beside_the_next_round_and_told_as_being_written(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Round 2's checkpoint is written on its own thread while round 3 runs: round 3's
     clients are told round 1's as written and round 2's as being written (they keep
@@ -91,7 +92,9 @@ def test_a_checkpoint_is_written_beside_the_next_round_and_told_as_being_written
         "strategies.checkpoint.write_checked_npz",
         lambda path, arrays: (_ for _ in ()).throw(OSError("disk full")),
     )
-    _one_round(strategy, 3)  # settles round 2's, starts round 3's (which fails)
+    with caplog.at_level(logging.ERROR, logger="flwr.pflower"):
+        _one_round(strategy, 3)  # settles round 2's, starts round 3's (which fails)
+    assert "checkpoint of round 3 not written: disk full" in caplog.text
     assert strategy.rounds.checkpointed == 2
     with pytest.raises(OSError, match="disk full"):
         _one_round(strategy, 4)
