@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 from pathlib import Path
 
 import datasets
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from methods import parse_run_config
@@ -429,6 +431,49 @@ def test_the_shared_neurons_carry_the_label_only_when_most_of_the_teacher_is_sha
 
 
 @pytest.mark.parametrize(
+    "shared_neurons, shared_covariates", [(0.5, 0.4), (1.0, 0.4), (0.5, 0.0), (0.0, 1.0)]
+)
+def test_one_simulated_client_is_drawn_alone_as_the_whole_study_draws_it(
+    shared_neurons, shared_covariates
+):
+    """A process serving some of 100,000 simulated clients draws each one alone from
+    where its draws begin (16 bytes a client kept), the same bits as the whole study."""
+    from pflower.data.synthetic import generate_simulation_study, simulated_client
+
+    shape = (30, 16, 12, shared_neurons, shared_covariates, 0.1, 5)  # n, d, m, p, alpha, c, seed
+    study = generate_simulation_study(9, *shape)
+    for client in (8, 0, 3):
+        x, y = simulated_client(client, 9, *shape)
+        assert np.array_equal(x, study.features[client])
+        assert np.array_equal(y, study.labels[client])
+
+
+def test_the_simulation_study_draws_what_every_recorded_result_was_made_with():
+    """The generator's stream, pinned: the main job's and the papers' tables were made
+    with these draws (a digest of the data of an earlier commit's generator)."""
+    from pflower.data.synthetic import generate_simulation_study
+
+    study = generate_simulation_study(4, 10, hidden=20)
+    digest = hashlib.sha256()
+    for x, y in zip(study.features, study.labels):
+        digest.update(x.tobytes())
+        digest.update(y.tobytes())
+    assert digest.hexdigest()[:16] == "0aebc5fc91695866"
+
+
+def test_a_simulated_client_is_loaded_without_the_whole_study(monkeypatch):
+    import pflower.data as data
+
+    def whole(*args, **kwargs):
+        raise AssertionError("the whole study was generated")
+
+    monkeypatch.setattr(data, "generate_simulation_study", whole)
+    cfg = RunConfig(sim_samples=20, seed=13)
+    got = data.build_client_data(cfg, 2, 6)
+    assert got.num_train + int(got.y_test.shape[0]) == 20
+
+
+@pytest.mark.parametrize(
     "pil_mode, mode, size, fast",
     [
         ("RGB", "RGB", (8, 6), True),  # the CIFAR case: decoded by torchvision
@@ -463,3 +508,29 @@ def test_an_image_decodes_to_the_same_pixels_whichever_decoder_reads_it(
     arr = arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
     assert got.shape == shape and got.dtype == np.uint8
     np.testing.assert_array_equal(got, arr)
+
+
+def test_client_data_kept_only_for_a_federation_within_the_budget(monkeypatch):
+    """A federation whose clients' tensors fit the budget is kept whole between
+    messages; a larger one is rebuilt each message (an LRU smaller than it would miss
+    every message of a round that asks every client, its slots held for nothing)."""
+    import pflower.data as data
+
+    small, large = RunConfig(sim_samples=20, seed=11), RunConfig(sim_samples=20, seed=12)
+    one = data.build_client_data(small, 0, 4).nbytes
+    monkeypatch.setattr(data, "CLIENT_DATA_BUDGET", 4 * one)
+    assert load_client_data(small, 1, 4) is load_client_data(small, 1, 4)  # kept
+    first = load_client_data(large, 1, 5)  # the first client of a federation tells its size
+    again = load_client_data(large, 1, 5)
+    assert again is not first  # rebuilt, not kept
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(
+            (first.x_train, first.y_train, first.x_test, first.y_test),
+            (again.x_train, again.y_train, again.x_test, again.y_test),
+        )
+    )
+    before = data._kept_client_data.cache_info().currsize
+    for pid in range(5):
+        load_client_data(large, pid, 5)
+    assert data._kept_client_data.cache_info().currsize == before  # nothing more kept

@@ -10,7 +10,7 @@ import torch
 
 from benchmarks.presets import subset_parquet
 from methods import parse_run_config
-from pflower.data import DataInfo, data_info, load_client_data
+from pflower.data import DataInfo, build_client_data, data_info
 from pflower.data.tables import Tabular
 
 
@@ -28,8 +28,8 @@ def test_the_cache_gives_the_same_data_and_is_used_again(site, tmp_path, caplog)
     caplog.set_level("INFO", logger="flwr.pflower")
     cfg = parse_run_config({"dataset": site})
     state = tmp_path / "state"
-    plain = load_client_data.__wrapped__(cfg, 0, 1, site)
-    first = load_client_data.__wrapped__(cfg, 0, 1, site, str(state))
+    plain = build_client_data(cfg, 0, 1, site)
+    first = build_client_data(cfg, 0, 1, site, str(state))
     assert "data cache: wrote" in caplog.text and len(entries(state)) == 1
     import pflower.data.hf
 
@@ -38,7 +38,7 @@ def test_the_cache_gives_the_same_data_and_is_used_again(site, tmp_path, caplog)
 
     with pytest.MonkeyPatch.context() as patch:  # a read of the cache, not a decode
         patch.setattr(pflower.data.hf, "load_client_arrays", no_decode)
-        again = load_client_data.__wrapped__(cfg, 0, 1, site, str(state))
+        again = build_client_data(cfg, 0, 1, site, str(state))
     assert "data cache: loaded" in caplog.text
     for name in ("x_train", "y_train", "x_test", "y_test"):
         assert torch.equal(getattr(plain, name), getattr(first, name))
@@ -49,29 +49,27 @@ def test_the_cache_gives_the_same_data_and_is_used_again(site, tmp_path, caplog)
 def test_a_changed_data_set_or_config_gets_its_own_entry(site, tmp_path) -> None:
     state = tmp_path / "state"
     cfg = parse_run_config({"dataset": site})
-    load_client_data.__wrapped__(cfg, 0, 1, site, str(state))
-    load_client_data.__wrapped__(
-        parse_run_config({"dataset": site, "seed": 3}), 0, 1, site, str(state)
-    )
+    build_client_data(cfg, 0, 1, site, str(state))
+    build_client_data(parse_run_config({"dataset": site, "seed": 3}), 0, 1, site, str(state))
     assert len(entries(state)) == 2
     Path(site).touch()  # the site's data changed (new modification time)
-    load_client_data.__wrapped__(cfg, 0, 1, site, str(state))
+    build_client_data(cfg, 0, 1, site, str(state))
     assert len(entries(state)) == 3
 
 
 def test_a_corrupt_cache_is_rebuilt_and_logged(site, tmp_path, caplog) -> None:
     state = tmp_path / "state"
     cfg = parse_run_config({"dataset": site})
-    good = load_client_data.__wrapped__(cfg, 0, 1, site, str(state))
+    good = build_client_data(cfg, 0, 1, site, str(state))
     (entry,) = entries(state)
     x = np.load(entry / "x_train.npy")
     x[0] += 1.0
     np.save(entry / "x_train.npy", x)  # same shape, wrong values: the checksum catches it
-    again = load_client_data.__wrapped__(cfg, 0, 1, site, str(state))
+    again = build_client_data(cfg, 0, 1, site, str(state))
     assert "unusable (checksum mismatch); rebuilding" in caplog.text
     assert torch.equal(good.x_train, again.x_train)
     (entry / "y_test.npy").write_bytes(b"not an array")
-    load_client_data.__wrapped__(cfg, 0, 1, site, str(state))
+    build_client_data(cfg, 0, 1, site, str(state))
     assert caplog.text.count("rebuilding") == 2
 
 
@@ -111,7 +109,7 @@ def test_the_cache_is_a_private_copy_readable_by_its_owner_only(site, tmp_path) 
     state = tmp_path / "state"
     old = os.umask(0o022)  # the usual umask would give 0644 files
     try:
-        load_client_data.__wrapped__(cfg, 0, 1, site, str(state))
+        build_client_data(cfg, 0, 1, site, str(state))
         data_info(cfg, site, str(state))
     finally:
         os.umask(old)
