@@ -331,11 +331,21 @@ def test_the_site_idle_poll_backs_off_and_resets_on_a_message(monkeypatch):
 
     import pflower.patches
 
-    slept: list[float] = []
-    monkeypatch.setattr(pflower.patches.backoff.time, "sleep", slept.append)
+    slept: list[float] = []  # recorded by this backoff alone: other threads sleep as ever
+    done = threading.Event()
+
+    def poll() -> None:  # a thread of an earlier test still polling: not recorded
+        for _ in range(5000):  # at most 5 s of its own sleeps
+            if done.is_set():
+                return
+            time.sleep(0.001)
+
+    other = threading.Thread(target=poll)
+    other.start()
     monkeypatch.setattr(loop, "time", loop.time)  # undone after the test
     monkeypatch.setattr(loop, "_pull_and_store_message", lambda **kw: kw["run_id"])
     backoff = pflower.patches.supernode_backoff()
+    backoff.pause = slept.append
     assert loop.time is backoff and loop.time.time() > 0  # the rest of `time` passes through
     for _ in range(12):
         loop.time.sleep(3)  # Flower's idle wait, as start_client_internal calls it
@@ -347,15 +357,16 @@ def test_the_site_idle_poll_backs_off_and_resets_on_a_message(monkeypatch):
     assert loop._pull_and_store_message(run_id=7) == 7  # a message: fast again
     loop.time.sleep(3)
     loop.time.sleep(0.5)  # waiting for the local ClientApp's reply, or a part of it
-    assert slept[-2:] == pytest.approx([0.1, 0.02])
+    done.set()
+    other.join()
+    assert slept[-2:] == pytest.approx([0.1, 0.02]) and len(slept) == 15
 
 
-def test_the_site_asks_again_at_once_after_a_pull_the_superlink_held_open(monkeypatch):
+def test_the_site_asks_again_at_once_after_a_pull_the_superlink_held_open():
     import pflower.patches
 
     slept: list[float] = []
-    monkeypatch.setattr(pflower.patches.backoff.time, "sleep", slept.append)
-    backoff = pflower.patches.IdleBackoff()
+    backoff = pflower.patches.IdleBackoff(pause=slept.append)
     backoff.pulled(False, pflower.patches.LONG_POLL)  # held open, then empty
     backoff.sleep(3)
     assert slept == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pflower.patches.core import check, enabled
@@ -16,7 +17,8 @@ class IdleBackoff:
     ``fleet-long-poll``); its 0.5 s waits for a local ClientApp's reply, and for each
     of its parts, become 0.02 s (a lookup in the node's own state)."""
 
-    def __init__(self) -> None:
+    def __init__(self, pause: Callable[[float], None] = time.sleep) -> None:
+        self.pause = pause  # the sleep itself (a test records it: not the time module's)
         self.wait = FIRST_WAIT
         self.held = False  # the last empty pull was held open: ask again at once
 
@@ -37,10 +39,10 @@ class IdleBackoff:
             if self.held:  # the SuperLink already waited for us
                 self.held = False
                 return
-            time.sleep(self.wait)
+            self.pause(self.wait)
             self.wait = min(FLOWER_IDLE_WAIT, self.wait * GROWTH)
         else:
-            time.sleep(min(seconds, LOCAL_WAIT))
+            self.pause(min(seconds, LOCAL_WAIT))
 
 
 def supernode_backoff() -> IdleBackoff | None:
