@@ -33,7 +33,7 @@ import copy
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from flwr.common import Message
@@ -77,6 +77,7 @@ class PollingGrid(Grid):
         self._queued: list[_Push] = []  # push calls waiting for the next request
         self._downloading: set[str] = set()  # replies found, their parts on their way
         self._nodes: tuple[float, list[int]] | None = None  # (when asked, the node ids)
+        self.pause: Callable[[float], None] = time.sleep  # between polls (tests record it)
 
     def __getattr__(self, name: str) -> Any:  # anything a Grid subclass adds
         return getattr(self._grid, name)
@@ -195,7 +196,7 @@ class PollingGrid(Grid):
                     self._awaited.clear()
                 continue
             wait = FIRST_WAIT if found else wait
-            time.sleep(wait)
+            self.pause(wait)
             wait = min(LONGEST_WAIT, wait * GROWTH)
 
     def _find(self, ids: list[str]) -> int:

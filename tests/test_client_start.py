@@ -163,15 +163,15 @@ class _Unstored(_FakeGrid):
         return [None for _ in messages]
 
 
-def test_the_server_grid_collects_every_clients_reply_in_one_poll(monkeypatch):
+def test_the_server_grid_collects_every_clients_reply_in_one_poll():
     from concurrent.futures import ThreadPoolExecutor
 
     from server_app import grid as polling
 
-    slept, real_sleep = [], time.sleep
-    monkeypatch.setattr(polling.time, "sleep", lambda s: slept.append(s) or real_sleep(0.001))
+    slept = []  # this grid's pauses alone (other threads sleep as ever)
     fake = _FakeGrid(delay=12)
     grid = polling.PollingGrid(fake)
+    grid.pause = lambda s: slept.append(s) or time.sleep(0.001)
     # the legacy round loop: one send_and_receive per client, each from its own thread
     with ThreadPoolExecutor(4) as pool:
         calls = [pool.submit(grid.send_and_receive, [c], timeout=30) for c in "abcd"]
