@@ -78,6 +78,7 @@ class PollingGrid(Grid):
         self._downloading: set[str] = set()  # replies found, their parts on their way
         self._nodes: tuple[float, list[int]] | None = None  # (when asked, the node ids)
         self.pause: Callable[[float], None] = time.sleep  # between polls (tests record it)
+        self.clock: Callable[[], float] = time.monotonic  # the node list's age (tests set it)
 
     def __getattr__(self, name: str) -> Any:  # anything a Grid subclass adds
         return getattr(self._grid, name)
@@ -96,9 +97,9 @@ class PollingGrid(Grid):
         if self._runtime_client() is None:  # in memory: asking costs nothing
             return self._grid.get_node_ids()
         with self._lock:
-            if self._nodes is not None and time.monotonic() - self._nodes[0] < NODE_LIST_SECONDS:
+            if self._nodes is not None and self.clock() - self._nodes[0] < NODE_LIST_SECONDS:
                 return list(self._nodes[1])
-        asked = time.monotonic()
+        asked = self.clock()
         nodes = list(self._grid.get_node_ids())
         with self._lock:
             self._nodes = (asked, nodes)

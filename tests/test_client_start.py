@@ -215,7 +215,7 @@ class _NodesRuntime:
         return GetNodesResponse(nodes=[NodeInfo(node_id=i) for i in self.node_ids])
 
 
-def test_a_deployed_node_list_is_asked_for_once_a_second_at_most(monkeypatch):
+def test_a_deployed_node_list_is_asked_for_once_a_second_at_most():
     """Flower's legacy loop asks the grid for the node ids before every client-manager
     call (about 7 a round, each a request to the SuperLink). The deployed grid reuses
     the list for NODE_LIST_SECONDS; a node that joins is seen after that."""
@@ -225,11 +225,11 @@ def test_a_deployed_node_list_is_asked_for_once_a_second_at_most(monkeypatch):
     from server_app import grid as polling
 
     now = [100.0]
-    monkeypatch.setattr(polling.time, "monotonic", lambda: now[0])
     http = HttpGrid(token="t")
     http.set_run(Run.create_empty(7))
     http._client = runtime = _NodesRuntime()
     grid = polling.PollingGrid(http)
+    grid.clock = lambda: now[0]
     assert [list(grid.get_node_ids()) for _ in range(7)] == [[1, 2]] * 7
     assert runtime.asked == 1
     runtime.node_ids = [1, 2, 3]  # a site joins
