@@ -42,8 +42,49 @@ def repo_app_hash() -> str:
     return installed_app_hash(REPO)
 
 
+# Ray's own defaults (GCS 6379, client 10001, workers 10002-19999) lie below this
+PORTS_FROM = 20000
+_handed_out: set[int] = set()
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel hands to ``bind(0)`` and to outgoing connections."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct free TCP ports on 127.0.0.1."""
+    """``n`` distinct TCP ports on 127.0.0.1, free now, for processes started later.
+
+    A port is bound by its process only later. An ephemeral port could be taken in
+    that gap by any outgoing connection's source port (a deployed test failed that
+    way), so the ports come from outside the ephemeral range, where only an explicit
+    bind can take one. They are drawn at random and never handed out twice in one
+    process. If the ephemeral range leaves no room, the kernel picks (the old race).
+    """
+    low, high = ephemeral_range()
+    pool = [p for p in range(PORTS_FROM, 65536) if not low <= p <= high]
+    pool = [p for p in pool if p not in _handed_out]
+    if len(pool) < n:
+        return _kernel_ports(n)
+    ports: list[int] = []
+    for port in secrets.SystemRandom().sample(pool, min(len(pool), 64 * n)):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == n:
+            _handed_out.update(ports)
+            return ports
+    raise OSError(f"no {n} free TCP ports on 127.0.0.1 among {64 * n} drawn outside {low}-{high}")
+
+
+def _kernel_ports(n: int) -> list[int]:
     socks = [socket.socket() for _ in range(n)]
     try:
         for s in socks:
