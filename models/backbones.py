@@ -27,6 +27,19 @@ class Backbone(nn.Module):
         return self.head(self.features(x))
 
 
+class ChannelsLastOnCPU(nn.Sequential):
+    """A Sequential that takes an image batch in channels-last memory on a CPU: the
+    same layers and numbers up to float rounding, faster where oneDNN's pooling and
+    convolutions vectorize over channels. Measured (python -m benchmarks.channels_last):
+    CNN4 1.1-1.5x a training step and 1.5-1.9x evaluation on one thread; ResNet-10
+    trains slower that way, so only CNN4 uses it. On a GPU the input is left as it is."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 4 and x.device.type == "cpu":
+            x = x.contiguous(memory_format=torch.channels_last)
+        return super().forward(x)
+
+
 class LogReg(Backbone):
     """Logistic regression: no feature layer (the inputs are the features), a linear
     head (softmax over the classes; with two, the usual logistic model)."""
@@ -52,7 +65,7 @@ class CNN4(Backbone):
     def __init__(self, in_channels: int, image_size: int, num_classes: int, dim: int = 512) -> None:
         super().__init__()
         side = ((image_size - 4) // 2 - 4) // 2
-        self.features = nn.Sequential(
+        self.features = ChannelsLastOnCPU(
             nn.Conv2d(in_channels, 32, 5),
             nn.ReLU(),
             nn.MaxPool2d(2),

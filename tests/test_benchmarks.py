@@ -755,3 +755,12 @@ def test_the_image_decode_benchmark_checks_the_pixels_and_tables_both_decoders(c
     out = capsys.readouterr().out
     assert "40 CIFAR-10 PNGs, the same pixels" in out
     assert "| PIL |" in out and "| product |" in out and "product / PIL: " in out
+
+
+def test_the_channels_last_benchmark_tables_both_layouts(capsys):
+    from benchmarks.channels_last import main as channels_last
+
+    assert channels_last(["--steps", "2", "--repeats", "1", "--models", "cnn4"]) == 0
+    out = capsys.readouterr().out
+    row = [line for line in out.splitlines() if line.startswith("| cnn4 |")]
+    assert len(row) == 1 and row[0].count("x |") == 2  # both ratios

@@ -212,3 +212,29 @@ def test_a_round_waits_for_min_available_clients(monkeypatch, caplog) -> None:
     with caplog.at_level("WARNING", logger="flwr"):
         sampled = strategy.configure_fit(1, strategy.global_payload(), manager)
     assert len(sampled) == 2 and "only 2 of 5 clients" in caplog.text
+
+
+def test_cnn4_runs_a_cpu_image_batch_channels_last_with_the_same_numbers() -> None:
+    """CNN4's features take a CPU image batch in channels-last memory (faster there:
+    benchmarks/channels_last.py); the layers, their state_dict and their numbers are
+    those of the plain Sequential; a gradient stays in the parameter's own layout."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    net = build_backbone("cnn4", (3, 32, 32), 10)
+    assert list(net.state_dict())[0] == "features.0.weight"
+    seen: list[torch.Tensor] = []
+    hook = net.features[0].register_forward_pre_hook(lambda _, args: seen.append(args[0]))
+    x = torch.randn(5, 3, 32, 32)
+    out = net(x)
+    hook.remove()
+    assert seen[0].is_contiguous(memory_format=torch.channels_last)
+    assert not seen[0].is_contiguous()  # the batch of 5 as given was not
+    plain = net.head(nn.Sequential.forward(net.features, x))
+    torch.testing.assert_close(out, plain, rtol=1e-5, atol=1e-5)
+    out.sum().backward()
+    assert net.features[0].weight.grad.is_contiguous()
+    # a flat input (no image) and an MLP are left as they are
+    mlp = build_backbone("mlp", (3, 32, 32), 10)
+    assert type(mlp.features) is nn.Sequential
