@@ -52,7 +52,9 @@ def summarise(cells: list[Cell]) -> dict[str, Any]:
         return {"n": 0, "reason": next((r for r in reasons if r), "not run")}
     results = [r for _, r in runs]
     n_rounds = min(len(r["rounds"]) for r in results)
-    curves = np.array([[x["accuracy_mean"] for x in r["rounds"][:n_rounds]] for r in results])
+    curves = np.array(  # an unscored round (evaluate-every): NaN
+        [[x["accuracy_mean"] for x in r["rounds"][:n_rounds]] for r in results], dtype=float
+    )
     traffic = [
         [x.get("bytes_up", 0) + x.get("bytes_down", 0) for x in r["rounds"]] for r in results
     ]

@@ -90,7 +90,7 @@ class PFLStrategy(Strategy):
         self.clients = ClientKeys(load_roster(cfg.roster) if cfg.roster else None)
         self.class_lists = ClassLists()
         self.dp = privacy.DPRelease(cfg)
-        self.rounds, self.norm_history = Rounds(recorder), NormHistory(cfg.norm_history_rounds)
+        self.rounds, self.norm_history = Rounds(recorder, cfg), NormHistory(cfg.norm_history_rounds)
         self.streamed: StreamedRound | None = None  # this round's if streamed (streaming.py)
         self.bystanders = Bystanders()  # clients that do not train (FedFac's new clients)
 
@@ -201,8 +201,7 @@ class PFLStrategy(Strategy):
         self.rounds.add_fit_replies(server_round, accepted, results, failures)
         self.class_lists.check(server_round, accepted)
         check_failures(server_round, accepted, failures)
-        if cfg.eval_in_fit and self.rounds.scores_previous(server_round):  # from these fits
-            self.record_round(server_round - 1, evaluations_in_fit(accepted))
+        record_scores(self, server_round, accepted)
         if not enough_replies(server_round, len(accepted), cfg.min_replies):
             return self.global_payload(), {}
         if streamed is not None:
@@ -232,8 +231,8 @@ class PFLStrategy(Strategy):
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
-        if self.cfg.eval_in_fit and server_round < self.cfg.num_server_rounds:
-            return []  # the next round's fit replies carry this round's evaluation
+        if not self.rounds.evaluates(server_round, self.cfg.eval_in_fit):
+            return []  # eval-in-fit: the next round's fits score it; or evaluate-every
         if self.cfg.eval_in_fit and server_round in self.rounds:  # the closing evaluation
             self.rounds[server_round].closing = time.perf_counter()
         sent = instructions(self, server_round, client_manager, self.cfg.fraction_evaluate, False)
@@ -263,6 +262,20 @@ class PFLStrategy(Strategy):
         self, server_round: int, parameters: Parameters
     ) -> tuple[float, dict[str, Scalar]] | None:
         return None  # personalised models are evaluated on the clients only
+
+
+def record_scores(strategy: PFLStrategy, server_round: int, accepted: list[Reply]) -> None:
+    """The record these fits complete: with eval-in-fit, the previous round's (from
+    the scores they carry, or unscored by ``evaluate-every``); without, this round's
+    if ``evaluate-every`` leaves it unscored (it sends no evaluate messages)."""
+    rounds = strategy.rounds
+    if not strategy.cfg.eval_in_fit:
+        if not rounds.scored(server_round):
+            rounds.record_unscored(server_round)
+    elif rounds.scores_previous(server_round):
+        strategy.record_round(server_round - 1, evaluations_in_fit(accepted))
+    elif server_round >= 2:
+        rounds.record_unscored(server_round - 1)
 
 
 def instructions(

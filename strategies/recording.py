@@ -22,6 +22,7 @@ from models.roles import (
     EVAL_PREFIX,
     EVALUATE_FIRST,
 )
+from pflower.config.schema import RunConfig
 from pflower.results import RunRecorder
 from strategies.outcome import Participation
 from strategies.replies import Evaluation, Reply
@@ -133,9 +134,12 @@ def evaluations_in_fit(replies: list[Reply]) -> list[Evaluation]:
 class Rounds(dict[int, RoundLog]):
     """Every round's log by round number, and the round records they make."""
 
-    def __init__(self, recorder: RunRecorder | None) -> None:
+    def __init__(self, recorder: RunRecorder | None, cfg: RunConfig | None = None) -> None:
         super().__init__()
         self.recorder = recorder
+        # evaluate-every, and this run's rounds (its last is always scored)
+        self.every = cfg.evaluate_every if cfg is not None else 1
+        self.num_rounds = cfg.num_server_rounds if cfg is not None else 0
         self.offset = 0  # rounds done before this run (resume-from)
         self.checkpointed = 0  # the newest server checkpoint known written
         self.writing: CheckpointWrite | None = None  # the next, being written
@@ -154,9 +158,21 @@ class Rounds(dict[int, RoundLog]):
         if self.recorder is not None:
             self.recorder.resume(done, carried, path)
 
+    def scored(self, server_round: int) -> bool:
+        """Whether round ``server_round``'s model is scored: every ``evaluate-every``-th
+        round (counted across resumes) and this run's last."""
+        return (self.offset + server_round) % self.every == 0 or server_round >= self.num_rounds
+
+    def evaluates(self, server_round: int, eval_in_fit: bool) -> bool:
+        """Whether round ``server_round`` sends evaluate messages: a scored round, and
+        with eval-in-fit only the run's last (the next round's fits score the others)."""
+        return self.scored(server_round) and (not eval_in_fit or server_round >= self.num_rounds)
+
     def scores_previous(self, server_round: int) -> bool:
         """Whether this round's fits score the previous round's model (eval-in-fit)."""
-        return server_round >= 2 or (server_round == 1 and self.unscored)
+        if server_round == 1:
+            return self.unscored
+        return self.scored(server_round - 1)
 
     def instructions(self, server_round: int, fit: bool, eval_in_fit: bool) -> dict[str, Scalar]:
         """What every fit or evaluate message of a round carries: its round counted
@@ -199,7 +215,6 @@ class Rounds(dict[int, RoundLog]):
     ) -> tuple[float | None, dict[str, Scalar]]:
         """One round's record in results.json, from its clients' evaluations and
         what the round noted (the robust bounds' counts, the method's own entries)."""
-        rl = self.of(server_round)
         if not evals:
             log.error("round %d: no usable evaluation replies", server_round)
             return None, {}
@@ -215,18 +230,48 @@ class Rounds(dict[int, RoundLog]):
         keys = sorted(per_client)
         mean = float(np.mean([per_client[k] for k in keys]))
         pooled = sum(per_client[k] * counts[k] for k in keys) / sum(counts.values())
+        self._add_record(
+            server_round,
+            {
+                "accuracy_mean": mean,
+                "accuracy_pooled": float(pooled),
+                "loss_mean": float(np.mean(losses)) if losses else None,
+                "per_client_accuracy": {k: per_client[k] for k in keys},
+                **per_client_auc(evals),
+                "per_client_loss": {k: client_losses[k] for k in keys},
+                "test_samples": counts,
+                "metric_means": {
+                    name.replace("-", "_") + "_mean": float(np.mean(values))
+                    for name, values in sorted(means.items())
+                },
+            },
+        )
+        return None, {"accuracy": mean, "accuracy-pooled": float(pooled)}
+
+    def record_unscored(self, server_round: int) -> None:
+        """The record of a round whose model ``evaluate-every`` leaves unscored: its
+        time, bytes and the bounds' counts, no accuracy."""
+        self._add_record(server_round, {})
+
+    def _add_record(self, server_round: int, scores: dict[str, Any]) -> None:
+        """Round ``server_round``'s record: what the round measured, and ``scores``
+        (its evaluation's fields; none for an unscored round)."""
+        rl = self.of(server_round)
+        counts = scores.get("test_samples", {})
+        keys = sorted(counts or rl.train_samples_by_client)  # unscored: who trained
+        auc = scores.get("per_client_auc")
         record: dict[str, Any] = {
             "round": self.offset + server_round,
-            "accuracy_mean": mean,
-            "accuracy_pooled": float(pooled),
-            "loss_mean": float(np.mean(losses)) if losses else None,
+            "accuracy_mean": scores.get("accuracy_mean"),
+            "accuracy_pooled": scores.get("accuracy_pooled"),
+            "loss_mean": scores.get("loss_mean"),
             "train_loss_mean": float(np.mean(rl.train_losses)) if rl.train_losses else None,
-            "per_client_accuracy": {k: per_client[k] for k in keys},
-            **per_client_auc(evals),
-            "per_client_loss": {k: client_losses[k] for k in keys},
+            "per_client_accuracy": scores.get("per_client_accuracy", {}),
+            **({"per_client_auc": auc} if auc is not None else {}),
+            "per_client_loss": scores.get("per_client_loss", {}),
             "per_client_train_loss": dict(sorted(rl.train_loss_by_client.items())),
             "per_client_samples": {
-                k: {"train": rl.train_samples_by_client.get(k), "test": counts[k]} for k in keys
+                k: {"train": rl.train_samples_by_client.get(k), "test": counts.get(k)} for k in keys
             },
             "bytes_down": rl.bytes_down,
             "bytes_up": rl.bytes_up,
@@ -236,13 +281,11 @@ class Rounds(dict[int, RoundLog]):
             "replies": rl.replies,
             "rejected": rl.rejected,
             "failures": rl.failures,
+            **scores.get("metric_means", {}),
         }
-        for name, values in sorted(means.items()):
-            record[name.replace("-", "_") + "_mean"] = float(np.mean(values))
         if rl.closing is not None:
             record["closing_evaluation_seconds"] = time.perf_counter() - rl.closing
         record.update(rl.extra)
         if self.recorder is not None:
             self.recorder.extra.update(self.facts.summary())
             self.recorder.add_round(record)
-        return None, {"accuracy": mean, "accuracy-pooled": float(pooled)}

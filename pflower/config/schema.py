@@ -159,6 +159,9 @@ class RunConfig(TaskKeys):
     fraction_fit: float = _field(1.0, alias="fraction-fit", gt=0, le=1)
     # one message per client and round: fit replies carry the previous round's evaluation
     eval_in_fit: bool = _field(True, alias="eval-in-fit")
+    # score the model after every Nth round (counted across resumes) and after the last;
+    # the rounds between keep their records (time, bytes, bounds) without accuracy
+    evaluate_every: int = _field(1, alias="evaluate-every", ge=1)
     fraction_evaluate: float = _field(1.0, alias="fraction-evaluate", gt=0, le=1)
     min_replies: int = _field(1, alias="min-replies", ge=1)
     min_available_clients: int = _field(1, alias="min-available-clients", ge=1)

@@ -89,14 +89,18 @@ class RunRecorder:
             if self.cfg.eval_in_fit
             else f"scored in round {record['round']}"
         )
+        outcome = (
+            f"({scored})  acc(mean) {record['accuracy_mean']:.4f}  "
+            f"acc(pooled) {record['accuracy_pooled']:.4f}"
+            if record["accuracy_mean"] is not None
+            else f"not scored (evaluate-every={self.cfg.evaluate_every})"
+        )
         log.info(
-            "[%s] round %d/%d model (%s)  acc(mean) %.4f  acc(pooled) %.4f  up %s  down %s  %.1fs",
+            "[%s] round %d/%d model %s  up %s  down %s  %.1fs",
             self.cfg.method,
             record["round"],
             total,
-            scored,
-            record["accuracy_mean"],
-            record["accuracy_pooled"],
+            outcome,
             human_bytes(record["bytes_up"]),
             human_bytes(record["bytes_down"]),
             record["seconds"],
@@ -106,9 +110,10 @@ class RunRecorder:
             self.finish()
 
     def summary(self) -> dict[str, Any]:
-        accs = [r["accuracy_mean"] for r in self.rounds]
+        scored = scored_rounds(self.rounds)  # evaluate-every leaves rounds between unscored
+        accs = [r["accuracy_mean"] for r in scored]
         best = max(range(len(accs)), key=accs.__getitem__) if accs else None
-        pooled = [r["accuracy_pooled"] for r in self.rounds]
+        pooled = [r["accuracy_pooled"] for r in scored]
         config = self.cfg.as_dict()
         if self.data_at_sites and config["dataset"] == "synthetic":  # the server holds none
             config.update(dataset=SITES_DATA, partitioner=SITES_DATA)
@@ -118,10 +123,10 @@ class RunRecorder:
             "provenance": self.provenance,
             "rounds": self.rounds,
             "best_accuracy_mean": accs[best] if accs else None,
-            "best_round": self.rounds[best]["round"] if accs else None,
+            "best_round": scored[best]["round"] if accs else None,
             "best_accuracy_pooled": max(pooled) if pooled else None,
             "final_accuracy_mean": accs[-1] if accs else None,
-            "final_accuracy_pooled": self.rounds[-1]["accuracy_pooled"] if accs else None,
+            "final_accuracy_pooled": pooled[-1] if pooled else None,
             "total_bytes_up": sum(r["bytes_up"] for r in self.rounds),
             "total_bytes_down": sum(r["bytes_down"] for r in self.rounds),
             "total_seconds": time.perf_counter() - self.t0,
@@ -154,6 +159,11 @@ CSV_COLUMNS = (
     "bytes_down",
     "seconds",
 )
+
+
+def scored_rounds(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The round records with an accuracy (``evaluate-every`` leaves others unscored)."""
+    return [r for r in rounds if "accuracy_mean" not in r or r["accuracy_mean"] is not None]
 
 
 def write_rounds_csv(rounds: list[dict[str, Any]], path: Path) -> None:
@@ -266,8 +276,9 @@ def human_bytes(n: float) -> str:
 
 def summary_table(summary: dict[str, Any]) -> str:
     """A short terminal table of one run; each mean says over how many clients."""
-    scored = {r.get("round"): len(r.get("per_client_accuracy") or {}) for r in summary["rounds"]}
-    last = summary["rounds"][-1].get("round") if summary["rounds"] else None
+    rounds = scored_rounds(summary["rounds"])
+    scored = {r.get("round"): len(r.get("per_client_accuracy") or {}) for r in rounds}
+    last = rounds[-1].get("round") if rounds else None
     best, final = scored.get(summary["best_round"]), scored.get(last)
     counts = sorted(set(scored.values()))
     rows = [
@@ -315,9 +326,13 @@ def plot_accuracy(summaries: list[dict[str, Any]], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for s in summaries:
-        rounds = [r["round"] for r in s["rounds"]]
+        scored = scored_rounds(s["rounds"])
         ax.plot(
-            rounds, [r["accuracy_mean"] for r in s["rounds"]], marker="o", ms=3, label=s["method"]
+            [r["round"] for r in scored],
+            [r["accuracy_mean"] for r in scored],
+            marker="o",
+            ms=3,
+            label=s["method"],
         )
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
