@@ -25,6 +25,7 @@ from strategies import checkpoint, outcome
 
 log = logging.getLogger("flwr.pflower")
 pflower.patches.linkstate_index()  # simulation: the engine runs in this process (pflower.patches)
+pflower.patches.engine_wakeups()  # after linkstate-index: it wraps what that stores
 pflower.patches.object_retries()  # deployed: replies' parts asked for again soon
 pflower.patches.npy_headers()  # each reply's tensors read without parsing their headers again
 

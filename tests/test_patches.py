@@ -20,6 +20,7 @@ def test_the_table_lists_every_patch_and_every_patch_function_is_in_it() -> None
     functions |= {"fleet-long-poll"}
     functions |= {"fab-reuse", "clientapp-task-end"}
     functions |= {"optimizers-without-dynamo", "secagg-masks", "npy-headers"}
+    functions |= {"engine-wakeups"}
     assert set(pflower.patches.PATCHES) == functions
     for name in functions:
         assert f"``{name}``" in doc  # the table row
@@ -192,3 +193,70 @@ def test_npy_headers_reads_what_np_load_reads_and_refuses_what_it_refuses() -> N
     for read in (flower, fast):
         with pytest.raises(ValueError, match="negative"):
             read(crafted)
+
+
+def test_engine_wakeups_end_a_wait_when_a_message_is_stored() -> None:
+    """A legacy proxy waiting for its reply (``InMemoryGrid.send_and_receive``, its
+    poll 60 s apart here) looks again as soon as the LinkState stores a message, and
+    returns what Flower's would: the replies to the messages it pushed."""
+    import secrets
+    import threading
+    import time
+    import uuid
+    from types import SimpleNamespace
+
+    from flwr.common import Message, Metadata, RecordDict
+    from flwr.common.constant import (
+        HEARTBEAT_INTERVAL_INF,
+        NOOP_ACCOUNT_NAME,
+        NOOP_FLWR_AID,
+        SUPERLINK_NODE_ID,
+    )
+    from flwr.server.superlink.linkstate import LinkStateFactory
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+    from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.superlink.federation import NoOpFederationManager
+    from flwr.superlink.federation.noop_federation_manager import NOOP_FEDERATION_ID
+    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+
+    assert pflower.patches.linkstate_index() and pflower.patches.engine_wakeups()
+    state = LinkStateFactory(
+        FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory()
+    ).state()
+    node = state.create_node(
+        NOOP_FLWR_AID, NOOP_ACCOUNT_NAME, secrets.token_bytes(32), HEARTBEAT_INTERVAL_INF
+    )
+    state.acknowledge_node_heartbeat(node_id=node, heartbeat_interval=HEARTBEAT_INTERVAL_INF)
+    run = state.create_run(None, None, None, {}, NOOP_FEDERATION_ID, None, NOOP_FLWR_AID, "x")
+    replies: list = []  # what the grid's LinkState holds for the pushed message
+    pulls: list[float] = []
+
+    def pull_messages(ids: set[str]) -> list:
+        pulls.append(time.monotonic())
+        return [r for r in replies if r.metadata.reply_to_message_id in ids]
+
+    grid = SimpleNamespace(
+        pull_interval=60.0, push_messages=lambda msgs: ["m1"], pull_messages=pull_messages
+    )
+    reply = SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id="m1"))
+
+    def answer() -> None:
+        time.sleep(0.3)  # the proxy is waiting by now
+        replies.append(reply)
+        meta = Metadata(
+            run, str(uuid.uuid4()), SUPERLINK_NODE_ID, node, "", "1", time.time(), 30, "train"
+        )
+        message = Message(metadata=meta, content=RecordDict())
+        assert InMemoryLinkState.store_message_ins(state, message) is not None
+
+    got: list = []
+    worker = threading.Thread(
+        target=lambda: got.append(InMemoryGrid.send_and_receive(grid, [], timeout=120)),
+        daemon=True,
+    )
+    answerer = threading.Thread(target=answer, daemon=True)
+    worker.start(), answerer.start()
+    worker.join(timeout=30)  # Flower's would sleep out its 60 s poll first
+    assert not worker.is_alive() and got == [[reply]]
+    assert len(pulls) == 2  # one look before the store, one after it: no busy polling

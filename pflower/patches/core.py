@@ -21,6 +21,7 @@ PATCHES: dict[str, tuple[str, tuple[str, ...]]] = {
     "optimizers-without-dynamo": ("torch", ("2.13.", "2.14.")),
     "secagg-masks": ("flwr", (FLWR_39, FLWR_42)),
     "npy-headers": ("flwr", (FLWR_39, FLWR_42)),
+    "engine-wakeups": ("flwr", (FLWR_39, FLWR_42)),
 }
 # library -> every version prefix some patch of it was checked against
 TESTED: dict[str, tuple[str, ...]] = {}

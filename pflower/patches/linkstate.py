@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from pflower.patches import wakeups
 from pflower.patches.core import check, enabled
 
 
@@ -30,6 +31,7 @@ def linkstate_index() -> bool:
     from flwr.server.superlink.fleet.vce import vce_api
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
     from flwr.supercore.date import now
+    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
     if getattr(InMemoryLinkState, "_pflower_indexed", False):
         return True
@@ -77,8 +79,10 @@ def linkstate_index() -> bool:
     def add_messages_to_queue(
         state: Any, queue: Any, nodes_mapping: Any, f_stop: threading.Event
     ) -> None:
-        """Flower's loop, asking only the nodes that have messages stored for them."""
+        """Flower's loop, asking only the nodes that have messages stored for them
+        (and with ``engine-wakeups``, looking again as soon as one is stored)."""
         while not f_stop.is_set():
+            seen = wakeups.generation()
             if isinstance(state, InMemoryLinkState):
                 with state.lock:
                     nodes = [n for n, ids in _index(state).items() if ids and n in nodes_mapping]
@@ -87,7 +91,10 @@ def linkstate_index() -> bool:
             for node_id in nodes:
                 for message in state.get_message_ins(node_id=node_id, limit=1):
                     queue.put(message)
-            f_stop.wait(0.1)
+            if getattr(InMemoryGrid, "_pflower_wakes", False):
+                wakeups.wait_past(seen, 0.1)
+            else:
+                f_stop.wait(0.1)
 
     # Flower's own two, for a side-by-side check (tests/test_scale.py)
     InMemoryLinkState._pflower_flower = {"store": store, "get": InMemoryLinkState.get_message_ins}
