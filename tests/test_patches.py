@@ -195,15 +195,17 @@ def test_npy_headers_reads_what_np_load_reads_and_refuses_what_it_refuses() -> N
             read(crafted)
 
 
-def test_engine_wakeups_end_a_wait_when_a_message_is_stored() -> None:
-    """A legacy proxy waiting for its reply (``InMemoryGrid.send_and_receive``, its
-    poll 60 s apart here) looks again as soon as the LinkState stores a message, and
-    returns what Flower's would: the replies to the messages it pushed."""
+def test_engine_wakeups_hand_an_instruction_to_the_backend_when_it_is_stored(
+    monkeypatch,
+) -> None:
+    """The engine's loop (``vce_api.add_messages_to_queue``, as patched; its look
+    60 s apart here) queues an instruction for the backend as soon as the ServerApp
+    stores it, and queues what Flower's loop would: that message, once."""
+    import queue
     import secrets
     import threading
     import time
     import uuid
-    from types import SimpleNamespace
 
     from flwr.common import Message, Metadata, RecordDict
     from flwr.common.constant import (
@@ -212,15 +214,16 @@ def test_engine_wakeups_end_a_wait_when_a_message_is_stored() -> None:
         NOOP_FLWR_AID,
         SUPERLINK_NODE_ID,
     )
+    from flwr.server.superlink.fleet.vce import vce_api
     from flwr.server.superlink.linkstate import LinkStateFactory
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
     from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME
     from flwr.supercore.object_store import ObjectStoreFactory
     from flwr.superlink.federation import NoOpFederationManager
     from flwr.superlink.federation.noop_federation_manager import NOOP_FEDERATION_ID
-    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
     assert pflower.patches.linkstate_index() and pflower.patches.engine_wakeups()
+    monkeypatch.setattr(pflower.patches.timing, "ENGINE_POLL", 60.0)
     state = LinkStateFactory(
         FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory()
     ).state()
@@ -229,34 +232,27 @@ def test_engine_wakeups_end_a_wait_when_a_message_is_stored() -> None:
     )
     state.acknowledge_node_heartbeat(node_id=node, heartbeat_interval=HEARTBEAT_INTERVAL_INF)
     run = state.create_run(None, None, None, {}, NOOP_FEDERATION_ID, None, NOOP_FLWR_AID, "x")
-    replies: list = []  # what the grid's LinkState holds for the pushed message
-    pulls: list[float] = []
 
-    def pull_messages(ids: set[str]) -> list:
-        pulls.append(time.monotonic())
-        return [r for r in replies if r.metadata.reply_to_message_id in ids]
-
-    grid = SimpleNamespace(
-        pull_interval=60.0, push_messages=lambda msgs: ["m1"], pull_messages=pull_messages
-    )
-    reply = SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id="m1"))
-
-    def answer() -> None:
-        time.sleep(0.3)  # the proxy is waiting by now
-        replies.append(reply)
+    def store() -> str:
         meta = Metadata(
             run, str(uuid.uuid4()), SUPERLINK_NODE_ID, node, "", "1", time.time(), 30, "train"
         )
-        message = Message(metadata=meta, content=RecordDict())
-        assert InMemoryLinkState.store_message_ins(state, message) is not None
+        stored = InMemoryLinkState.store_message_ins(
+            state, Message(metadata=meta, content=RecordDict())
+        )
+        assert stored is not None
+        return stored
 
-    got: list = []
-    worker = threading.Thread(
-        target=lambda: got.append(InMemoryGrid.send_and_receive(grid, [], timeout=120)),
-        daemon=True,
+    handed: queue.Queue = queue.Queue()
+    stop = threading.Event()
+    loop = threading.Thread(
+        target=vce_api.add_messages_to_queue, args=(state, handed, {node: 0}, stop), daemon=True
     )
-    answerer = threading.Thread(target=answer, daemon=True)
-    worker.start(), answerer.start()
-    worker.join(timeout=30)  # Flower's would sleep out its 60 s poll first
-    assert not worker.is_alive() and got == [[reply]]
-    assert len(pulls) == 2  # one look before the store, one after it: no busy polling
+    loop.start()
+    time.sleep(0.3)  # the loop has looked, found nothing, and waits (60 s, unpatched)
+    first = store()
+    assert handed.get(timeout=20).metadata.message_id == first
+    stop.set()
+    store()  # wakes the loop, which sees the stop
+    loop.join(timeout=20)
+    assert not loop.is_alive() and handed.qsize() <= 1

@@ -15,7 +15,7 @@ speed measured in docs/PERFORMANCE.md; none changes what is computed or sent.
 | ``optimizers-without-dynamo`` | the ``torch._dynamo`` wrappers of ``torch.optim.SGD`` / ``Adam`` | torch imported ``torch._dynamo`` on an optimizer's first use: 2-5 s per process | torch 2.13, 2.14 |
 | ``secagg-masks`` | flwr ``pseudo_rand_gen`` where SecAgg+ masks (client mod, server workflow) | it folds every seed to 32 bits and expands it with a Mersenne Twister (flwr issue #7522) | flwr 1.39.0, 1.42.0 |
 | ``npy-headers`` | flwr ``compat.common.parameter.bytes_to_ndarray`` | ``np.load`` parsed every tensor's header with ``ast.literal_eval``: 1.5 ms a CNN's parameters, on the server each reply and on the client each message | flwr 1.39.0, 1.42.0 |
-| ``engine-wakeups`` | flwr ``InMemoryGrid.send_and_receive``, ``InMemoryLinkState.store_message_ins`` / ``store_message_res`` (and ``linkstate-index``'s loop) | in simulation a round's instructions reached the actors, and each reply the ServerApp, up to 0.1 s after they were stored (two polls) | flwr 1.39.0, 1.42.0 |
+| ``engine-wakeups`` | flwr ``InMemoryLinkState.store_message_ins`` (and ``linkstate-index``'s loop) | in simulation a round's instructions reached the actors up to 0.1 s after the ServerApp stored them | flwr 1.39.0, 1.42.0 |
 
 Each patch is its own module, in the table's order: ``linkstate``, ``backoff``,
 ``long_poll``, ``retries``, ``fab``, ``fork``, ``task_end``, ``optim``, ``secagg``, ``npy``,

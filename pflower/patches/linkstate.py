@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from pflower.patches import wakeups
+from pflower.patches import timing, wakeups
 from pflower.patches.core import check, enabled
 
 
@@ -31,7 +31,6 @@ def linkstate_index() -> bool:
     from flwr.server.superlink.fleet.vce import vce_api
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
     from flwr.supercore.date import now
-    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
     if getattr(InMemoryLinkState, "_pflower_indexed", False):
         return True
@@ -91,10 +90,10 @@ def linkstate_index() -> bool:
             for node_id in nodes:
                 for message in state.get_message_ins(node_id=node_id, limit=1):
                     queue.put(message)
-            if getattr(InMemoryGrid, "_pflower_wakes", False):
-                wakeups.wait_past(seen, 0.1)
+            if wakeups.in_place():
+                wakeups.wait_past(seen, timing.ENGINE_POLL)
             else:
-                f_stop.wait(0.1)
+                f_stop.wait(timing.ENGINE_POLL)
 
     # Flower's own two, for a side-by-side check (tests/test_scale.py)
     InMemoryLinkState._pflower_flower = {"store": store, "get": InMemoryLinkState.get_message_ins}

@@ -14,3 +14,4 @@ LONG_POLLS_HELD = 100  # at most this many at once (of Flower's 1,000 gRPC Fleet
 # routes on (anyio's default limiter: 40), which the Runtime API's pushes need too
 HTTP_API_THREADS = 40
 HELD_PULL = 0.5 * LONG_POLL  # an empty pull this long was held open
+ENGINE_POLL = 0.1  # s between the simulation engine's looks for instructions (Flower's)
