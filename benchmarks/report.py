@@ -290,6 +290,8 @@ def plot(preset: Preset, setting: str, rows: dict[str, dict[str, Any]], path: Pa
                     label=label_k,
                 )
     axes[0].set(xlabel="round", ylabel="accuracy, mean over clients (%)")
+    if done:  # every round on the axis, also where only some were scored (evaluate-every)
+        axes[0].set_xlim(0.5, max(len(r["rounds"][0]) for r in done.values()) + 0.5)
     axes[0].set_title(f"{preset.name}: {setting}")
     axes[1].set(xlabel="cumulative MB sent (up + down)", ylabel="accuracy (%)")
     axes[1].set_title("accuracy vs communication")
