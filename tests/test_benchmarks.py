@@ -764,3 +764,13 @@ def test_the_channels_last_benchmark_tables_both_layouts(capsys):
     out = capsys.readouterr().out
     row = [line for line in out.splitlines() if line.startswith("| cnn4 |")]
     assert len(row) == 1 and row[0].count("x |") == 2  # both ratios
+
+
+def test_the_running_sum_benchmark_tables_both_sums_with_the_same_bits(capsys):
+    from benchmarks.running_sum import main as running_sum
+
+    assert running_sum(["--replies", "3", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "same bits: True" in out
+    rows = [line for line in out.splitlines() if line.startswith(("| numpy |", "| compiled |"))]
+    assert len(rows) == 2 and all(row.endswith("x |") for row in rows)

@@ -282,23 +282,38 @@ def test_a_checkpoint_keeps_the_bounds_history() -> None:
     assert fresh.norm_history.direction is None and not fresh.norm_history.values()
 
 
-def test_the_running_sum_a_chunk_at_a_time_is_twosum_over_whole_tensors() -> None:
-    """The sum works a cache-sized chunk at a time; its hi and lo are, bit for bit,
-    TwoSum's over whole tensors (a tensor longer than a chunk, one shorter, a 0-d)."""
+def test_the_compiled_running_sum_is_numpys_twosum_bit_for_bit() -> None:
+    """The sum's compiled kernel gives, bit for bit, numpy's TwoSum over whole tensors:
+    float32 of magnitudes far apart (every addition rounds), a float64, an int64 (a
+    BatchNorm counter), a transposed (non-contiguous) tensor and a 0-d one."""
     rng = np.random.default_rng(5)
-    shapes = [(3 * RunningMean.CHUNK + 17,), (5, 7), ()]
-    uploads = [[rng.normal(size=s).astype(np.float32) for s in shapes] for _ in range(6)]
+    shapes = [(50_017,), (5, 7), (), (4, 6), (3,), (6, 4)]
+
+    def upload() -> list[np.ndarray]:
+        wide = rng.normal(size=shapes[0]) * 10.0 ** rng.integers(-8, 3, size=shapes[0])
+        return [
+            wide.astype(np.float32),
+            rng.normal(size=shapes[1]).astype(np.float32),
+            np.float32(rng.normal()).reshape(()),
+            rng.normal(size=shapes[3]),
+            rng.integers(0, 10**6, size=shapes[4]),
+            rng.normal(size=(4, 6)).astype(np.float32).T,
+        ]
+
+    uploads = [upload() for _ in range(6)]
     weights = [float(w) for w in rng.integers(1, 500, size=6)]
     total = RunningMean()
     hi = [np.zeros(s) for s in shapes]
     lo = [np.zeros(s) for s in shapes]
-    for upload, w in zip(uploads, weights):
-        total.add(upload, w)
-        for i, a in enumerate(upload):
+    for arrays, w in zip(uploads, weights):
+        total.add(arrays, w)
+        for i, a in enumerate(arrays):
             x = a.astype(np.float64) * w
             s = hi[i] + x
             back = s - hi[i]
             lo[i] = lo[i] + ((x - back) + (hi[i] - (s - back)))
             hi[i] = s
+    assert any(np.any(x != 0) for x in lo)  # the error terms are exercised
     for mine, want in zip(total.hi + total.lo, hi + lo):
         assert mine.shape == want.shape and np.array_equal(mine, want)
+    assert [m.dtype for m in total.mean()] == [a.dtype for a in uploads[0]]

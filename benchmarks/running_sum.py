@@ -1,0 +1,97 @@
+"""The server's running double-double sum (strategies/robust.py ``RunningMean``):
+the compiled kernel against the numpy TwoSum it replaced (nine passes over 16k-element
+chunks, each a numpy call), on CNN4's tensors (FedAvg's upload), the
+two alternating in one process, best of the repeats; the same bits are checked. Also
+what the compiler costs: its first call and the resident memory numba adds.
+
+    python -m benchmarks.running_sum [--replies 10] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import psutil
+
+from models.backbones import CNN4
+from strategies.robust import RunningMean
+
+CHUNK = 16384  # the numpy sum's chunk: its passes stay in the core's cache
+
+
+class NumpyTwoSum:
+    """The sum as it was before the compiled kernel (reference for this benchmark)."""
+
+    def __init__(self, shapes: list[tuple[int, ...]]) -> None:
+        self.hi = [np.zeros(s) for s in shapes]
+        self.lo = [np.zeros(s) for s in shapes]
+        self.scratch = np.empty((3, CHUNK))
+
+    def add(self, arrays: list[np.ndarray], weight: float) -> None:
+        for a, hi_all, lo_all in zip(arrays, self.hi, self.lo):
+            flat, hi_flat, lo_flat = a.reshape(-1), hi_all.reshape(-1), lo_all.reshape(-1)
+            for at in range(0, flat.size, CHUNK):
+                n = min(CHUNK, flat.size - at)
+                x, s, back = (row[:n] for row in self.scratch)
+                hi, lo = hi_flat[at : at + n], lo_flat[at : at + n]
+                np.multiply(flat[at : at + n], weight, out=x, dtype=np.float64)
+                np.add(hi, x, out=s)
+                np.subtract(s, hi, out=back)
+                np.subtract(x, back, out=x)
+                np.subtract(s, back, out=back)
+                np.subtract(hi, back, out=back)
+                np.add(back, x, out=back)
+                np.add(lo, back, out=lo)
+                hi[...] = s
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Prints the table; 0, or 1 where the two sums' bits differ."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--replies", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    rng = np.random.default_rng(0)
+    shapes = [tuple(p.shape) for p in CNN4(3, 32, 10).state_dict().values()]
+    uploads = [
+        [rng.normal(scale=0.05, size=s).astype(np.float32) for s in shapes]
+        for _ in range(args.replies)
+    ]
+    weights = [float(w) for w in rng.integers(1, 100, size=args.replies)]
+    process = psutil.Process()
+    before = process.memory_info().rss
+    start = time.perf_counter()
+    RunningMean().add(uploads[0], 1.0)  # imports numba, compiles for float32
+    first_call = time.perf_counter() - start
+    compiler_mb = (process.memory_info().rss - before) / 2**20
+
+    best = {"numpy": float("inf"), "compiled": float("inf")}
+    same = True
+    for _ in range(args.repeats):
+        for name in best:
+            total = NumpyTwoSum(shapes) if name == "numpy" else RunningMean()
+            start = time.perf_counter()
+            for arrays, w in zip(uploads, weights):
+                total.add(arrays, w)
+            best[name] = min(best[name], (time.perf_counter() - start) / args.replies)
+            if name == "numpy":
+                reference = total
+            else:
+                pairs = zip(total.hi + total.lo, reference.hi + reference.lo)
+                same = same and all(np.array_equal(a, b) for a, b in pairs)
+    floats = sum(int(np.prod(s)) for s in shapes)
+    print(f"CNN4 upload: {floats:,} floats, {args.replies} replies, best of {args.repeats}")
+    print("| sum | ms a reply | numpy / this |")
+    print("|---|---|---|")
+    for name, seconds in best.items():
+        print(f"| {name} | {1000 * seconds:.3f} | {best['numpy'] / seconds:.1f}x |")
+    print(f"same bits: {same}")
+    # in a process that had compiled it already, both are about nothing
+    print(f"first call (import numba, compile): {first_call:.2f} s, resident +{compiler_mb:.0f} MB")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
