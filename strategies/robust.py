@@ -26,7 +26,6 @@ them moves the global model by at most that much.
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 from collections import deque
@@ -37,6 +36,8 @@ from typing import Any
 import numpy as np
 from flwr.common import Parameters, parameters_to_ndarrays
 from flwr.server.strategy.aggregate import aggregate_median, aggregate_trimmed_avg
+
+from strategies import kernels
 
 NDArrays = list[np.ndarray]
 log = logging.getLogger("flwr.pflower")
@@ -180,10 +181,19 @@ def with_update(
     """``upload`` whose ``tensors`` are ``reference + vector`` (a new list)."""
     out, start = list(upload), 0
     for t in tensors:
-        u = upload[t]
-        out[t] = (reference[t] + vector[start : start + u.size].reshape(u.shape)).astype(u.dtype)
+        u, r, part = upload[t], reference[t], vector[start : start + upload[t].size]
+        if u.dtype in kernels.COMPILED_DTYPES and r.dtype in kernels.COMPILED_DTYPES:
+            out[t] = np.empty(u.shape, u.dtype)
+            kernels.rebase()(np.ascontiguousarray(r).reshape(-1), part, out[t].reshape(-1))
+        else:
+            out[t] = (r + part.reshape(u.shape)).astype(u.dtype)
         start += u.size
     return out
+
+
+def remove_along(update: np.ndarray, unit: np.ndarray, dot: float) -> None:
+    """``update -= dot * unit`` in place (a float64 vector: compiled, no temporary)."""
+    kernels.remove_along()(update, unit, dot)
 
 
 def against_the_round(
@@ -213,8 +223,8 @@ def against_the_round(
         if cosine < min_cosine:
             flagged.append((i, cosine))
             if action == "project":
-                d = update_vector(uploads[i], references[i], tensors)
-                across = d - float(d @ unit) * unit
+                across = update_vector(uploads[i], references[i], tensors)
+                remove_along(across, unit, float(across @ unit))
                 length = float(np.linalg.norm(across))
                 if length > typical:
                     across *= typical / length
@@ -401,29 +411,6 @@ def bound_round(
     return kept
 
 
-@functools.cache
-def _two_sum_kernel() -> Callable[..., None]:
-    """``hi + lo += x * weight`` element by element, by TwoSum: ``lo`` gathers the bits
-    each addition to ``hi`` loses. Compiled by numba on first use (about 0.3 s a
-    process and dtype): numpy needs nine passes a chunk for the same arithmetic, each
-    a call of its own, 1.8 ms a CNN4 reply against 0.3 (python -m benchmarks.running_sum). No
-    fast-math: every operation rounds as IEEE 754 says, in the order written, so the
-    bits are numpy's (tests/test_streaming.py)."""
-    import numba  # here, not at import: only a server that sums needs the compiler
-
-    @numba.njit(nogil=True, cache=False)  # nogil: other workers train meanwhile
-    def add(x: np.ndarray, weight: float, hi: np.ndarray, lo: np.ndarray) -> None:
-        for i in range(x.size):
-            # exact: a float32 times a count below 2**29 fits float64's 53 bits
-            term = np.float64(x[i]) * weight
-            total = hi[i] + term
-            back = total - hi[i]
-            lo[i] += (term - back) + (hi[i] - (total - back))
-            hi[i] = total
-
-    return add
-
-
 class RunningMean:
     """A weighted sum of arrays per tensor, in double-double: ``hi + lo`` is the exact
     sum up to float64 rounding of the (tiny) error terms, whatever the order."""
@@ -442,14 +429,13 @@ class RunningMean:
             self.dtypes = [a.dtype for a in arrays]
         elif len(arrays) != len(self.hi):
             raise ValueError(f"{len(arrays)} tensors, the sum has {len(self.hi)}")
-        add = _two_sum_kernel()
+        add = kernels.two_sum()
         for a, hi, lo in zip(arrays, self.hi, self.lo):
             if a.shape != hi.shape:
                 raise ValueError(f"a tensor of shape {a.shape} where the sum has {hi.shape}")
-            # the kernel is compiled for float32 and float64 only (other dtypes convert
-            # exactly, or as numpy's float64 multiply would)
+            # other dtypes convert exactly, or as numpy's float64 multiply would
             flat = np.ascontiguousarray(a).reshape(-1)
-            if flat.dtype not in (np.float32, np.float64):
+            if flat.dtype not in kernels.COMPILED_DTYPES:
                 flat = flat.astype(np.float64)
             add(flat, float(weight), hi.reshape(-1), lo.reshape(-1))
         self.total += weight

@@ -58,6 +58,7 @@ from strategies.robust import (
     count_limit,
     decoded_references,
     lower_median,
+    remove_along,
     update_vector,
     with_update,
 )
@@ -314,7 +315,7 @@ class StreamedRound:
                         f"{self.bounds.min_cosine:g})"
                     )
                     return Verdict(reason, capped=capped, clipped=clipped, against=True)
-                update -= float(update @ centre) * centre  # what it adds across the round
+                remove_along(update, centre, float(update @ centre))  # what it adds across
                 length = float(np.linalg.norm(update))
                 if length > limits.typical:
                     update *= limits.typical / length

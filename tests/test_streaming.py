@@ -12,7 +12,7 @@ from flwr.common import FitRes
 
 from strategies import streaming
 from strategies.outcome import NodeFailed
-from strategies.robust import update_norm, weighted_mean
+from strategies.robust import remove_along, update_norm, update_vector, weighted_mean, with_update
 from strategies.streaming import RESERVOIR, FoldingProxy, RunningMean, reservoir_nodes
 from tests.helpers import FakeProxy, config, fit_res, make_strategy
 
@@ -317,3 +317,39 @@ def test_the_compiled_running_sum_is_numpys_twosum_bit_for_bit() -> None:
     for mine, want in zip(total.hi + total.lo, hi + lo):
         assert mine.shape == want.shape and np.array_equal(mine, want)
     assert [m.dtype for m in total.mean()] == [a.dtype for a in uploads[0]]
+
+
+def test_the_compiled_projection_and_rebase_are_numpys_bit_for_bit() -> None:
+    """``remove_along`` and ``with_update`` give numpy's ``d - (d @ u) * u`` and
+    ``(reference + d).astype(dtype)`` to the bit: float32 and float64 tensors beside
+    an int64 one (taken by numpy), a non-contiguous reference, values far apart."""
+    rng = np.random.default_rng(11)
+    shapes = [(40_003,), (3, 5), (7,), (4, 6)]
+    reference = [
+        (rng.normal(size=shapes[0]) * 10.0 ** rng.integers(-6, 4, size=shapes[0])).astype(
+            np.float32
+        ),
+        rng.normal(size=shapes[1]),
+        rng.integers(0, 100, size=shapes[2]),
+        rng.normal(size=(6, 4)).astype(np.float32).T,
+    ]
+    upload = [(r + rng.normal(size=r.shape) * 1e-3).astype(r.dtype) for r in reference]
+    tensors = [0, 1, 3]
+    update = update_vector(upload, reference, tensors)
+    unit = rng.normal(size=update.size)
+    unit /= np.linalg.norm(unit)
+    dot = float(update @ unit)
+    want = update - dot * unit
+    remove_along(update, unit, dot)
+    assert np.array_equal(update, want)
+    rebuilt = with_update(upload, reference, tensors, update)
+    at = 0
+    for t, (u, r) in enumerate(zip(upload, reference)):
+        if t not in tensors:
+            assert rebuilt[t] is u
+            continue
+        part = update[at : at + u.size].reshape(u.shape)
+        at += u.size
+        assert rebuilt[t].dtype == u.dtype and np.array_equal(
+            rebuilt[t], (r + part).astype(u.dtype)
+        )
