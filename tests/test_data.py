@@ -438,12 +438,12 @@ def test_one_simulated_client_is_drawn_alone_as_the_whole_study_draws_it(
 ):
     """A process serving some of 100,000 simulated clients draws each one alone from
     where its draws begin (16 bytes a client kept), the same bits as the whole study."""
-    from pflower.data.synthetic import generate_simulation_study, simulated_client
+    from pflower.data.synthetic import StudyArgs, generate_simulation_study, simulated_client
 
-    shape = (30, 16, 12, shared_neurons, shared_covariates, 0.1, 5)  # n, d, m, p, alpha, c, seed
+    shape = StudyArgs(30, 16, 12, shared_neurons, shared_covariates, 0.1, 5)
     study = generate_simulation_study(9, *shape)
     for client in (8, 0, 3):
-        x, y = simulated_client(client, 9, *shape)
+        x, y = simulated_client(client, 9, shape)
         assert np.array_equal(x, study.features[client])
         assert np.array_equal(y, study.labels[client])
 

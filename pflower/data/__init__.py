@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from pflower.config.schema import RunConfig
-from pflower.data.synthetic import generate_simulation_study, simulated_client
+from pflower.data.synthetic import StudyArgs, generate_simulation_study, simulated_client
 
 
 @dataclass(frozen=True)
@@ -65,9 +65,9 @@ def simulation_study(  # noqa: ANN201 (SimulationStudy)
     return generate_simulation_study(num_partitions, *study_arguments(cfg), teachers)
 
 
-def study_arguments(cfg: RunConfig) -> tuple[int, int, int, float, float, float, int]:
+def study_arguments(cfg: RunConfig) -> StudyArgs:
     """``generate_simulation_study``'s arguments after the client count, from the config."""
-    return (
+    return StudyArgs(
         cfg.sim_samples,
         cfg.sim_dim,
         cfg.hidden_dim,
@@ -272,7 +272,7 @@ def build_client_data(
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition id {partition_id} not in [0, {num_partitions})")
     if cfg.dataset == "synthetic" and not data_path and not cfg.client_data_paths:
-        x, y = simulated_client(partition_id, num_partitions, *study_arguments(cfg))
+        x, y = simulated_client(partition_id, num_partitions, study_arguments(cfg))
         return _to_tensors(*split_train_test(x, y, cfg.test_fraction, cfg.seed + partition_id))
     from pflower.data.hf import load_client_arrays
 

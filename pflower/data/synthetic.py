@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import NamedTuple
 
 import numpy as np
 
@@ -99,6 +99,19 @@ def _skip_client(rng: np.random.Generator, k: _Shape, scratch: np.ndarray) -> No
     rng.standard_normal(out=scratch[: k.n * (k.d1 + k.d2) + k.n])
 
 
+class StudyArgs(NamedTuple):
+    """``generate_simulation_study``'s arguments after the client count, every one given
+    (a tuple: it unpacks into that call, and ``simulated_client`` takes it whole)."""
+
+    samples_per_client: int
+    dim: int
+    hidden: int
+    shared_neurons: float
+    shared_covariates: float
+    noise: float
+    seed: int
+
+
 @lru_cache(maxsize=4)
 def generate_simulation_study(
     num_clients: int,
@@ -164,13 +177,14 @@ def _index(
     return _Index(k, common, states, inc)
 
 
-def simulated_client(client: int, num_clients: int, *study: Any) -> tuple[np.ndarray, np.ndarray]:
+def simulated_client(
+    client: int, num_clients: int, study: StudyArgs
+) -> tuple[np.ndarray, np.ndarray]:
     """Client ``client``'s (features, labels) of ``generate_simulation_study``'s
-    federation (``study``: its arguments from ``samples_per_client`` to ``seed``, all
-    given), drawn alone: a process that serves some of 100,000 clients keeps 16
-    bytes a client (where its draws begin), not every client's data (1.6 GB at 40
-    samples of 100 covariates)."""
-    *shape, noise, seed = study
+    federation (``study``: its arguments after the client count), drawn alone: a
+    process that serves some of 100,000 clients keeps 16 bytes a client (where its
+    draws begin), not every client's data (1.6 GB at 40 samples of 100 covariates)."""
+    *shape, _, seed = study  # the index does not depend on the noise
     index = _index(num_clients, *shape, seed)
     high, low = (int(w) for w in index.states[client])
     bits = np.random.PCG64()
@@ -180,7 +194,7 @@ def simulated_client(client: int, num_clients: int, *study: Any) -> tuple[np.nda
         "has_uint32": 0,
         "uinteger": 0,
     }
-    x, y, _ = _client(np.random.Generator(bits), index.shape, index.common, noise)
+    x, y, _ = _client(np.random.Generator(bits), index.shape, index.common, study.noise)
     return x, y
 
 
