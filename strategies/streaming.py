@@ -47,6 +47,7 @@ from flwr.common import FitIns, FitRes, Parameters
 from flwr.common.typing import Code
 from flwr.server.client_proxy import ClientProxy
 
+from strategies import kernels
 from strategies.outcome import NodeProxy
 from strategies.privacy import secure_decoder
 from strategies.replies import ClientKeys, Reply, accept_fit_replies
@@ -388,10 +389,13 @@ def open_round(
     if not streams(strategy):
         return None
     bounded = cfg.weight_cap > 0 or cfg.update_norm_bound > 0 or cfg.direction_check_from > 0
+    bounds = Bounds.of(cfg, True)
+    dtypes = {a.dtype for a in strategy.global_arrays} & set(kernels.COMPILED_DTYPES)
+    kernels.warm(tuple(sorted(dtypes, key=str)), bounds.direction_from > 0)
     return StreamedRound(
         server_round,
         reservoir_nodes(server_round, node_ids, cfg.stream_reservoir, places) if bounded else set(),
-        Bounds.of(cfg, True),
+        bounds,
         strategy.norm_history.values(),
         strategy.aggregation == "weighted",
         secure_decoder(server_round, cfg, strategy.spec, {}),

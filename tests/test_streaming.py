@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flwr.common import FitRes
 
-from strategies import streaming
+from strategies import kernels, streaming
 from strategies.outcome import NodeFailed
 from strategies.robust import remove_along, update_norm, update_vector, weighted_mean, with_update
 from strategies.streaming import RESERVOIR, FoldingProxy, RunningMean, reservoir_nodes
@@ -353,3 +353,45 @@ def test_the_compiled_projection_and_rebase_are_numpys_bit_for_bit() -> None:
         assert rebuilt[t].dtype == u.dtype and np.array_equal(
             rebuilt[t], (r + part).astype(u.dtype)
         )
+
+
+def test_warming_builds_the_kernels_a_round_calls() -> None:
+    """``kernels.warm`` builds every signature a streamed round then calls (a float32
+    model's sum, projection and rebase): the round's own calls build none more."""
+    for fn in (kernels.two_sum, kernels.rebase, kernels.remove_along, kernels.warm):
+        fn.cache_clear()  # fresh dispatchers, nothing built in them yet
+    kernels.warm((np.dtype(np.float32),), True).join()
+    built = {
+        f: len(f().signatures) for f in (kernels.two_sum, kernels.rebase, kernels.remove_along)
+    }
+    assert all(built.values())
+    reference = [np.ones((4, 3), np.float32), np.zeros(5, np.float32)]
+    upload = [r + np.float32(0.5) for r in reference]
+    update = update_vector(upload, reference, [0, 1])
+    unit = update / np.linalg.norm(update)
+    remove_along(update, unit, 0.5)
+    RunningMean().add(with_update(upload, reference, [0, 1], update), 2.0)
+    assert {f: len(f().signatures) for f in built} == built
+
+
+def test_kernels_compile_without_a_writable_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where numba finds nowhere to cache (a read-only install), a kernel is compiled
+    in the process instead of failing."""
+    import numba
+
+    real = numba.njit
+
+    def no_cache(**options: Any) -> Any:
+        if options.get("cache"):
+            raise RuntimeError("cannot cache function: no locator available")
+        return real(**options)
+
+    monkeypatch.setattr(numba, "njit", no_cache)
+
+    def double(x: np.ndarray) -> None:
+        for i in range(x.size):
+            x[i] *= 2.0
+
+    x = np.arange(3.0)
+    kernels._njit()(double)(x)
+    assert x.tolist() == [0.0, 2.0, 4.0]
