@@ -148,7 +148,7 @@ class PFLStrategy(Strategy):
         """The inverse of ``server_state``; ValueError naming the first misfit."""
         self.payloads.restore(self.spec, arrays)
         self.dp.restore(arrays)
-        self.norm_history.restore(arrays)
+        self.norm_history.restore(arrays, self.global_arrays)
 
     def resume(self, resume_from: str) -> None:
         """Start from a checkpoint; ConfigError naming ``resume-from`` if it does not fit."""

@@ -275,10 +275,14 @@ class Bounds:
 
 class NormHistory:
     """The update norms the server accepted in its last ``rounds`` rounds, and the last
-    streamed round's change of the global model (unit; strategies/streaming.py)."""
+    streamed round's change of the global model (unit; strategies/streaming.py), with
+    the global model it changed from (``previous``): the checkpoint keeps that (the
+    model's dtype: float32 for a CNN, against the float64 direction's twice the
+    bytes) and a resumed run takes the same direction from it, to the bit."""
 
     def __init__(self, rounds: int) -> None:
         self.direction: np.ndarray | None = None
+        self.previous: NDArrays | None = None  # the global model before the last change
         self.rounds: deque[list[float]] = deque(maxlen=max(rounds, 0) or None)
         self.keep = rounds > 0
 
@@ -289,6 +293,11 @@ class NormHistory:
         if self.keep and norms:
             self.rounds.append(norms)
 
+    def changed(self, before: NDArrays, after: NDArrays) -> None:
+        """The global model went from ``before`` to ``after`` (neither changed in place
+        later: the strategy replaces its global tensors each round)."""
+        self.previous, self.direction = before, direction_of(before, after)
+
     def state(self) -> dict[str, np.ndarray]:
         """For the checkpoint: a resumed run judges its next round as the uninterrupted
         run would."""
@@ -296,16 +305,34 @@ class NormHistory:
             "bounds/norms": np.array(self.values(), np.float64),
             "bounds/norm-rounds": np.array([len(r) for r in self.rounds], np.int64),
         }
-        return out | ({"bounds/direction": self.direction} if self.direction is not None else {})
+        if self.direction is not None and self.previous is not None:
+            out |= {f"{PREVIOUS}{i}": a for i, a in enumerate(self.previous)}
+        return out
 
-    def restore(self, arrays: dict[str, np.ndarray]) -> None:
-        """The inverse of ``state`` (a checkpoint without it leaves the history empty)."""
+    def restore(self, arrays: dict[str, np.ndarray], global_arrays: NDArrays) -> None:
+        """The inverse of ``state``, the checkpoint's global model ``global_arrays``
+        restored first (a checkpoint without it leaves the history empty; one that
+        kept the direction itself, from before, gives that)."""
         norms, counts = arrays.get("bounds/norms"), arrays.get("bounds/norm-rounds")
         if norms is not None and counts is not None:
             self.rounds.clear()
             ends = np.cumsum(counts)
             self.rounds.extend(norms[e - n : e].tolist() for n, e in zip(counts, ends))
-        self.direction = arrays.get("bounds/direction")
+        previous = [arrays.get(f"{PREVIOUS}{i}") for i in range(len(global_arrays))]
+        if previous and all(p is not None for p in previous):
+            self.changed(previous, global_arrays)
+        else:
+            self.previous, self.direction = None, arrays.get("bounds/direction")
+
+
+PREVIOUS = "bounds/previous/"  # + the global tensor's index: the checkpoint's previous model
+
+
+def direction_of(before: NDArrays, after: NDArrays) -> np.ndarray | None:
+    """The unit change from ``before`` to ``after`` (float64), or None if none."""
+    change = update_vector(after, before, compared([after], [before]))
+    length = float(np.linalg.norm(change))
+    return change / length if length > 0 else None
 
 
 def decoded_references(

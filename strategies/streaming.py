@@ -424,7 +424,5 @@ def finish_round(strategy: Any, streamed: StreamedRound) -> None:
     its direction the next round's direction reference."""
     before = strategy.global_arrays
     strategy.set_global(streamed.sum.mean())
-    change = update_of(strategy.global_arrays, before)
-    length = float(np.linalg.norm(change))
-    strategy.norm_history.direction = change / length if length > 0 else None
+    strategy.norm_history.changed(before, strategy.global_arrays)
     strategy.norm_history.add(streamed.norms)

@@ -12,7 +12,14 @@ from flwr.common import FitRes
 
 from strategies import kernels, streaming
 from strategies.outcome import NodeFailed
-from strategies.robust import remove_along, update_norm, update_vector, weighted_mean, with_update
+from strategies.robust import (
+    PREVIOUS,
+    remove_along,
+    update_norm,
+    update_vector,
+    weighted_mean,
+    with_update,
+)
 from strategies.streaming import RESERVOIR, FoldingProxy, RunningMean, reservoir_nodes
 from tests.helpers import FakeProxy, config, fit_res, make_strategy
 
@@ -272,10 +279,20 @@ def test_a_checkpoint_keeps_the_bounds_history() -> None:
     strategy, _ = _clean_rounds({}, rounds=2)
     assert strategy.norm_history.direction is not None and strategy.norm_history.values()
     saved = strategy.server_state()
+    # the model before the last round, in its own dtype, stands for the float64 direction
+    previous = [saved[f"{PREVIOUS}{i}"] for i in range(len(strategy.global_arrays))]
+    assert "bounds/direction" not in saved
+    assert [a.dtype for a in previous] == [a.dtype for a in strategy.global_arrays]
     resumed = make_strategy(config(method="fedavg"))
     resumed.restore_server_state(saved)
     assert np.array_equal(resumed.norm_history.direction, strategy.norm_history.direction)
     assert list(resumed.norm_history.rounds) == list(strategy.norm_history.rounds)
+    # a checkpoint that kept the direction itself (written before) still gives it
+    kept = {k: v for k, v in saved.items() if not k.startswith(PREVIOUS)}
+    kept["bounds/direction"] = strategy.norm_history.direction
+    earlier = make_strategy(config(method="fedavg"))
+    earlier.restore_server_state(kept)
+    assert np.array_equal(earlier.norm_history.direction, strategy.norm_history.direction)
     older = {k: v for k, v in saved.items() if not k.startswith("bounds/")}
     fresh = make_strategy(config(method="fedavg"))
     fresh.restore_server_state(older)  # a checkpoint from before: no history, no error
