@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -87,7 +87,7 @@ def rebase() -> Callable[..., None]:
 
 
 @functools.cache
-def warm(dtypes: Iterable[np.dtype], projection: bool) -> threading.Thread:
+def warm(dtypes: tuple[np.dtype, ...], projection: bool) -> threading.Thread:
     """Load or compile, on a thread of its own, the kernels a server whose tensors
     are of ``dtypes`` calls (with ``projection``: the direction check's two), so a
     round's first call does not wait for them (round 2 waited 0.15-0.35 s). Once

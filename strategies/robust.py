@@ -150,6 +150,11 @@ def update_vector(upload: NDArrays, reference: NDArrays, tensors: list[int]) -> 
     return out
 
 
+def update_of(upload: NDArrays, reference: NDArrays) -> np.ndarray:
+    """``upload - reference`` over the float tensors of the reference's shape (float64)."""
+    return update_vector(upload, reference, compared([upload], [reference]))
+
+
 def column_median(block: np.ndarray) -> np.ndarray:
     """``np.median(block, axis=0)``, by a sort down the columns: faster for the few
     rows (replies) a round has (docs/PERFORMANCE.md, the direction check)."""
@@ -330,7 +335,7 @@ PREVIOUS = "bounds/previous/"  # + the global tensor's index: the checkpoint's p
 
 def direction_of(before: NDArrays, after: NDArrays) -> np.ndarray | None:
     """The unit change from ``before`` to ``after`` (float64), or None if none."""
-    change = update_vector(after, before, compared([after], [before]))
+    change = update_of(after, before)
     length = float(np.linalg.norm(change))
     return change / length if length > 0 else None
 

@@ -60,6 +60,7 @@ from strategies.robust import (
     decoded_references,
     lower_median,
     remove_along,
+    update_of,
     update_vector,
     with_update,
 )
@@ -87,11 +88,6 @@ def reservoir_nodes(
     else by node id."""
     places = places or {}
     return set(sorted(node_ids, key=lambda n: _rank(server_round, places.get(n, n)))[:size])
-
-
-def update_of(upload: NDArrays, reference: NDArrays) -> np.ndarray:
-    """``upload - reference`` over the float tensors of the reference's shape (float64)."""
-    return update_vector(upload, reference, compared([upload], [reference]))
 
 
 @dataclass
