@@ -14,6 +14,7 @@ import copy
 import hashlib
 import logging
 import random
+import sys
 import threading
 import time
 from functools import lru_cache
@@ -28,6 +29,7 @@ from flwr.common import Context, Message, MessageType
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 from torch import nn
 
+import pflower.patches
 from client_app import timing
 from client_app.attacks import Attacker, flip_labels
 from client_app.errors import PublicError, errors_mod, site_name
@@ -51,6 +53,9 @@ from pflower.privacy.secagg import ROSTER_KEY, sign_setup_reply, stage_refusal
 from pflower.store import PERSONAL_STATE_DIR
 
 log = logging.getLogger("flwr.pflower")
+if "flwr.server.superlink.fleet.vce.vce_api" in sys.modules:  # Flower's simulation engine:
+    # it loads the ClientApp before it starts (the ServerApp's import may come later)
+    pflower.patches.ray_when_the_engine_starts()
 
 
 _TEMPLATE_LOCK = threading.Lock()

@@ -28,6 +28,7 @@ pflower.patches.linkstate_index()  # simulation: the engine runs in this process
 pflower.patches.engine_wakeups()  # after linkstate-index: it wraps what that stores
 pflower.patches.object_retries()  # deployed: replies' parts asked for again soon
 pflower.patches.npy_headers()  # each reply's tensors read without parsing their headers again
+pflower.patches.ray_when_the_engine_starts()  # simulation: the ClientApp sent to actors once
 
 
 class _NoEvaluateEachRound(logging.Filter):

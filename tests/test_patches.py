@@ -20,7 +20,7 @@ def test_the_table_lists_every_patch_and_every_patch_function_is_in_it() -> None
     functions |= {"fleet-long-poll"}
     functions |= {"fab-reuse", "clientapp-task-end"}
     functions |= {"optimizers-without-dynamo", "secagg-masks", "npy-headers"}
-    functions |= {"engine-wakeups"}
+    functions |= {"engine-wakeups", "ray-app-once", "ray-two-in-flight"}
     assert set(pflower.patches.PATCHES) == functions
     for name in functions:
         assert f"``{name}``" in doc  # the table row
@@ -256,3 +256,71 @@ def test_engine_wakeups_hand_an_instruction_to_the_backend_when_it_is_stored(
     store()  # wakes the loop, which sees the stop
     loop.join(timeout=20)
     assert not loop.is_alive() and handed.qsize() <= 1
+
+
+def _bare_pool(actors: int):
+    """A Flower ``BasicActorPool`` without Ray: ``actors`` stand-ins, each recording
+    the calls made on it."""
+    from types import SimpleNamespace
+
+    from flwr.simulation.ray_transport.ray_actor import BasicActorPool
+
+    made: list = []
+
+    class Actor:  # hashable by identity, as Ray's actor handles are by actor id
+        def __init__(self) -> None:
+            calls: list = []
+            made.append(calls)
+            self.terminate = SimpleNamespace(remote=lambda: calls.append("terminate"))
+
+    pool = BasicActorPool.__new__(BasicActorPool)  # its __init__ asks Ray for the cluster
+    pool.pool, pool.num_actors, pool._future_to_actor = [], 0, {}
+    pool.create_actor_fn = Actor
+    pool.add_actors_to_pool(actors)
+    return pool, made
+
+
+def test_ray_app_once_stores_the_client_app_once_and_passes_its_reference(monkeypatch) -> None:
+    """Each submission hands the actor the reference Ray resolves to the ClientApp's
+    loader; the loader is stored once a pool (a new loader: stored again)."""
+    import ray
+
+    assert pflower.patches.ray_app_once()
+    stored: list = []
+    monkeypatch.setattr(ray, "put", lambda value: stored.append(value) or f"ref{len(stored)}")
+    pool, _ = _bare_pool(2)
+    handed = []
+
+    def actor_fn(actor, app_fn, message, cid, context):
+        handed.append((app_fn, message, cid, context))
+        return object()  # the future
+
+    def load_app() -> str:
+        return "the app"
+
+    for n in range(2):
+        pool.add_actor_back_to_pool(pool.submit(actor_fn, (load_app, f"m{n}", str(n), "ctx")))
+    assert stored == [load_app]  # once, the function itself
+    assert handed == [("ref1", "m0", "0", "ctx"), ("ref1", "m1", "1", "ctx")]
+    pool.submit(actor_fn, (lambda: "another", "m2", "2", "ctx"))
+    assert len(stored) == 2 and handed[-1][0] == "ref2"
+
+
+def test_ray_two_in_flight_lists_each_actor_twice_and_runs_a_worker_per_listing() -> None:
+    """Every actor is listed ``IN_FLIGHT`` times, the first listings handed out first
+    (a round's first messages go to different actors); the engine runs a worker per
+    listing; each actor is terminated once."""
+    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
+
+    assert pflower.patches.ray_two_in_flight()
+    assert pflower.patches.IN_FLIGHT == 2
+    pool, made = _bare_pool(3)
+    assert pool.num_actors == 3 and len(pool.pool) == 6
+    handed = [pool.pool.pop() for _ in range(6)]
+    assert len({id(a) for a in handed[:3]}) == 3 and handed[3:] == handed[:3]
+    pool.pool = handed
+    backend = RayBackend.__new__(RayBackend)  # its __init__ starts Ray
+    backend.pool = pool
+    assert backend.num_workers == 6
+    pool.terminate_all_actors()
+    assert made == [["terminate"]] * 3

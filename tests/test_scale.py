@@ -300,10 +300,13 @@ def test_ray_and_in_process_train_the_same_clients_each_round_at_partial_partici
     in-process engine (node ids 1..20) sample the same partitions each round, take the
     streamed bounds' references from the same 8 of the 10 (the reservoir, ranked by
     partition), and end each round with the same numbers, client by client."""
+    from pflower.patches import ray_app, ray_pipeline
     from server_app.simulate import simulate
 
     config = {**SMALL, "method": "fedper", "fraction-fit": 0.5, "output-dir": str(tmp_path)}
     ray = simulate({**config, "run-name": "ray"}, 20)["rounds"]
+    # the engine put its Ray patches in place (pflower.patches): they ran here
+    assert ray_app.in_place() and ray_pipeline.in_place()
     local = run_inprocess({**config, "run-name": "local"}, 20)["rounds"]
     trained = [sorted(r["per_client_train_loss"]) for r in ray]
     assert trained == [sorted(r["per_client_train_loss"]) for r in local]

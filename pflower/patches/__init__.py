@@ -16,10 +16,12 @@ speed measured in docs/PERFORMANCE.md; none changes what is computed or sent.
 | ``secagg-masks`` | flwr ``pseudo_rand_gen`` where SecAgg+ masks (client mod, server workflow) | it folds every seed to 32 bits and expands it with a Mersenne Twister (flwr issue #7522) | flwr 1.39.0, 1.42.0 |
 | ``npy-headers`` | flwr ``compat.common.parameter.bytes_to_ndarray`` | ``np.load`` parsed every tensor's header with ``ast.literal_eval``: 1.5 ms a CNN's parameters, on the server each reply and on the client each message | flwr 1.39.0, 1.42.0 |
 | ``engine-wakeups`` | flwr ``InMemoryLinkState.store_message_ins`` (and ``linkstate-index``'s loop) | in simulation a round's instructions reached the actors up to 0.1 s after the ServerApp stored them | flwr 1.39.0, 1.42.0 |
+| ``ray-app-once`` | flwr ``BasicActorPool.submit`` (put in place by ``vce_api.run_api``, as the next) | the Ray simulation cloudpickled the whole ClientApp into every message's actor call | flwr 1.39.0, 1.42.0 |
+| ``ray-two-in-flight`` | flwr ``BasicActorPool.add_actors_to_pool`` / ``terminate_all_actors``, ``RayBackend.num_workers`` | a Ray actor idled about 11 ms between messages, waiting for the next to be submitted and delivered | flwr 1.39.0, 1.42.0 |
 
 Each patch is its own module, in the table's order: ``linkstate``, ``backoff``,
 ``long_poll``, ``retries``, ``fab``, ``fork``, ``task_end``, ``optim``, ``secagg``, ``npy``,
-``wakeups``;
+``wakeups``, ``ray_app``, ``ray_pipeline``;
 ``core`` holds the switch and the version check, ``timing`` the waits the polling
 patches share. Callers import them from here.
 
@@ -41,6 +43,9 @@ from pflower.patches.linkstate import linkstate_index
 from pflower.patches.long_poll import fleet_long_poll
 from pflower.patches.npy import npy_headers
 from pflower.patches.optim import optimizers
+from pflower.patches.ray_app import ray_app_once
+from pflower.patches.ray_app import when_the_engine_starts as ray_when_the_engine_starts
+from pflower.patches.ray_pipeline import IN_FLIGHT, ray_two_in_flight
 from pflower.patches.retries import object_retries
 from pflower.patches.secagg import SECAGG_PROTOCOL, mask_arrays, secagg_masks
 from pflower.patches.task_end import TaskEnded, clientapp_task_end
@@ -48,6 +53,7 @@ from pflower.patches.timing import LONG_POLL
 from pflower.patches.wakeups import engine_wakeups
 
 __all__ = [
+    "IN_FLIGHT",
     "LONG_POLL",
     "PATCHES",
     "SECAGG_PROTOCOL",
@@ -68,6 +74,9 @@ __all__ = [
     "npy_headers",
     "object_retries",
     "optimizers",
+    "ray_app_once",
+    "ray_two_in_flight",
+    "ray_when_the_engine_starts",
     "secagg_masks",
     "superexec_fork",
     "supernode_backoff",

@@ -22,6 +22,8 @@ PATCHES: dict[str, tuple[str, tuple[str, ...]]] = {
     "secagg-masks": ("flwr", (FLWR_39, FLWR_42)),
     "npy-headers": ("flwr", (FLWR_39, FLWR_42)),
     "engine-wakeups": ("flwr", (FLWR_39, FLWR_42)),
+    "ray-app-once": ("flwr", (FLWR_39, FLWR_42)),
+    "ray-two-in-flight": ("flwr", (FLWR_39, FLWR_42)),
 }
 # library -> every version prefix some patch of it was checked against
 TESTED: dict[str, tuple[str, ...]] = {}
