@@ -227,3 +227,43 @@ def test_the_summary_says_over_how_many_clients_each_mean_is_taken() -> None:
     assert "clients scored a round" in table and "3 to 4" in table
     summary["rounds"] = rounds[1:]
     assert "clients scored a round" not in summary_table(summary)
+
+
+def test_results_json_is_the_summary_indented_and_each_round_is_encoded_once(
+    tmp_path, monkeypatch
+) -> None:
+    """results.json is ``json.dumps(summary, indent=2)`` to the byte, round after round
+    and after a resume, while each round's record is encoded once (not every round
+    again: that grew with the run)."""
+    import json
+
+    import pflower.results
+
+    encoded: list[int] = []
+    encode = pflower.results.encode_round
+    monkeypatch.setattr(
+        pflower.results, "encode_round", lambda r: encoded.append(r["round"]) or encode(r)
+    )
+    monkeypatch.setattr(pflower.results.time, "perf_counter", lambda: 7.0)  # total_seconds
+    cfg = parse_run_config({"output-dir": str(tmp_path), "run-name": "r", "num-server-rounds": 9})
+    rec = RunRecorder(cfg)
+    assert rec.results_json() == json.dumps(rec.summary(), indent=2)  # no round yet: []
+    for n in range(1, 5):
+        scored = n % 2 == 0
+        rec.add_round(
+            {
+                "round": n,
+                "accuracy_mean": 0.1 * n if scored else None,
+                "accuracy_pooled": 0.1 * n if scored else None,
+                "per_client_accuracy": {"0": 0.5, "1": [1, {"a": None}]} if scored else {},
+                "bytes_up": n,
+                "bytes_down": n,
+                "seconds": 0.25,
+            }
+        )
+        assert rec.results_json() == json.dumps(rec.summary(), indent=2)
+        assert json.loads(rec.results_path.read_text())["rounds"] == rec.rounds
+    assert encoded == [1, 2, 3, 4]
+    rec.resume(4, rec.rounds[:2], tmp_path / "state.npz")
+    assert rec.results_json() == json.dumps(rec.summary(), indent=2)
+    assert encoded == [1, 2, 3, 4, 1, 2]
