@@ -107,15 +107,17 @@ class Limits:
         bounds: Bounds,
         history: list[float],
         direction: np.ndarray | None = None,
+        norms: list[float] | None = None,
     ) -> Limits:
         """The held round's rules (strategies/robust.py) taken over ``replies`` (their
-        ``updates``); the direction check's centre is ``direction`` (the last streamed
-        round's unit update, far less noisy) where there is one, else the replies'
-        median update."""
+        ``updates``, whose ``norms`` may be known); the direction check's centre is
+        ``direction`` (the last streamed round's unit update, far less noisy) where
+        there is one, else the replies' median update."""
         out = cls()
         if bounds.weight_cap > 0:
             out.count = count_limit([r.num_examples for r in replies], bounds.weight_cap)
-        norms = [float(np.linalg.norm(u)) for u in updates]
+        if norms is None:
+            norms = [float(np.linalg.norm(u)) for u in updates]
         if bounds.norm_bound > 0:
             out.norm = bounds.norm_bound * lower_median(norms + history)
         if bounds.direction_from and len(replies) >= bounds.direction_from:
@@ -181,7 +183,8 @@ class StreamedRound:
         self.fixing = False  # a worker is fixing the references
         self.pending: list[Reply] = []  # accepted, waiting for the references
         self.sample: list[Reply] = []  # the reservoir's accepted replies
-        self.measured: dict[int, np.ndarray] = {}  # id of a held reply -> its update vector
+        # id of a held reply -> its update vector and that vector's norm
+        self.measured: dict[int, tuple[np.ndarray, float]] = {}
         self.sum = RunningMean()
         self.kept: list[Reply] = []  # each accepted reply, its arrays dropped
         self.rejected: list[str] = []
@@ -205,9 +208,10 @@ class StreamedRound:
             self.bytes_up += received
             self.rejected += rejected
             fixed = self.limits is not None
-        # a reply that must wait for the references has its update taken now, on this
-        # worker, before it joins the waiting ones (the worker that fixes them reads it)
-        measured = {} if fixed else {id(r): self._update(r) for r in accepted}
+        # a reply that must wait for the references has its update and norm taken now,
+        # on this worker, before it joins the waiting ones (the worker that fixes them
+        # reads both: at 10 clients a round that worker's fix was the round's longest path)
+        measured = {} if fixed else {id(r): self._measure(r) for r in accepted}
         with self.lock:
             self.measured.update(measured)
             ready = accepted if self.limits is not None else []  # fixed meanwhile: judged now
@@ -239,9 +243,15 @@ class StreamedRound:
 
     def _fix(self, replies: list[Reply]) -> None:
         """Fix the references from ``replies`` and judge every reply waiting for them."""
-        updates = [self.measured.get(id(r)) for r in replies]
-        updates = [self._update(r) if u is None else u for r, u in zip(replies, updates)]
-        limits = Limits.of(replies, updates, self.bounds, self.history, self.direction)
+        taken = [self.measured.get(id(r)) or self._measure(r) for r in replies]
+        limits = Limits.of(
+            replies,
+            [update for update, _ in taken],
+            self.bounds,
+            self.history,
+            self.direction,
+            norms=[norm for _, norm in taken],
+        )
         with self.lock:
             self.limits = limits
             if limits.norm is not None:
@@ -251,9 +261,10 @@ class StreamedRound:
             pending, self.pending, self.sample = self.pending, [], []
         self._judge(sorted(pending, key=lambda r: r.client_key))
 
-    def _update(self, reply: Reply) -> np.ndarray:
-        """The reply's update vector against what it was sent."""
-        return update_of(reply.arrays, self.reference_of(reply.client_key))
+    def _measure(self, reply: Reply) -> tuple[np.ndarray, float]:
+        """The reply's update vector against what it was sent, and its norm."""
+        update = update_of(reply.arrays, self.reference_of(reply.client_key))
+        return update, float(np.linalg.norm(update))
 
     def _judge(self, replies: list[Reply]) -> None:
         """Bound each reply, then (under the lock) add it to the sum or reject it."""
@@ -278,9 +289,9 @@ class StreamedRound:
                 self.kept.append(reply)
                 self.norms.append(verdict.norm)
 
-    def _bound(self, reply: Reply, update: np.ndarray | None = None) -> Verdict:
-        """The reply with its weight capped and its update bounded (``update``: its
-        update vector, if already taken), or why it is rejected."""
+    def _bound(self, reply: Reply, measured: tuple[np.ndarray, float] | None = None) -> Verdict:
+        """The reply with its weight capped and its update bounded (``measured``: its
+        update vector and norm, if already taken), or why it is rejected."""
         limits = self.limits
         assert limits is not None
         capped = limits.count is not None and reply.num_examples > limits.count
@@ -288,9 +299,12 @@ class StreamedRound:
             reply.num_examples = limits.count
         reference = self.reference_of(reply.client_key)
         tensors = compared([reply.arrays], [reference])
-        if update is None:
+        if measured is None:
             update = update_vector(reply.arrays, reference, tensors)
-        norm, moved, clipped, against = float(np.linalg.norm(update)), False, False, False
+            norm = float(np.linalg.norm(update))
+        else:
+            update, norm = measured
+        moved, clipped, against = False, False, False
         if limits.norm is not None and norm > limits.norm:
             if self.bounds.action == "reject":
                 reason = (

@@ -412,3 +412,39 @@ def test_kernels_compile_without_a_writable_cache(monkeypatch: pytest.MonkeyPatc
     x = np.arange(3.0)
     kernels._njit()(double)(x)
     assert x.tolist() == [0.0, 2.0, 4.0]
+
+
+def test_each_reply_has_its_update_and_norm_taken_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """40 clean replies under the default bounds: each reply's update vector is made
+    once and its norm taken once, whether it waited for the reservoir (measured on
+    the worker that received it, read by the worker that fixes the references) or
+    was judged on arrival."""
+    made: list[np.ndarray] = []
+    normed: list[np.ndarray] = []
+    for name in ("update_of", "update_vector"):
+        real = getattr(streaming, name)
+        monkeypatch.setattr(
+            streaming, name, lambda *a, _real=real: made.append(_real(*a)) or made[-1]
+        )
+    norm = np.linalg.norm
+    monkeypatch.setattr(np.linalg, "norm", lambda x, *a, **k: normed.append(x) or norm(x, *a, **k))
+    strategy = make_strategy(config(method="fedavg"))
+    rng = np.random.default_rng(1)
+    common = [0.01 * rng.normal(size=a.shape) for a in strategy.global_arrays]  # a drift
+    nodes = list(range(40))
+    state = strategy.streamed = streaming.open_round(strategy, 1, nodes)
+    sent = streaming.folding(
+        state,
+        [
+            (Replying(k, fit_res(_near(strategy.global_arrays, rng, common), f"c{k}")), None, None)
+            for k in nodes
+        ],
+    )
+    for proxy, _, _ in sent:
+        proxy.fit(None, None, None)
+    strategy.aggregate_fit(1, [], [])
+    assert len(state.kept) == 40 and strategy.rounds[1].extra["against_the_round"] == 0
+    assert len(made) == 40
+    updates_normed = [x for x in normed if any(x is u for u in made)]
+    assert len(updates_normed) == 40  # each once
+    assert len({id(x) for x in updates_normed}) == 40
