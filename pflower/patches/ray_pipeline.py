@@ -20,14 +20,17 @@ def in_place() -> bool:
 def ray_two_in_flight() -> bool:
     """``ray-two-in-flight``: Flower's Ray backend runs one engine worker thread per
     actor, and a worker hands its actor the next message only when the last reply is
-    back: an actor idled about 11 ms between messages of 30-45 ms (measured: 3 ms
-    for the simulation process to serialize and submit the message, 3 for Ray to
-    bring it to the actor, 3.5 for the reply to come back). Here the pool lists each
-    actor ``IN_FLIGHT`` times and the engine runs a worker per listing, so while an
-    actor runs one message the next is already waiting in its queue, its arguments
-    delivered; Ray runs an actor's calls one at a time, in the order they were made.
+    back: an actor idled a median 11 ms between messages of 30-45 ms (measured: 3.5
+    ms for the reply to reach the simulation process, 3 to serialize and submit the
+    next message, 3 more until the actor's ClientApp call began). Here the pool lists
+    each actor ``IN_FLIGHT`` times and the engine runs a worker per listing, so while
+    an actor runs one message the next is already in its queue; Ray runs an actor's
+    calls one at a time, in the order they were made. What remains between two calls
+    is Ray's own (about 9 ms at the median: arguments deserialized, outputs stored).
     Each message is still run by one actor, whole, with its own node's context, so
-    what a client computes does not change. Returns whether it is in place."""
+    what a client computes does not change. Flower's engine starts at most
+    ``min(32, cores + 4)`` workers; past that, some actors have one message in flight,
+    as before. Returns whether it is in place."""
     from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
     from flwr.simulation.ray_transport.ray_actor import BasicActorPool
 
