@@ -17,7 +17,7 @@ speed measured in docs/PERFORMANCE.md; none changes what is computed or sent.
 | ``npy-headers`` | flwr ``compat.common.parameter.bytes_to_ndarray`` | ``np.load`` parsed every tensor's header with ``ast.literal_eval``: 1.5 ms a CNN's parameters, on the server each reply and on the client each message | flwr 1.39.0, 1.42.0 |
 | ``engine-wakeups`` | flwr ``InMemoryLinkState.store_message_ins`` (and ``linkstate-index``'s loop) | in simulation a round's instructions reached the actors up to 0.1 s after the ServerApp stored them | flwr 1.39.0, 1.42.0 |
 | ``ray-app-once`` | flwr ``BasicActorPool.submit`` (put in place by ``vce_api.run_api``, as the next) | the Ray simulation cloudpickled the whole ClientApp into every message's actor call | flwr 1.39.0, 1.42.0 |
-| ``ray-two-in-flight`` | flwr ``BasicActorPool.add_actors_to_pool`` / ``terminate_all_actors``, ``RayBackend.num_workers`` | a Ray actor idled about 11 ms between messages, waiting for the next to be submitted and delivered | flwr 1.39.0, 1.42.0 |
+| ``ray-two-in-flight`` | flwr ``BasicActorPool.add_actors_to_pool`` / ``terminate_all_actors``, ``RayBackend.num_workers`` | a Ray actor was handed its next message only once its last reply was back (a median 11 ms idle between messages) | flwr 1.39.0, 1.42.0 |
 
 Each patch is its own module, in the table's order: ``linkstate``, ``backoff``,
 ``long_poll``, ``retries``, ``fab``, ``fork``, ``task_end``, ``optim``, ``secagg``, ``npy``,

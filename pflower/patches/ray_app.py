@@ -60,18 +60,18 @@ def when_the_engine_starts() -> bool:
 
     from pflower.patches.ray_pipeline import ray_two_in_flight
 
-    if getattr(vce_api.run_api, "_pflower_app_once", False):
+    if getattr(vce_api.run_api, "_pflower_ray", False):
         return True
     if not enabled():
         return False
     check(("flwr",))
     run_api = vce_api.run_api
 
-    def run_api_once(*args: Any, **kwargs: Any) -> Any:
+    def run_api_patched(*args: Any, **kwargs: Any) -> Any:
         ray_app_once()
         ray_two_in_flight()
         return run_api(*args, **kwargs)
 
-    run_api_once._pflower_app_once = True  # type: ignore[attr-defined]
-    vce_api.run_api = run_api_once
+    run_api_patched._pflower_ray = True  # type: ignore[attr-defined]
+    vce_api.run_api = run_api_patched
     return True
