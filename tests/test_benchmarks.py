@@ -766,6 +766,18 @@ def test_the_channels_last_benchmark_tables_both_layouts(capsys):
     assert len(row) == 1 and row[0].count("x |") == 2  # both ratios
 
 
+def test_the_vmap_benchmark_trains_the_same_weights_both_ways(capsys):
+    from benchmarks.vmap_clients import main as vmap_clients
+
+    args = ["--clients", "3", "--steps", "2", "--batch", "4", "--repeats", "1"]
+    assert vmap_clients(args) == 0
+    out = capsys.readouterr().out
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith(("| cnn4", "| mlp"))]
+    assert len(rows) == 2
+    for row in rows:  # the batched weights are the sequential ones, up to float rounding
+        assert row[3].endswith("x") and float(row[4].rstrip(" |")) < 1e-4
+
+
 def test_the_running_sum_benchmark_tables_both_sums_with_the_same_bits(capsys):
     from benchmarks.running_sum import main as running_sum
 
