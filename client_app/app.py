@@ -43,6 +43,7 @@ from pflower.data import (
     check_site_data,
     class_fingerprint,
     data_info,
+    decode_shared_data,
     load_client_data,
     run_class_names,
     site_class_names,
@@ -171,9 +172,12 @@ def build_client(context: Context, overrides: dict[str, Any] | None = None) -> C
     method = get_method(cfg.method)
     state_dir = str(node.get("state-dir", ""))
     cache_dir = data_cache_dir(node)
-    reuse = REUSE_MODELS and "site" not in node and not state_dir  # simulated
+    simulated = "site" not in node and not state_dir
+    reuse = REUSE_MODELS and simulated
     model = client_model(_template(cfg, data_path, cache_dir), reuse)
     timing.mark("model")
+    if simulated and not data_path:  # clients of one shared set: decoded whole, once
+        decode_shared_data(cfg)
     data = load_client_data(cfg, partition_id, num_partitions, data_path, cache_dir)
     check_site_data(cfg, data, f"site '{site}'" if "site" in node else site)
     timing.mark("data")

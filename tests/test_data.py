@@ -17,6 +17,7 @@ from pflower.config.schema import ConfigError, RunConfig
 from pflower.data import data_info, load_client_data
 from pflower.data.hf import (
     DOMAIN_SHIFTS,
+    NO_TABLE_KEYS,
     apply_domain_shift,
     hf_data_info,
     label_permutation,
@@ -534,3 +535,54 @@ def test_client_data_kept_only_for_a_federation_within_the_budget(monkeypatch):
     for pid in range(5):
         load_client_data(large, pid, 5)
     assert data._kept_client_data.cache_info().currsize == before  # nothing more kept
+
+
+def _fresh_copy(path: str, tmp_path: Path, name: str) -> str:
+    """The parquet under a new path: a source of its own (load_source caches by path)."""
+    copy = tmp_path / f"{name}.parquet"
+    copy.write_bytes(Path(path).read_bytes())
+    return str(copy)
+
+
+def test_a_shared_set_that_fits_is_decoded_whole_once_with_the_same_pixels(
+    image_parquet, tmp_path, monkeypatch
+):
+    import pflower.data.hf as hf
+    from pflower.data import decode_shared_data
+
+    monkeypatch.setattr(hf, "_STATS_ROWS", 16)  # the statistics decode 16 rows of 200
+    whole = RunConfig(dataset=_fresh_copy(image_parquet, tmp_path, "whole"))
+    by_row = RunConfig(dataset=_fresh_copy(image_parquet, tmp_path, "by-row"))
+    decode_shared_data(whole)
+    src = load_source(whole.dataset, NO_TABLE_KEYS)  # as the clients call it
+    assert src._whole and src._done.all()  # every row, before any client asked
+    monkeypatch.setattr(hf, "DECODE_WHOLE_BYTES", 200 * 3 * 8 * 8 - 1)  # one byte short
+    decode_shared_data(by_row)
+    rows = load_source(by_row.dataset, NO_TABLE_KEYS)
+    assert not rows._whole and rows._done.sum() == 16  # only the statistics' rows
+    for pid in range(4):  # every client's arrays, to the bit, either way
+        for a, b in zip(load_client_arrays(whole, pid, 4), load_client_arrays(by_row, pid, 4)):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_a_simulated_client_decodes_the_shared_set_whole_and_a_site_its_rows(
+    image_parquet, tmp_path, monkeypatch
+):
+    from flwr.common import Context, RecordDict
+
+    import pflower.data.hf as hf
+    from client_app.app import build_client
+
+    monkeypatch.setattr(hf, "_STATS_ROWS", 16)  # the statistics decode 16 rows of 200
+
+    def build(node: dict, name: str) -> object:
+        config = {"dataset": _fresh_copy(image_parquet, tmp_path, name), "model": "mlp"}
+        build_client(
+            Context(1, 1, {"partition-id": 0, "num-partitions": 4, **node}, RecordDict(), {}),
+            config,
+        )
+        return load_source(config["dataset"], NO_TABLE_KEYS)
+
+    assert build({}, "simulated")._whole
+    site = build({"site": "a", "state-dir": str(tmp_path / "state")}, "site")
+    assert not site._whole and site._done.sum() < 200

@@ -239,6 +239,17 @@ CLIENT_DATA_BUDGET = 256 * 2**20
 _client_bytes: dict[tuple, int] = {}  # (cfg, num_partitions) -> one client's bytes
 
 
+def decode_shared_data(cfg: RunConfig) -> None:
+    """The data set simulated clients partition, decoded whole where it fits
+    (pflower/data/hf.py ``DECODE_WHOLE_BYTES``); a no-op for generated data, per-client
+    paths and sets already decoded."""
+    if cfg.dataset == "synthetic" or cfg.client_data_paths:
+        return
+    from pflower.data.hf import Tabular, load_source
+
+    load_source(cfg.dataset, Tabular.of(cfg)).decode_whole()
+
+
 def load_client_data(
     cfg: RunConfig, partition_id: int, num_partitions: int, data_path: str = "", cache_dir: str = ""
 ) -> ClientData:
