@@ -38,11 +38,11 @@ DOMAIN_SHIFTS = ("identity", "grayscale", "rotate90", "colour-shift", "blur", "i
 _STATS_ROWS = 2048  # rows used to compute per-channel normalisation statistics
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)  # torchvision's weights
 IMAGENET_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
-# A simulated client's first message decoded its own rows inside a round (3.6 ms for
+# A simulated client's first message decoded its own rows inside a round (2.7 ms for
 # 60 CIFAR-10 images, measured); a set whose decoded images fit this many bytes is
 # decoded whole at the first client's message instead, in one pass (43 us an image:
-# 0.45 s for the 12k dev set), so later rounds train rather than decode. Larger sets
-# (full ImageNet-sized ones) stay decoded row by row as clients ask.
+# 0.45 s for the 12k dev set, rows no client holds included), so later rounds train
+# rather than decode. Larger sets stay decoded row by row as clients ask.
 DECODE_WHOLE_BYTES = 256 * 2**20
 
 
