@@ -58,11 +58,14 @@ def summarise(cells: list[Cell]) -> dict[str, Any]:
     traffic = [
         [x.get("bytes_up", 0) + x.get("bytes_down", 0) for x in r["rounds"]] for r in results
     ]
-    peaks = []
+    peaks, cpu = [], []
     for c, _ in runs:
         status = c.dir / "cell.json"
         if status.exists():
-            peaks.append(json.loads(status.read_text()).get("peak_rss", 0) / 1e6)
+            kept = json.loads(status.read_text())
+            peaks.append(kept.get("peak_rss", 0) / 1e6)
+            if kept.get("cpu"):
+                cpu.append(kept["cpu"])
     secs = [[x["seconds"] for x in r["rounds"]] for r in results]
     return {
         "n": len(results),
@@ -75,6 +78,7 @@ def summarise(cells: list[Cell]) -> dict[str, Any]:
         # the closing evaluation is timed apart, strategies/recording.py)
         "s_round": float(np.mean([np.median(s[1:] if len(s) > 1 else s) for s in secs])),
         "peak_mb": float(np.mean(peaks)) if peaks else float("nan"),
+        "cpu": cpu,  # CPU by process over the timed rounds (benchmarks/cpu_roles.py)
         # per client that trained: each round's seconds over its replies, the median after round 1
         "s_client_round": float(
             np.mean(
@@ -217,6 +221,29 @@ def table(preset: Preset, setting: str, rows: dict[str, dict[str, Any]]) -> list
             cells.append(_num(float(np.mean(values))) if values else "")
         if paper:
             cells.append(paper.get(label, paper.get(method, "") if label == method else ""))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def cpu_table(rows: dict[str, dict[str, Any]]) -> list[str]:
+    """CPU a client-round by process over rounds 2 to N-1 (seed 0; benchmarks/cpu_roles.py),
+    and the cores that kept busy: their CPU seconds over the rounds' wall seconds."""
+    from benchmarks.cpu_roles import ROLES
+
+    kept = {k: v["cpu"][0] for k, v in rows.items() if v["n"] and v.get("cpu")}
+    kept = {k: c for k, c in kept.items() if c["client_rounds"] and c["wall_seconds"] > 0}
+    if not kept:
+        return []
+    roles = [r for r in ROLES if any(c["cpu_seconds"].get(r, 0) > 0 for c in kept.values())]
+    head = ["row", "rounds", *(f"{r} (ms)" for r in roles), "all (ms)", "cores busy"]
+    lines = ["", "CPU a client-round, by process, over the rounds named (seed 0):", ""]
+    lines += ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for label, c in kept.items():
+        per = {r: 1000 * c["cpu_seconds"].get(r, 0.0) / c["client_rounds"] for r in roles}
+        total = sum(c["cpu_seconds"].values())
+        cells = [f"`{label}`", "{}-{}".format(*c["rounds"])]
+        cells += [f"{per[r]:.1f}" for r in roles]
+        cells += [f"{1000 * total / c['client_rounds']:.1f}", f"{total / c['wall_seconds']:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -421,6 +448,7 @@ def write(
         lines += [f"{engines}; {first.clients} clients, {first.rounds} rounds; {shown}", ""]
         lines += table(preset, setting, rows)
         lines += per_site_table(rows)
+        lines += cpu_table(rows)
         lines += phases_table(rows)
         image = out / f"{preset.name}-{setting}.png"
         plot(preset, setting, rows, image)

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.cpu_roles import RoundCpuWatcher
 from benchmarks.presets import REPO, Cell, Preset
 from pflower.store import PERSONAL_STATE_DIR
 
@@ -357,6 +358,7 @@ def run_cell(cell: Cell, timeout: float | None, resume_at: int = 0) -> tuple[boo
                 time.sleep(0.2)
 
         threading.Thread(target=sample, daemon=True).start()
+        cpu = RoundCpuWatcher(proc.pid, cell.dir / "results.json").start()
         try:
             if proc.wait(timeout=timeout) != 0:
                 reason = f"exit code {proc.returncode}"
@@ -373,6 +375,8 @@ def run_cell(cell: Cell, timeout: float | None, resume_at: int = 0) -> tuple[boo
         reason += f": {errors[-1].strip()[:300]} (log: {log_path})"
     status = {"ok": not reason, "seconds": seconds, "reason": reason, "peak_rss": peak[0]}
     status["engine"] = cell.engine
+    if not reason:
+        status["cpu"] = cpu.summary(load_results(cell) or {})
     (cell.dir / "cell.json").write_text(json.dumps(status, indent=2))
     return not reason, seconds, reason
 

@@ -786,3 +786,58 @@ def test_the_running_sum_benchmark_tables_both_sums_with_the_same_bits(capsys):
     assert "same bits: True" in out
     rows = [line for line in out.splitlines() if line.startswith(("| numpy |", "| compiled |"))]
     assert len(rows) == 2 and all(row.endswith("x |") for row in rows)
+
+
+ROUNDS_WRITER = """
+import json, subprocess, sys, time
+from pathlib import Path
+
+out = Path(sys.argv[1])
+def write(k):
+    rounds = [{"round": i + 1, "seconds": 0.5, "replies": 4} for i in range(k)]
+    out.write_text(json.dumps({"rounds": rounds}))
+def burn(seconds):
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+burn(0.3)  # round 1: start-up, left out
+write(1)
+time.sleep(0.2)
+# rounds 2-3: this process burns 0.4 s, an actor 0.3 s
+actor = subprocess.Popen(["bash", "-c", 'exec -a "ray::ClientAppActor" "$0" -c "$1"',
+    sys.executable, "import time\\nend = time.process_time() + 0.3\\n"
+    "while time.process_time() < end: pass\\ntime.sleep(30)"])
+burn(0.4)
+time.sleep(0.5)
+write(2)
+time.sleep(0.2)
+write(3)
+time.sleep(0.2)
+burn(0.3)  # round 4 and its closing evaluation: left out
+write(4)
+time.sleep(0.3)
+actor.kill()
+"""
+
+
+def test_the_cpu_watcher_splits_the_timed_rounds_cpu_by_process(tmp_path):
+    """What the report's CPU table reads: each role's CPU between the writes after round
+    1 and round N-1, an exited or killed process keeping its last reading."""
+    import subprocess
+
+    from benchmarks.cpu_roles import RoundCpuWatcher
+
+    results = tmp_path / "results.json"
+    proc = subprocess.Popen([sys.executable, "-c", ROUNDS_WRITER, str(results)])
+    watcher = RoundCpuWatcher(proc.pid, results).start()
+    assert proc.wait(timeout=60) == 0
+    summary = watcher.summary(json.loads(results.read_text()))
+    assert summary["rounds"] == [2, 3]
+    assert summary["client_rounds"] == 8 and summary["wall_seconds"] == 1.0
+    cpu = summary["cpu_seconds"]
+    assert 0.35 <= cpu["engine process"] <= 0.55  # its 0.4 s, not round 1's or 4's 0.3
+    assert 0.25 <= cpu["Ray actors"] <= 0.4
+    rows = {"fedavg": {"n": 1, "cpu": [summary]}}
+    table = "\n".join(report.cpu_table(rows))
+    per = 1000 * cpu["engine process"] / 8
+    assert f"| `fedavg` | 2-3 | {per:.1f} |" in table and "cores busy" in table

@@ -1,0 +1,112 @@
+"""CPU time by process over a cell's timed rounds: how much of the machine each part
+of a run used for the work the table's seconds time.
+
+A run writes its results.json after every round (pflower/results). The runner's
+watcher sees each write and takes the CPU time of every process in the cell's tree
+then (psutil: user + system); the difference between the writes after round 1 and
+after round N-1 is what rounds 2 to N-1 cost (round 1 holds the start-up, round N the
+closing evaluation). Processes are grouped by role: the engine's process (the cell's
+own: our simulation or in-process engine, or pfl-research, which it execs), Ray's actors (the workers that run
+ClientApps), Ray's services (raylet, GCS, agents) and anything else."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROLES = ("engine process", "Ray actors", "Ray services", "other")
+POLL_S = 0.02  # how often the watcher looks at results.json's mtime (a stat, no read)
+
+
+def role_of(proc: psutil.Process, root_pid: int) -> str:
+    """The role of one process of a cell's tree."""
+    if proc.pid == root_pid:
+        return ROLES[0]
+    try:  # a process may end while it is looked at
+        line = " ".join(proc.cmdline()) or proc.name()
+    except psutil.Error:
+        return ROLES[3]
+    if line.startswith("ray::") or "default_worker.py" in line:
+        return ROLES[1]
+    if "/ray/" in line or "raylet" in line or "gcs_server" in line:
+        return ROLES[2]
+    return ROLES[3]
+
+
+def cpu_by_process(root_pid: int) -> dict[int, tuple[str, float]]:
+    """pid -> (role, CPU seconds so far) for a process and its descendants."""
+    try:
+        root = psutil.Process(root_pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return {}
+    out = {}
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            out[p.pid] = (role_of(p, root_pid), t.user + t.system)
+        except psutil.Error:
+            continue
+    return out
+
+
+class RoundCpuWatcher:
+    """Takes the cell tree's CPU after each results.json write until the cell ends."""
+
+    def __init__(self, root_pid: int, results: Path) -> None:
+        self.root_pid, self.results = root_pid, results
+        self.seen: dict[int, tuple[str, float]] = {}  # every pid's last reading
+        self.after: dict[int, dict[int, tuple[str, float]]] = {}  # rounds -> readings
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def start(self) -> RoundCpuWatcher:
+        self.thread.start()
+        return self
+
+    def _watch(self) -> None:
+        last = None
+        while psutil.pid_exists(self.root_pid):
+            try:
+                proc = psutil.Process(self.root_pid)
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    break
+                mtime = self.results.stat().st_mtime_ns
+            except (psutil.Error, OSError):
+                mtime = None
+            if mtime is not None and mtime != last:
+                last = mtime
+                reading = cpu_by_process(self.root_pid)
+                self.seen.update(reading)
+                try:
+                    rounds = len(json.loads(self.results.read_text())["rounds"])
+                except (OSError, ValueError, KeyError):
+                    rounds = None
+                if rounds is not None:
+                    # an exited process keeps its last reading
+                    self.after[rounds] = dict(self.seen)
+            time.sleep(POLL_S)
+
+    def summary(self, results: dict[str, Any]) -> dict[str, Any] | None:
+        """CPU seconds by role over rounds 2 to N-1 of the finished ``results``, their
+        wall seconds and the clients that trained in them; None without two readings."""
+        self.thread.join(timeout=5)
+        records = results.get("rounds", [])
+        last = len(records) - 1
+        if last < 2 or 1 not in self.after or last not in self.after:
+            return None
+        start, end = self.after[1], self.after[last]
+        cpu = dict.fromkeys(ROLES, 0.0)
+        for pid, (role, seconds) in end.items():
+            cpu[role] += seconds - start.get(pid, (role, 0.0))[1]
+        timed = records[1:last]
+        return {
+            "rounds": [2, last],
+            "cpu_seconds": cpu,
+            "wall_seconds": sum(r["seconds"] for r in timed),
+            "client_rounds": sum(r.get("replies", 0) for r in timed),
+        }
