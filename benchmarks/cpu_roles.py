@@ -6,8 +6,9 @@ watcher sees each write and takes the CPU time of every process in the cell's tr
 then (psutil: user + system); the difference between the writes after round 1 and
 after round N-1 is what rounds 2 to N-1 cost (round 1 holds the start-up, round N the
 closing evaluation). Processes are grouped by role: the engine's process (the cell's
-own: our simulation or in-process engine, or pfl-research, which it execs), Ray's actors (the workers that run
-ClientApps), Ray's services (raylet, GCS, agents) and anything else."""
+own: our simulation or in-process engine, or pfl-research, which it execs), Ray's
+actors (the workers that run ClientApps), Ray's services (raylet, GCS, agents) and
+anything else."""
 
 from __future__ import annotations
 
@@ -38,15 +39,20 @@ def role_of(proc: psutil.Process, root_pid: int) -> str:
     return ROLES[3]
 
 
+def process_tree(pid: int) -> list[psutil.Process]:
+    """A process and all its descendants (Ray's services and workers included); none
+    once it has ended."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
 def cpu_by_process(root_pid: int) -> dict[int, tuple[str, float]]:
     """pid -> (role, CPU seconds so far) for a process and its descendants."""
-    try:
-        root = psutil.Process(root_pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return {}
     out = {}
-    for p in procs:
+    for p in process_tree(root_pid):
         try:
             t = p.cpu_times()
             out[p.pid] = (role_of(p, root_pid), t.user + t.system)

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cpu_roles import RoundCpuWatcher
+from benchmarks.cpu_roles import RoundCpuWatcher, process_tree
 from benchmarks.presets import REPO, Cell, Preset
 from pflower.store import PERSONAL_STATE_DIR
 
@@ -296,16 +296,11 @@ def _tree_rss(pid: int) -> int:
     """Resident memory of a process and all its descendants (Ray workers included)."""
     import psutil
 
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0
     total = 0
-    for p in procs:
+    for p in process_tree(pid):
         try:
             total += p.memory_info().rss
-        except psutil.NoSuchProcess:
+        except psutil.Error:
             continue
     return total
 
