@@ -20,7 +20,7 @@ def test_the_table_lists_every_patch_and_every_patch_function_is_in_it() -> None
     functions |= {"fleet-long-poll"}
     functions |= {"fab-reuse", "clientapp-task-end"}
     functions |= {"optimizers-without-dynamo", "secagg-masks", "npy-headers"}
-    functions |= {"engine-wakeups", "ray-app-once", "ray-two-in-flight"}
+    functions |= {"engine-wakeups", "ray-app-once", "ray-two-in-flight", "ray-weights-once"}
     assert set(pflower.patches.PATCHES) == functions
     for name in functions:
         assert f"``{name}``" in doc  # the table row
@@ -304,6 +304,70 @@ def test_ray_app_once_stores_the_client_app_once_and_passes_its_reference(monkey
     assert handed == [("ref1", "m0", "0", "ctx"), ("ref1", "m1", "1", "ctx")]
     pool.submit(actor_fn, (lambda: "another", "m2", "2", "ctx"))
     assert len(stored) == 2 and handed[-1][0] == "ref2"
+
+
+def test_ray_weights_once_stores_a_rounds_weights_once_and_actors_get_them_whole(
+    monkeypatch,
+) -> None:
+    """With a real local Ray: a large array sent in a second message is stored once and
+    travels as its reference (the pickled message shrinks to its small parts); the
+    actor receives arrays equal to those sent, fetches a stored one once, and a new
+    round's arrays replace the last round's in the store."""
+    import numpy as np
+    import ray
+    from flwr.app import Array, ArrayRecord, Message, Metadata, RecordDict
+
+    from pflower.patches import ray_weights
+
+    monkeypatch.setattr(ray_weights, "SENDER", ray_weights._Sender())
+    monkeypatch.setattr(ray_weights, "_fetched", type(ray_weights._fetched)())
+    put, puts = ray.put, []
+    monkeypatch.setattr(ray, "put", lambda value: puts.append(value) or put(value))
+    rng = np.random.default_rng(0)
+
+    def weights() -> ArrayRecord:  # one large array (200 KB), one small
+        big = rng.standard_normal(50_000).astype(np.float32)
+        return ArrayRecord({"big": Array(big), "small": Array(np.arange(3.0))})
+
+    def message(record: ArrayRecord, node: int) -> Message:
+        meta = Metadata(1, "", 0, node, "", "1", 0.0, 60.0, "train")
+        return Message(RecordDict({"w": record}), metadata=meta)
+
+    @ray.remote
+    class Echo:
+        def __init__(self) -> None:
+            self.kept: list[bytes] = []  # every large array received (ids stay unique)
+
+        def run(self, msg: Message) -> tuple[int, bytes, bytes]:
+            record = msg.content.array_records["w"]
+            big = record["big"].data
+            same = [n for n, kept in enumerate(self.kept) if kept is big]
+            self.kept.append(big)
+            return (same or [-1])[0], big, record["small"].data
+
+    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
+    try:
+        ray_weights.register()
+        actor = Echo.remote()
+        round_one, round_two = weights(), weights()
+        seen, sizes = [], []
+        for n, record in enumerate([round_one] * 3 + [round_two] * 2):
+            msg = message(record, n)
+            ray_weights.SENDER.sending(msg)
+            sizes.append(len(ray.cloudpickle.dumps(msg)))
+            same_as, big, small = ray.get(actor.run.remote(msg))
+            assert big == record["big"].data and small == record["small"].data
+            seen.append(same_as)
+        big_one, big_two = round_one["big"].data, round_two["big"].data
+        assert puts == [big_one, big_two]  # each round's large array stored once
+        assert sizes[0] > 200_000 and sizes[3] > 200_000  # first sent: inside the message
+        assert max(sizes[1:3] + sizes[4:]) < ray_weights.MIN_BYTES  # then its reference
+        assert seen == [-1, -1, 1, -1, -1]  # a stored array fetched once an actor
+        stored = [d for d, _ in ray_weights.SENDER.stored.values()]
+        assert stored == [big_two]  # round one's reference dropped
+    finally:
+        ray.util.deregister_serializer(Array)
+        ray.shutdown()
 
 
 def test_ray_two_in_flight_lists_each_actor_twice_and_runs_a_worker_per_listing() -> None:

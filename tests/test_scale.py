@@ -294,19 +294,24 @@ def test_a_simulated_nodes_registration_order_is_its_partition_id(tmp_path) -> N
 
 @pytest.mark.slow
 def test_ray_and_in_process_train_the_same_clients_each_round_at_partial_participation(
-    tmp_path,
+    tmp_path, monkeypatch
 ) -> None:
     """Half of 20 clients a round: the Ray simulation (random node ids) and the
     in-process engine (node ids 1..20) sample the same partitions each round, take the
     streamed bounds' references from the same 8 of the 10 (the reservoir, ranked by
-    partition), and end each round with the same numbers, client by client."""
-    from pflower.patches import ray_app, ray_pipeline
+    partition), and end each round with the same numbers, client by client. The
+    round's weights went to the actors by reference (``ray-weights-once``, here for
+    every array of 1 KB or more)."""
+    from pflower.patches import ray_app, ray_pipeline, ray_weights
     from server_app.simulate import simulate
 
+    monkeypatch.setattr(ray_weights, "MIN_BYTES", 1024)
+    monkeypatch.setattr(ray_weights, "SENDER", ray_weights._Sender())
     config = {**SMALL, "method": "fedper", "fraction-fit": 0.5, "output-dir": str(tmp_path)}
     ray = simulate({**config, "run-name": "ray"}, 20)["rounds"]
     # the engine put its Ray patches in place (pflower.patches): they ran here
-    assert ray_app.in_place() and ray_pipeline.in_place()
+    assert ray_app.in_place() and ray_pipeline.in_place() and ray_weights.in_place()
+    assert ray_weights.SENDER.stored  # the last round's weights, stored once
     local = run_inprocess({**config, "run-name": "local"}, 20)["rounds"]
     trained = [sorted(r["per_client_train_loss"]) for r in ray]
     assert trained == [sorted(r["per_client_train_loss"]) for r in local]

@@ -18,10 +18,11 @@ speed measured in docs/PERFORMANCE.md; none changes what is computed or sent.
 | ``engine-wakeups`` | flwr ``InMemoryLinkState.store_message_ins`` (and ``linkstate-index``'s loop) | in simulation a round's instructions reached the actors up to 0.1 s after the ServerApp stored them | flwr 1.39.0, 1.42.0 |
 | ``ray-app-once`` | flwr ``BasicActorPool.submit`` (put in place by ``vce_api.run_api``, as the next) | the Ray simulation cloudpickled the whole ClientApp into every message's actor call | flwr 1.39.0, 1.42.0 |
 | ``ray-two-in-flight`` | flwr ``BasicActorPool.add_actors_to_pool`` / ``terminate_all_actors``, ``RayBackend.num_workers`` | a Ray actor was handed its next message only once its last reply was back (a median 11 ms idle between messages) | flwr 1.39.0, 1.42.0 |
+| ``ray-weights-once`` | flwr ``BasicActorPool.submit`` (as the last), Ray's pickling of flwr ``Array`` in the simulation process (``ray.util.register_serializer``) | the Ray simulation pickled the round's weights into every message's actor call, and each actor unpickled its own copy | flwr 1.39.0, 1.42.0 |
 
 Each patch is its own module, in the table's order: ``linkstate``, ``backoff``,
 ``long_poll``, ``retries``, ``fab``, ``fork``, ``task_end``, ``optim``, ``secagg``, ``npy``,
-``wakeups``, ``ray_app``, ``ray_pipeline``;
+``wakeups``, ``ray_app``, ``ray_pipeline``, ``ray_weights``;
 ``core`` holds the switch and the version check, ``timing`` the waits the polling
 patches share. Callers import them from here.
 
@@ -46,6 +47,7 @@ from pflower.patches.optim import optimizers
 from pflower.patches.ray_app import ray_app_once
 from pflower.patches.ray_app import when_the_engine_starts as ray_when_the_engine_starts
 from pflower.patches.ray_pipeline import IN_FLIGHT, ray_two_in_flight
+from pflower.patches.ray_weights import ray_weights_once
 from pflower.patches.retries import object_retries
 from pflower.patches.secagg import SECAGG_PROTOCOL, mask_arrays, secagg_masks
 from pflower.patches.task_end import TaskEnded, clientapp_task_end
@@ -76,6 +78,7 @@ __all__ = [
     "optimizers",
     "ray_app_once",
     "ray_two_in_flight",
+    "ray_weights_once",
     "ray_when_the_engine_starts",
     "secagg_masks",
     "superexec_fork",

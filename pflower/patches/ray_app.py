@@ -3,16 +3,41 @@ every message."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pflower.patches.core import check, enabled
 
 
-def in_place() -> bool:
-    """Whether ``ray-app-once`` is applied in this process."""
+def in_place(flag: str = "_pflower_app_once") -> bool:
+    """Whether the patch that marks its ``BasicActorPool.submit`` wrapper with ``flag``
+    (default: ``ray-app-once``) is applied in this process."""
     from flwr.simulation.ray_transport.ray_actor import BasicActorPool
 
-    return bool(getattr(BasicActorPool.submit, "_pflower_app_once", False))
+    submit = BasicActorPool.submit
+    while submit is not None:  # each wrapper keeps the one it wraps
+        if getattr(submit, flag, False):
+            return True
+        submit = getattr(submit, "_pflower_flower", None)
+    return False
+
+
+def wrap_submit(flag: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
+    """Replace Flower's ``BasicActorPool.submit`` with ``wrap(submit)``, marked with
+    ``flag``, once a process; False with the patches off."""
+    from flwr.simulation.ray_transport.ray_actor import BasicActorPool
+
+    if in_place(flag):
+        return True
+    if not enabled():
+        return False
+    check(("flwr",))
+    submit = BasicActorPool.submit
+    wrapped = wrap(submit)
+    setattr(wrapped, flag, True)
+    wrapped._pflower_flower = submit  # type: ignore[attr-defined]
+    BasicActorPool.submit = wrapped
+    return True
 
 
 def ray_app_once() -> bool:
@@ -25,33 +50,26 @@ def ray_app_once() -> bool:
     stores that function in Ray's object store once (``ray.put``) and passes its
     reference, which Ray resolves to the same function in the actor before the call:
     the actor runs what it ran before. Returns whether it is in place."""
-    from flwr.simulation.ray_transport.ray_actor import BasicActorPool
 
-    if in_place():
-        return True
-    if not enabled():
-        return False
-    check(("flwr",))
-    submit = BasicActorPool.submit
+    def wrap(submit: Callable[..., Any]) -> Callable[..., Any]:
+        def submit_once(self: Any, actor_fn: Any, job: tuple[Any, Any, str, Any]) -> Any:
+            import ray
 
-    def submit_once(self: Any, actor_fn: Any, job: tuple[Any, Any, str, Any]) -> Any:
-        import ray
+            app_fn, message, cid, context = job
+            stored = getattr(self, "_pflower_app", None)
+            if stored is None or stored[0] is not app_fn:  # a pool keeps one app_fn
+                stored = (app_fn, ray.put(app_fn))  # the reference keeps it in the store
+                self._pflower_app = stored
+            return submit(self, actor_fn, (stored[1], message, cid, context))
 
-        app_fn, message, cid, context = job
-        stored = getattr(self, "_pflower_app", None)
-        if stored is None or stored[0] is not app_fn:  # a pool keeps one app_fn
-            stored = (app_fn, ray.put(app_fn))  # the reference keeps it in the store
-            self._pflower_app = stored
-        return submit(self, actor_fn, (stored[1], message, cid, context))
+        return submit_once
 
-    submit_once._pflower_app_once = True  # type: ignore[attr-defined]
-    submit_once._pflower_flower = submit  # type: ignore[attr-defined]
-    BasicActorPool.submit = submit_once
-    return True
+    return wrap_submit("_pflower_app_once", wrap)
 
 
 def when_the_engine_starts() -> bool:
-    """Apply the Ray patches (``ray-app-once``, ``ray-two-in-flight``) when the
+    """Apply the Ray patches (``ray-app-once``, ``ray-two-in-flight``,
+    ``ray-weights-once``) when the
     simulation engine starts (``vce_api.run_api``, which builds the Ray backend), not
     at import: a process that imports the apps without running the engine (a
     deployed ServerApp, a ClientApp) never imports Ray. Returns whether they will be
@@ -59,6 +77,7 @@ def when_the_engine_starts() -> bool:
     from flwr.server.superlink.fleet.vce import vce_api
 
     from pflower.patches.ray_pipeline import ray_two_in_flight
+    from pflower.patches.ray_weights import ray_weights_once
 
     if getattr(vce_api.run_api, "_pflower_ray", False):
         return True
@@ -70,6 +89,7 @@ def when_the_engine_starts() -> bool:
     def run_api_patched(*args: Any, **kwargs: Any) -> Any:
         ray_app_once()
         ray_two_in_flight()
+        ray_weights_once()
         return run_api(*args, **kwargs)
 
     run_api_patched._pflower_ray = True  # type: ignore[attr-defined]
