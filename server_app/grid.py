@@ -7,7 +7,10 @@ Grid call is the wrapped grid's except ``send_and_receive``: it pushes its messa
 and waits for one collector thread, which asks the SuperLink for every reply still
 awaited in one pull, 0.02 s after the last reply arrived, then 1.5 times longer after
 each empty pull, at most 0.1 s (a round in flight costs the SuperLink at most one
-pull every 0.1 s between replies, whatever the number of clients).
+pull every 0.1 s between replies, whatever the number of clients). In simulation
+(Flower's in-memory grid, the ``engine-wakeups`` patch) that wait also ends once
+as many replies as are still awaited have been stored: a round's last reply is
+found when it is stored, and the pulls before it keep their pace.
 
 Pushes go one request at a time, and every message pushed while a request is in
 flight goes in the next one: the legacy loop pushes each client's message from its
@@ -38,8 +41,10 @@ from typing import Any
 
 from flwr.common import Message
 from flwr.server import Grid
+from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 from pflower.packing import pack, unpack
+from pflower.patches import wakeups
 
 FIRST_WAIT, GROWTH, LONGEST_WAIT = 0.02, 1.5, 0.1
 # How long a deployed grid's node list is reused: Flower's legacy loop asks the
@@ -79,6 +84,8 @@ class PollingGrid(Grid):
         self._nodes: tuple[float, list[int]] | None = None  # (when asked, the node ids)
         self.pause: Callable[[float], None] = time.sleep  # between polls (tests record it)
         self.clock: Callable[[], float] = time.monotonic  # the node list's age (tests set it)
+        # Flower's in-memory grid (the simulation) notifies stored replies (engine-wakeups)
+        self._wakes = isinstance(grid, InMemoryGrid) and wakeups.in_place()
 
     def __getattr__(self, name: str) -> Any:  # anything a Grid subclass adds
         return getattr(self._grid, name)
@@ -187,6 +194,7 @@ class PollingGrid(Grid):
                 while not self._awaited:
                     self._lock.wait()
                 ids = [i for i in self._awaited if i not in self._downloading]
+            seen = wakeups.replies_stored()
             try:
                 found = self._find(ids) if ids else 0
             except Exception as err:  # noqa: BLE001 - each caller raises it, as Flower's would
@@ -197,7 +205,10 @@ class PollingGrid(Grid):
                     self._awaited.clear()
                 continue
             wait = FIRST_WAIT if found else wait
-            self.pause(wait)
+            if found < len(ids) and self._wakes:  # wakes when the rest are stored
+                wakeups.wait_for_replies(seen, len(ids) - found, wait)
+            else:
+                self.pause(wait)
             wait = min(LONGEST_WAIT, wait * GROWTH)
 
     def _find(self, ids: list[str]) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -195,6 +196,30 @@ def test_npy_headers_reads_what_np_load_reads_and_refuses_what_it_refuses() -> N
             read(crafted)
 
 
+def _linkstate_with_a_node() -> tuple[Any, Any, int, int]:
+    """Flower's in-memory LinkState as the simulation makes it: (its factory, the
+    state, one online node, one run)."""
+    import secrets
+
+    from flwr.common.constant import HEARTBEAT_INTERVAL_INF, NOOP_ACCOUNT_NAME, NOOP_FLWR_AID
+    from flwr.server.superlink.linkstate import LinkStateFactory
+    from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.superlink.federation import NoOpFederationManager
+    from flwr.superlink.federation.noop_federation_manager import NOOP_FEDERATION_ID
+
+    factory = LinkStateFactory(
+        FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory()
+    )
+    state = factory.state()
+    node = state.create_node(
+        NOOP_FLWR_AID, NOOP_ACCOUNT_NAME, secrets.token_bytes(32), HEARTBEAT_INTERVAL_INF
+    )
+    state.acknowledge_node_heartbeat(node_id=node, heartbeat_interval=HEARTBEAT_INTERVAL_INF)
+    run = state.create_run(None, None, None, {}, NOOP_FEDERATION_ID, None, NOOP_FLWR_AID, "x")
+    return factory, state, node, run
+
+
 def test_engine_wakeups_hand_an_instruction_to_the_backend_when_it_is_stored(
     monkeypatch,
 ) -> None:
@@ -202,36 +227,20 @@ def test_engine_wakeups_hand_an_instruction_to_the_backend_when_it_is_stored(
     60 s apart here) queues an instruction for the backend as soon as the ServerApp
     stores it, and queues what Flower's loop would: that message, once."""
     import queue
-    import secrets
     import threading
     import time
     import uuid
 
     from flwr.common import Message, Metadata, RecordDict
     from flwr.common.constant import (
-        HEARTBEAT_INTERVAL_INF,
-        NOOP_ACCOUNT_NAME,
-        NOOP_FLWR_AID,
         SUPERLINK_NODE_ID,
     )
     from flwr.server.superlink.fleet.vce import vce_api
-    from flwr.server.superlink.linkstate import LinkStateFactory
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
-    from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME
-    from flwr.supercore.object_store import ObjectStoreFactory
-    from flwr.superlink.federation import NoOpFederationManager
-    from flwr.superlink.federation.noop_federation_manager import NOOP_FEDERATION_ID
 
     assert pflower.patches.linkstate_index() and pflower.patches.engine_wakeups()
     monkeypatch.setattr(pflower.patches.timing, "ENGINE_POLL", 60.0)
-    state = LinkStateFactory(
-        FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory()
-    ).state()
-    node = state.create_node(
-        NOOP_FLWR_AID, NOOP_ACCOUNT_NAME, secrets.token_bytes(32), HEARTBEAT_INTERVAL_INF
-    )
-    state.acknowledge_node_heartbeat(node_id=node, heartbeat_interval=HEARTBEAT_INTERVAL_INF)
-    run = state.create_run(None, None, None, {}, NOOP_FEDERATION_ID, None, NOOP_FLWR_AID, "x")
+    _, state, node, run = _linkstate_with_a_node()
 
     def store() -> str:
         meta = Metadata(
@@ -256,6 +265,46 @@ def test_engine_wakeups_hand_an_instruction_to_the_backend_when_it_is_stored(
     store()  # wakes the loop, which sees the stop
     loop.join(timeout=20)
     assert not loop.is_alive() and handed.qsize() <= 1
+
+
+def test_engine_wakeups_hand_the_server_grid_its_last_reply_when_it_is_stored(
+    monkeypatch,
+) -> None:
+    """In simulation (Flower's in-memory grid) the ServerApp's reply collector, its
+    look 60 s apart here, returns a reply as soon as the engine stores it."""
+    import threading
+    import time
+
+    from flwr.common import Message, Metadata, RecordDict
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+
+    from server_app import grid as polling
+
+    assert pflower.patches.linkstate_index() and pflower.patches.engine_wakeups()
+    monkeypatch.setattr(polling, "FIRST_WAIT", 60.0)
+    monkeypatch.setattr(polling, "LONGEST_WAIT", 60.0)
+    factory, state, node, run = _linkstate_with_a_node()
+    flower_grid = InMemoryGrid(factory)
+    flower_grid.set_run(state.run_ids[run].run)  # as run_simulation gives it
+    grid = polling.PollingGrid(flower_grid)
+
+    def reply_later() -> None:
+        time.sleep(0.5)  # the collector has looked once, found nothing, and waits
+        (instruction,) = state.get_message_ins(node_id=node, limit=1)
+        reply = Message(RecordDict(), reply_to=instruction)
+        reply.metadata.__dict__["_message_id"] = reply.object_id  # as a ClientApp's reply
+        assert state.store_message_res(reply)
+
+    replier = threading.Thread(target=reply_later, daemon=True)
+    replier.start()
+    meta = Metadata(run, "", SUPERLINK_NODE_ID, node, "", "1", time.time(), 30, "train")
+    message = Message(metadata=meta, content=RecordDict())
+    started = time.monotonic()
+    (reply,) = grid.send_and_receive([message], timeout=30)
+    assert time.monotonic() - started < 10  # not the collector's 60 s look
+    assert reply.metadata.reply_to_message_id == message.metadata.message_id
+    replier.join(timeout=10)
 
 
 def _bare_pool(actors: int):
