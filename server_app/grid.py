@@ -84,8 +84,7 @@ class PollingGrid(Grid):
         self._nodes: tuple[float, list[int]] | None = None  # (when asked, the node ids)
         self.pause: Callable[[float], None] = time.sleep  # between polls (tests record it)
         self.clock: Callable[[], float] = time.monotonic  # the node list's age (tests set it)
-        # Flower's in-memory grid (the simulation) notifies stored replies (engine-wakeups)
-        self._wakes = isinstance(grid, InMemoryGrid) and wakeups.in_place()
+        self._wakes = isinstance(grid, InMemoryGrid) and wakeups.in_place()  # see _pause
 
     def __getattr__(self, name: str) -> Any:  # anything a Grid subclass adds
         return getattr(self._grid, name)
@@ -205,10 +204,7 @@ class PollingGrid(Grid):
                     self._awaited.clear()
                 continue
             wait = FIRST_WAIT if found else wait
-            if found < len(ids) and self._wakes:  # wakes when the rest are stored
-                wakeups.wait_for_replies(seen, len(ids) - found, wait)
-            else:
-                self.pause(wait)
+            _pause(self, seen, len(ids) - found, wait)
             wait = min(LONGEST_WAIT, wait * GROWTH)
 
     def _find(self, ids: list[str]) -> int:
@@ -271,6 +267,16 @@ class PollingGrid(Grid):
                     awaited.replies.append(reply)
                     if not awaited.ids:
                         awaited.done.set()
+
+
+def _pause(grid: PollingGrid, seen: int, left: int, wait: float) -> None:
+    """The collector's wait between looks: ``wait`` s, ended in simulation (Flower's
+    in-memory grid, whose LinkState notifies each reply it stores: ``engine-wakeups``)
+    once the ``left`` replies still awaited are stored after ``seen``."""
+    if left > 0 and grid._wakes:
+        wakeups.wait_for_replies(seen, left, wait)
+    else:
+        grid.pause(wait)
 
 
 def _unpacked(reply: Message) -> Message:

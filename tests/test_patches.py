@@ -290,8 +290,13 @@ def test_engine_wakeups_hand_the_server_grid_its_last_reply_when_it_is_stored(
     grid = polling.PollingGrid(flower_grid)
 
     def reply_later() -> None:
+        found: list = []
+        for _ in range(400):  # the instruction pushed (at once, unless the machine is busy)
+            if found := state.get_message_ins(node_id=node, limit=1):
+                break
+            time.sleep(0.05)
+        (instruction,) = found
         time.sleep(0.5)  # the collector has looked once, found nothing, and waits
-        (instruction,) = state.get_message_ins(node_id=node, limit=1)
         reply = Message(RecordDict(), reply_to=instruction)
         reply.metadata.__dict__["_message_id"] = reply.object_id  # as a ClientApp's reply
         assert state.store_message_res(reply)
