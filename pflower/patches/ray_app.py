@@ -69,10 +69,9 @@ def ray_app_once() -> bool:
 
 def when_the_engine_starts() -> bool:
     """Apply the Ray patches (``ray-app-once``, ``ray-two-in-flight``,
-    ``ray-weights-once``) when the
-    simulation engine starts (``vce_api.run_api``, which builds the Ray backend), not
-    at import: a process that imports the apps without running the engine (a
-    deployed ServerApp, a ClientApp) never imports Ray. Returns whether they will be
+    ``ray-weights-once``) when the simulation engine starts (``vce_api.run_api``,
+    which builds the Ray backend), not at import: a process that imports the apps
+    without running the engine (a deployed ServerApp, a ClientApp) never imports Ray. Returns whether they will be
     applied."""
     from flwr.server.superlink.fleet.vce import vce_api
 

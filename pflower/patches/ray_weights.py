@@ -115,7 +115,8 @@ def ray_weights_once() -> bool:
     an argument of the call, so Ray pickles the message's arrays into the object
     store once a message and the actor unpickles its own copy: for a round of FedAvg
     the same global weights, serialized, stored and copied again for every client
-    (about 5 ms of the simulation process a 3.5 MB CNN4 message, py-spy). Here a
+    (Ray alone, this machine: a call carrying and returning 3.5 MB took 4.15 ms of
+    the caller's CPU and 4.65 of the actor's; 1.95 and 3.75 by reference). Here a
     large array's bytes, once a second message sends the same object, are stored
     once (``ray.put``), and the messages carry its reference (Ray's
     ``register_serializer`` for flwr's ``Array``, in the simulation process only); an
