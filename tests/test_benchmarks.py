@@ -788,6 +788,68 @@ def test_the_running_sum_benchmark_tables_both_sums_with_the_same_bits(capsys):
     assert len(rows) == 2 and all(row.endswith("x |") for row in rows)
 
 
+def test_ray_timeline_splits_rounds_into_busy_actors_gaps_and_the_boundary() -> None:
+    from benchmarks.ray_timeline import actor_tasks, summarize
+
+    # rounds end (aggregation) at 0.9, 1.9, ... 4.9 s; rounds 2-4 hold calls at i+0.0..0.8
+    calls = [("A", 0.1, 0.5), ("A", 4.0, 4.8)]  # round 1 and the last round: left out
+    for i in (1, 2, 3):
+        calls += [("A", i, i + 0.3), ("A", i + 0.35, i + 0.8)]
+        calls += [("B", i + 0.02, i + 0.4), ("B", i + 0.42, i + 0.6)]
+    events = [{"ph": "X", "name": "run", "tid": a, "ts": s * 1e6, "dur": (e - s) * 1e6}
+              for a, s, e in calls]  # fmt: skip
+    events.append({"ph": "X", "name": "task:execute", "tid": "A", "ts": 0, "dur": 1})
+    marks = {"aggregate end": [k + 0.9 for k in range(5)]}
+    for name, at in (("reply stored", 0.81), ("aggregate start", 0.85),
+                     ("instruction stored", 0.93), ("submitted", 0.95)):  # fmt: skip
+        marks[name] = [k + at for k in range(5)]
+    tasks = actor_tasks(events)
+    assert len(tasks) == len(calls) and tasks == sorted(tasks, key=lambda t: t[1])
+    s = summarize(tasks, marks)
+    assert s["rounds"] == 3 and s["round_ms"] == 1000.0
+    # over rounds 2-4 (0.9 to 3.9 s): A runs 0.75 s a round, B 0.56
+    assert s["actors"]["A"] == {"calls": 6, "busy_share": 0.75, "call_ms": 375.0}
+    assert s["actors"]["B"]["busy_share"] == 0.56
+    assert s["gap_within_round_ms"] == 35.0  # A waits 50 ms between its two, B 20
+    b = s["boundary_ms"]  # A ends at i+0.8, B at i+0.6; the next round's first call at i+1
+    assert b["tail (an actor idle)"] == 200.0 and b["both idle"] == 200.0
+    assert [b[k] for k in list(b)[2:]] == [10.0, 40.0, 50.0, 30.0, 20.0, 50.0]
+    with pytest.raises(ValueError, match="at least 4 rounds"):
+        summarize(tasks, {**marks, "aggregate end": [0.9, 1.9, 2.9]})
+
+
+RAY_TIMELINE = """
+description = "one Ray cell, timed"
+methods = ["fedavg"]
+clients = 4
+[config]
+dataset = "synthetic"
+[variants.simulation]
+engine = "simulation"
+"""
+
+
+@pytest.mark.slow
+def test_ray_timeline_times_a_real_ray_simulation(tmp_path: Path, capsys) -> None:
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+
+    from benchmarks.ray_timeline import main as ray_timeline
+
+    before = InMemoryLinkState.__dict__["store_message_ins"]
+    path = tmp_path / "timed.toml"
+    path.write_text(RAY_TIMELINE)
+    out = tmp_path / "out"
+    args = ["--preset", str(path), "--setting", "default", "--rounds", "5", "--out", str(out)]
+    assert ray_timeline(args) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["rounds"] == 3  # rounds 2-4 of 5
+    assert sum(a["calls"] for a in s["actors"].values()) == 4 * 3  # every client, every round
+    assert all(0 < a["busy_share"] <= 1 for a in s["actors"].values())
+    assert s["boundary_ms"]["both idle"] > 0 and s["phase_ms"]["execute"] > 0
+    assert "both idle" in capsys.readouterr().out
+    assert InMemoryLinkState.__dict__["store_message_ins"] is before  # Flower's as it was
+
+
 ROUNDS_WRITER = """
 import json, subprocess, sys, time
 from pathlib import Path
