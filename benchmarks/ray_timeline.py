@@ -119,12 +119,15 @@ def _boundary(
 @contextlib.contextmanager
 def _instrumented(marks: dict[str, list[float]], timeline: Path) -> Iterator[None]:
     """Marks around Flower's classes in this process, and Ray's timeline written just
-    before the backend stops Ray; Flower's classes as they were afterwards."""
+    before the backend stops Ray; Flower's classes as they were afterwards. The
+    product's own patches of these classes that apply at import go in first, so the
+    marks wrap them and putting the classes back keeps them."""
     import ray
     from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
     from flwr.simulation.ray_transport.ray_actor import BasicActorPool
 
+    import server_app.app  # noqa: F401 - applies linkstate-index and engine-wakeups
     from strategies.base import PFLStrategy
 
     originals: list[tuple[type, str, Any]] = []

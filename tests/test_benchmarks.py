@@ -834,8 +834,8 @@ def test_ray_timeline_times_a_real_ray_simulation(tmp_path: Path, capsys) -> Non
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
 
     from benchmarks.ray_timeline import main as ray_timeline
+    from pflower.patches import wakeups
 
-    before = InMemoryLinkState.__dict__["store_message_ins"]
     path = tmp_path / "timed.toml"
     path.write_text(RAY_TIMELINE)
     out = tmp_path / "out"
@@ -847,7 +847,11 @@ def test_ray_timeline_times_a_real_ray_simulation(tmp_path: Path, capsys) -> Non
     assert all(0 < a["busy_share"] <= 1 for a in s["actors"].values())
     assert s["boundary_ms"]["both idle"] > 0 and s["phase_ms"]["execute"] > 0
     assert "both idle" in capsys.readouterr().out
-    assert InMemoryLinkState.__dict__["store_message_ins"] is before  # Flower's as it was
+    # the classes as the product patched them (engine-wakeups on top), not as marked
+    # and not as Flower shipped them, though this process first imported them here
+    assert wakeups.in_place()
+    for name in ("store_message_ins", "store_message_res"):
+        assert InMemoryLinkState.__dict__[name].__name__ == "store_and_notify"
 
 
 ROUNDS_WRITER = """

@@ -71,8 +71,8 @@ def when_the_engine_starts() -> bool:
     """Apply the Ray patches (``ray-app-once``, ``ray-two-in-flight``,
     ``ray-weights-once``) when the simulation engine starts (``vce_api.run_api``,
     which builds the Ray backend), not at import: a process that imports the apps
-    without running the engine (a deployed ServerApp, a ClientApp) never imports Ray. Returns whether they will be
-    applied."""
+    without running the engine (a deployed ServerApp, a ClientApp) never imports
+    Ray. Returns whether they will be applied."""
     from flwr.server.superlink.fleet.vce import vce_api
 
     from pflower.patches.ray_pipeline import ray_two_in_flight
