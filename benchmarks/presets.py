@@ -190,7 +190,10 @@ class Preset:
 
 
 # what benchmarks/report.py reads from a preset's [report] table
-REPORT_KEYS = ("extras", "curves", "per-client", "heatmap", "ratio-to", "per-client-round", "out")
+REPORT_KEYS = (
+    *("extras", "curves", "per-client", "heatmap", "ratio-to", "per-client-round", "out"),
+    "machine-reference",
+)
 
 
 def _found_elsewhere(cell: Cell, runs: Path) -> Cell:

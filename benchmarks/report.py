@@ -10,7 +10,9 @@ top level, then its rounds), ``curves`` (per-round keys drawn), ``per-client``
 (draw each client's final accuracy), ``heatmap`` (a per-round client x client
 matrix, e.g. Factorized-FL's ``ffl_mixture``, drawn for the last round of seed 0),
 ``ratio-to`` (a row label: s/round divided by that row's), ``per-client-round`` (a
-column of seconds per client per round: each round's seconds over its replies).
+column of seconds per client per round: each round's seconds over its replies),
+``machine-reference`` (the machine's reference step timed around each cell and
+tabulated: benchmarks/machine.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks import machine
 from benchmarks.presets import REPO, RESERVED, Cell, Preset
 from benchmarks.runner import is_complete, load_results
 
@@ -58,7 +61,7 @@ def summarise(cells: list[Cell]) -> dict[str, Any]:
     traffic = [
         [x.get("bytes_up", 0) + x.get("bytes_down", 0) for x in r["rounds"]] for r in results
     ]
-    peaks, cpu = [], []
+    peaks, cpu, reference = [], [], []
     for c, _ in runs:
         status = c.dir / "cell.json"
         if status.exists():
@@ -66,6 +69,8 @@ def summarise(cells: list[Cell]) -> dict[str, Any]:
             peaks.append(kept.get("peak_rss", 0) / 1e6)
             if kept.get("cpu"):
                 cpu.append(kept["cpu"])
+            if kept.get("reference_ms"):
+                reference.append(kept["reference_ms"])
     secs = [[x["seconds"] for x in r["rounds"]] for r in results]
     return {
         "n": len(results),
@@ -79,6 +84,7 @@ def summarise(cells: list[Cell]) -> dict[str, Any]:
         "s_round": float(np.mean([np.median(s[1:] if len(s) > 1 else s) for s in secs])),
         "peak_mb": float(np.mean(peaks)) if peaks else float("nan"),
         "cpu": cpu,  # CPU by process over the timed rounds (benchmarks/cpu_roles.py)
+        "reference_ms": reference,  # the machine's step before and after (machine.py)
         # per client that trained: each round's seconds over its replies, the median after round 1
         "s_client_round": float(
             np.mean(
@@ -245,6 +251,27 @@ def cpu_table(rows: dict[str, dict[str, Any]]) -> list[str]:
         cells += [f"{per[r]:.1f}" for r in roles]
         cells += [f"{1000 * total / c['client_rounds']:.1f}", f"{total / c['wall_seconds']:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def machine_table(rows: dict[str, dict[str, Any]]) -> list[str]:
+    """The machine's reference step just before and after each row's first cell
+    (benchmarks/machine.py), and their spread over the setting: how far a ratio
+    between two rows can be the machine's rather than the engines'."""
+    kept = {k: v["reference_ms"][0] for k, v in rows.items() if v.get("reference_ms")}
+    if not kept:
+        return []
+    every = [ms for pair in kept.values() for ms in pair]
+    lines = [
+        "",
+        "The machine's reference step (benchmarks/machine.py: CNN4, batch 16, one torch "
+        "thread), just before and after each row's cell (seed 0); over this setting "
+        f"the slowest is {100 * machine.spread(every):.0f}% above the fastest:",
+        "",
+        "| row | before (ms) | after (ms) |",
+        "|---|---|---|",
+    ]
+    lines += [f"| `{k}` | {a:.2f} | {b:.2f} |" for k, (a, b) in kept.items()]
     return lines
 
 
@@ -449,6 +476,7 @@ def write(
         lines += table(preset, setting, rows)
         lines += per_site_table(rows)
         lines += cpu_table(rows)
+        lines += machine_table(rows)
         lines += phases_table(rows)
         image = out / f"{preset.name}-{setting}.png"
         plot(preset, setting, rows, image)

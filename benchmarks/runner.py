@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.cpu_roles import RoundCpuWatcher, process_tree
+from benchmarks.machine import reference_ms
 from benchmarks.presets import REPO, Cell, Preset
 from pflower.store import PERSONAL_STATE_DIR
 
@@ -325,10 +326,14 @@ def flower_python(line: str) -> str:
     return str(python)
 
 
-def run_cell(cell: Cell, timeout: float | None, resume_at: int = 0) -> tuple[bool, float, str]:
+def run_cell(
+    cell: Cell, timeout: float | None, resume_at: int = 0, reference: bool = False
+) -> tuple[bool, float, str]:
     """One cell in a subprocess, its peak memory sampled; (ok, seconds, reason).
-    ``resume_at``: go on from the cell's own checkpoint of that round."""
+    ``resume_at``: go on from the cell's own checkpoint of that round. ``reference``:
+    time the machine's reference step just before and after (benchmarks/machine.py)."""
     cell.dir.mkdir(parents=True, exist_ok=True)
+    before = reference_ms() if reference else 0.0
     spec = cell
     if resume_at:  # the rounds left, from the checkpoint, with the records so far
         left = {"resume-from": str(cell.dir), "num-server-rounds": cell.rounds - resume_at}
@@ -362,6 +367,7 @@ def run_cell(cell: Cell, timeout: float | None, resume_at: int = 0) -> tuple[boo
             proc.wait()
             reason = f"timed out after {timeout:.0f}s"
     seconds = time.perf_counter() - t0
+    after = reference_ms() if reference else 0.0
     if not reason and not is_complete(cell):
         reason = "no complete results.json"
     if reason:
@@ -370,6 +376,8 @@ def run_cell(cell: Cell, timeout: float | None, resume_at: int = 0) -> tuple[boo
         reason += f": {errors[-1].strip()[:300]} (log: {log_path})"
     status = {"ok": not reason, "seconds": seconds, "reason": reason, "peak_rss": peak[0]}
     status["engine"] = cell.engine
+    if reference:
+        status["reference_ms"] = [round(before, 3), round(after, 3)]
     if not reason:
         status["cpu"] = cpu.summary(load_results(cell) or {})
     (cell.dir / "cell.json").write_text(json.dumps(status, indent=2))
@@ -393,7 +401,8 @@ def run_preset(
         resume_at = 0 if rerun else resume_point(cell)
         start = f", from its checkpoint of round {resume_at}" if resume_at else ""
         print(f"{head}: running ({cell.engine}, {cell.clients} clients{start}) ...", flush=True)
-        ok, seconds, reason = run_cell(cell, timeout, resume_at)
+        reference = bool(preset.report.get("machine-reference", False))
+        ok, seconds, reason = run_cell(cell, timeout, resume_at, reference)
         ran += 1
         left = (time.perf_counter() - started) / ran * (len(cells) - i)
         if ok:

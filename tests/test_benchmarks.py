@@ -315,6 +315,31 @@ def test_the_linear_probe_reads_the_run_checkpoint_encoder(tmp_path):
         linear_probe({**res, "config": {**res["config"], "method": "fedper"}}, 3)
 
 
+def test_the_machine_reference_is_timed_and_tabulated_with_its_spread(monkeypatch):
+    """The reference step is a real timing (positive, torch's thread count put back);
+    the report's table lists each row's before and after and the setting's spread."""
+    import torch
+
+    from benchmarks import machine
+    from benchmarks.report import machine_table
+
+    threads = torch.get_num_threads()
+    assert 0.1 < machine.reference_ms(steps=3, warmup=1) < 1000
+    assert torch.get_num_threads() == threads
+    assert machine.spread([8.0, 10.0, 9.0]) == pytest.approx(0.25)
+    assert machine.spread([]) == 0.0
+    rows = {
+        "a": {"reference_ms": [[8.0, 9.0]]},
+        "b": {"reference_ms": [[10.0, 8.5]]},
+        "c": {"reference_ms": []},  # a cell run without it: left out
+    }
+    lines = machine_table(rows)
+    assert any("25% above the fastest" in ln for ln in lines)
+    assert "| `a` | 8.00 | 9.00 |" in lines and "| `b` | 10.00 | 8.50 |" in lines
+    assert not any("`c`" in ln for ln in lines)
+    assert machine_table({"c": {"reference_ms": []}}) == []
+
+
 @pytest.mark.slow
 def test_a_preset_runs_reports_resumes_and_isolates_a_crash(tmp_path, capsys):
     out = tmp_path / "docs"
@@ -334,6 +359,7 @@ engine = "plain"
 out = "{out}"
 per-client = true
 ratio-to = "plain"
+machine-reference = true
 """
     path = tmp_path / "tiny.toml"
     path.write_text(text)
@@ -346,9 +372,13 @@ ratio-to = "plain"
     assert {len(r["rounds"]) for r in results.values()} == {2}
     assert results["fedavg"]["total_bytes_up"] > 0 and results["local"]["total_bytes_up"] == 0
     assert len(results["plain"]["rounds"][-1]["per_client_accuracy"]) == 3  # the plain loop
-    assert json.loads((cells[0].dir / "cell.json").read_text())["peak_rss"] > 10e6
+    status = json.loads((cells[0].dir / "cell.json").read_text())
+    assert status["peak_rss"] > 10e6
+    before, after = status["reference_ms"]  # the machine's step around the cell
+    assert 0.1 < before < 1000 and 0.1 < after < 1000
     md = (out / "tiny.md").read_text()
     assert f"python -m benchmarks run {path}" in md
+    assert f"| `fedavg` | {before:.2f} | {after:.2f} |" in md
     assert "| `fedavg` | 1 |" in md and "| `plain` | 1 |" in md and "x plain" in md
     assert (out / "tiny-default.png").stat().st_size > 10_000
     mtimes = {c.label: os.stat(c.dir / "results.json").st_mtime_ns for c in cells}
