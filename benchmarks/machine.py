@@ -1,8 +1,8 @@
 """How fast the machine is around each cell: one fixed workload, timed alone.
 
 A ratio between two rows of one run compares cells run minutes apart. On a shared
-machine the same work can take a quarter longer from one cell to the next (measured
-2026-12-03: pfl-research's CPU a client-round 43-56 ms in one setting across two runs,
+machine the same work can take a third longer from one cell to the next (measured
+2026-12-03: pfl-research's CPU a client-round 42-56 ms in one setting across two runs,
 the engines' code unchanged), so a ratio mixes the engines' difference with the
 machine's. The runner times this workload just before and just after each cell of a
 preset whose ``[report]`` sets ``machine-reference = true``; the report prints it

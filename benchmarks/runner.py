@@ -393,6 +393,7 @@ def run_preset(
     """Run the cells not complete yet, printing progress; returns the failed labels."""
     failed: list[str] = []
     started, ran = time.perf_counter(), 0
+    reference = bool(preset.report.get("machine-reference", False))
     for i, cell in enumerate(cells, 1):
         head = f"[{i}/{len(cells)}] {cell.setting} / {cell.label} / seed {cell.seed}"
         if not rerun and is_complete(cell):
@@ -401,7 +402,6 @@ def run_preset(
         resume_at = 0 if rerun else resume_point(cell)
         start = f", from its checkpoint of round {resume_at}" if resume_at else ""
         print(f"{head}: running ({cell.engine}, {cell.clients} clients{start}) ...", flush=True)
-        reference = bool(preset.report.get("machine-reference", False))
         ok, seconds, reason = run_cell(cell, timeout, resume_at, reference)
         ran += 1
         left = (time.perf_counter() - started) / ran * (len(cells) - i)

@@ -315,7 +315,7 @@ def test_the_linear_probe_reads_the_run_checkpoint_encoder(tmp_path):
         linear_probe({**res, "config": {**res["config"], "method": "fedper"}}, 3)
 
 
-def test_the_machine_reference_is_timed_and_tabulated_with_its_spread(monkeypatch):
+def test_the_machine_reference_is_timed_and_tabulated_with_its_spread():
     """The reference step is a real timing (positive, torch's thread count put back);
     the report's table lists each row's before and after and the setting's spread."""
     import torch
