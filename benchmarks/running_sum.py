@@ -90,7 +90,49 @@ def main(argv: list[str] | None = None) -> int:
     print(f"same bits: {same}")
     # in a process that had compiled it already, both are about nothing
     print(f"first call (import numba, compile): {first_call:.2f} s, resident +{compiler_mb:.0f} MB")
-    return 0 if same else 1
+    round_start, same_mean = _round_edges(uploads[0], weights[0], 10 * args.repeats)
+    print("| a round's edge | ms of CPU (median) |")
+    print("|---|---|")
+    for name, ms in round_start.items():
+        print(f"| {name} | {ms:.2f} |")
+    print(f"mean: same bits as numpy's: {same_mean}")
+    return 0 if same and same_mean else 1
+
+
+def _round_edges(
+    arrays: list[np.ndarray], weight: float, times: int
+) -> tuple[dict[str, float], bool]:
+    """CPU ms of a round's first reply (fresh buffers, or the last sum's reused) and of
+    its mean (compiled, or numpy's expression), medians of ``times`` alternations."""
+    spare = RunningMean()
+    spare.add(arrays, weight)
+    buffers = spare.release()
+
+    def first_reply(reuse: bool) -> RunningMean:
+        total = RunningMean(buffers if reuse else None)
+        total.add(arrays, weight)
+        return total
+
+    done = first_reply(True)
+    calls = {
+        "first reply, fresh buffers": lambda: first_reply(False),
+        "first reply, buffers reused": lambda: first_reply(True),
+        "mean, numpy's expression": lambda: [
+            ((h + lo) / done.total).astype(d) for h, lo, d in zip(done.hi, done.lo, done.dtypes)
+        ],
+        "mean, compiled": done.mean,
+    }
+    spent: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(times):
+        for name, call in calls.items():
+            start = time.process_time()
+            result = call()
+            spent[name].append(time.process_time() - start)
+            del result  # a fresh sum's buffers are freed before the next call, as a round's
+    same = all(
+        np.array_equal(a, b) for a, b in zip(done.mean(), calls["mean, numpy's expression"]())
+    )
+    return {name: 1000 * float(np.median(v)) for name, v in spent.items()}, same
 
 
 if __name__ == "__main__":

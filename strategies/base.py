@@ -92,6 +92,7 @@ class PFLStrategy(Strategy):
         self.dp = privacy.DPRelease(cfg)
         self.rounds, self.norm_history = Rounds(recorder, cfg), NormHistory(cfg.norm_history_rounds)
         self.streamed: StreamedRound | None = None  # this round's if streamed (streaming.py)
+        self.spare_sum: tuple[NDArrays, NDArrays] | None = None  # the last one's sum buffers
         self.bystanders = Bystanders()  # clients that do not train (FedFac's new clients)
 
     def __repr__(self) -> str:

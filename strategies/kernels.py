@@ -60,6 +60,20 @@ def two_sum() -> Callable[..., None]:
 
 
 @functools.cache
+def mean_of() -> Callable[..., None]:
+    """``mean(hi, lo, total, out)``: ``out = (hi + lo) / total``, cast to ``out``'s dtype
+    as it is written (numpy makes the float64 sum, then the quotient, then the cast:
+    three temporaries, at the round's end, where no worker trains)."""
+
+    @_njit()
+    def mean(hi: np.ndarray, lo: np.ndarray, total: float, out: np.ndarray) -> None:
+        for i in range(out.size):
+            out[i] = (hi[i] + lo[i]) / total
+
+    return mean
+
+
+@functools.cache
 def remove_along() -> Callable[..., None]:
     """``remove(x, unit, dot)``: ``x -= dot * unit`` in place (numpy makes ``dot * unit``
     first, a temporary the size of ``x``)."""
@@ -98,6 +112,7 @@ def warm(dtypes: tuple[np.dtype, ...], projection: bool) -> threading.Thread:
             for dtype in dtypes:
                 x = np.zeros(2, dtype)
                 two_sum()(x, 1.0, np.zeros(2), np.zeros(2))
+                mean_of()(np.zeros(2), np.zeros(2), 1.0, x)
                 if projection:
                     rebase()(x, np.zeros(2), np.zeros(2, dtype))
             if projection:

@@ -172,6 +172,7 @@ class StreamedRound:
         keys: ClientKeys,
         reference_of: Callable[[str], NDArrays],
         direction: np.ndarray | None = None,
+        spare: tuple[NDArrays, NDArrays] | None = None,
     ) -> None:
         self.round, self.bounds, self.history = server_round, bounds, history
         self.weighted = weighted
@@ -185,7 +186,7 @@ class StreamedRound:
         self.sample: list[Reply] = []  # the reservoir's accepted replies
         # id of a held reply -> its update vector and that vector's norm
         self.measured: dict[int, tuple[np.ndarray, float]] = {}
-        self.sum = RunningMean()
+        self.sum = RunningMean(spare)  # the last round's sum's buffers, if any
         self.kept: list[Reply] = []  # each accepted reply, its arrays dropped
         self.rejected: list[str] = []
         self.norms: list[float] = []
@@ -402,6 +403,7 @@ def open_round(
     bounds = Bounds.of(cfg, True)
     dtypes = {a.dtype for a in strategy.global_arrays} & set(kernels.COMPILED_DTYPES)
     kernels.warm(tuple(sorted(dtypes, key=str)), bounds.direction_from > 0)
+    spare, strategy.spare_sum = strategy.spare_sum, None  # one round's sum at a time
     return StreamedRound(
         server_round,
         reservoir_nodes(server_round, node_ids, cfg.stream_reservoir, places) if bounded else set(),
@@ -415,6 +417,7 @@ def open_round(
             lambda key: strategy.payload_for(key, server_round), strategy.wire.upload_reference
         ),
         strategy.norm_history.direction,
+        spare,
     )
 
 
@@ -434,5 +437,6 @@ def finish_round(strategy: Any, streamed: StreamedRound) -> None:
     its direction the next round's direction reference."""
     before = strategy.global_arrays
     strategy.set_global(streamed.sum.mean())
+    strategy.spare_sum = streamed.sum.release()
     strategy.norm_history.changed(before, strategy.global_arrays)
     strategy.norm_history.add(streamed.norms)

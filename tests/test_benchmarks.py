@@ -816,6 +816,9 @@ def test_the_running_sum_benchmark_tables_both_sums_with_the_same_bits(capsys):
     assert "same bits: True" in out
     rows = [line for line in out.splitlines() if line.startswith(("| numpy |", "| compiled |"))]
     assert len(rows) == 2 and all(row.endswith("x |") for row in rows)
+    assert "mean: same bits as numpy's: True" in out
+    edges = [line for line in out.splitlines() if line.startswith(("| first reply", "| mean"))]
+    assert len(edges) == 4 and all(float(line.split("|")[2]) > 0 for line in edges)
 
 
 def test_ray_timeline_splits_rounds_into_busy_actors_gaps_and_the_boundary() -> None:

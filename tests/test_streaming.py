@@ -169,6 +169,52 @@ def test_the_running_mean_is_the_weighted_mean_in_any_order() -> None:
         assert np.array_equal(total.mean()[0], got)
 
 
+def test_a_sum_reuses_a_finished_sums_buffers_with_the_same_bits() -> None:
+    """A sum started from a finished one's buffers (``release``) zeroes and reuses them
+    and gives a fresh sum's bits; buffers of other shapes are not taken; the mean is
+    numpy's expression to the bit, in every dtype."""
+    rng = np.random.default_rng(3)
+    shapes = [(7, 3), (5,)]
+    rounds = [
+        [[(rng.normal(size=s) * 10.0 ** rng.integers(-3, 4)).astype(np.float32) for s in shapes]
+         for _ in range(6)]
+        for _ in range(2)
+    ]  # fmt: skip
+    weights = [float(w) for w in rng.integers(1, 5000, size=6)]
+    first = RunningMean()
+    for arrays, w in zip(rounds[0], weights):
+        first.add(arrays, w)
+    buffers = first.release()
+    assert buffers is not None and first.count == 0 and first.release() is None
+    reused, fresh = RunningMean(buffers), RunningMean()
+    for arrays, w in zip(rounds[1], weights):
+        reused.add(arrays, w)
+        fresh.add(arrays, w)
+    assert all(a is b for a, b in zip(reused.hi + reused.lo, buffers[0] + buffers[1]))
+    for a, b in zip(reused.mean(), fresh.mean()):
+        assert a.dtype == np.float32 and np.array_equal(a, b)
+    for got, hi, lo in zip(fresh.mean(), fresh.hi, fresh.lo):
+        assert np.array_equal(got, ((hi + lo) / fresh.total).astype(np.float32))
+    other = RunningMean(fresh.release())
+    other.add([np.ones(4, np.float32)], 1.0)  # another shape: fresh buffers
+    assert other.hi[0].shape == (4,) and other.mean()[0].tolist() == [1.0] * 4
+    for dtype in (np.float64, np.float16):  # compiled, and numpy's expression
+        total = RunningMean()
+        total.add([np.full(3, 0.1, dtype)], 3.0)
+        total.add([np.full(3, 0.7, dtype)], 1.0)
+        hi, lo = total.hi[0], total.lo[0]
+        assert np.array_equal(total.mean()[0], ((hi + lo) / 4.0).astype(dtype))
+
+
+def test_streamed_rounds_pass_their_sums_buffers_on() -> None:
+    """Each streamed round's sum takes the buffers the round before it left, once."""
+    strategy, was = _clean_rounds({}, rounds=2)
+    assert was == [True, True] and strategy.spare_sum is not None
+    left = strategy.spare_sum
+    state = streaming.open_round(strategy, 3, list(range(9)))
+    assert strategy.spare_sum is None and state.sum.spare is left
+
+
 def test_the_reservoir_is_the_same_nodes_in_any_order() -> None:
     nodes = list(range(50))
     chosen = [
@@ -375,19 +421,20 @@ def test_the_compiled_projection_and_rebase_are_numpys_bit_for_bit() -> None:
 def test_warming_builds_the_kernels_a_round_calls() -> None:
     """``kernels.warm`` builds every signature a streamed round then calls (a float32
     model's sum, projection and rebase): the round's own calls build none more."""
-    for fn in (kernels.two_sum, kernels.rebase, kernels.remove_along, kernels.warm):
+    compiled = (kernels.two_sum, kernels.mean_of, kernels.rebase, kernels.remove_along)
+    for fn in (*compiled, kernels.warm):
         fn.cache_clear()  # fresh dispatchers, nothing built in them yet
     kernels.warm((np.dtype(np.float32),), True).join()
-    built = {
-        f: len(f().signatures) for f in (kernels.two_sum, kernels.rebase, kernels.remove_along)
-    }
+    built = {f: len(f().signatures) for f in compiled}
     assert all(built.values())
     reference = [np.ones((4, 3), np.float32), np.zeros(5, np.float32)]
     upload = [r + np.float32(0.5) for r in reference]
     update = update_vector(upload, reference, [0, 1])
     unit = update / np.linalg.norm(update)
     remove_along(update, unit, 0.5)
-    RunningMean().add(with_update(upload, reference, [0, 1], update), 2.0)
+    total = RunningMean()
+    total.add(with_update(upload, reference, [0, 1], update), 2.0)
+    total.mean()
     assert {f: len(f().signatures) for f in built} == built
 
 
