@@ -14,6 +14,7 @@ from strategies import kernels, streaming
 from strategies.outcome import NodeFailed
 from strategies.robust import (
     PREVIOUS,
+    direction_of,
     remove_along,
     update_norm,
     update_vector,
@@ -213,6 +214,20 @@ def test_streamed_rounds_pass_their_sums_buffers_on() -> None:
     left = strategy.spare_sum
     state = streaming.open_round(strategy, 3, list(range(9)))
     assert strategy.spare_sum is None and state.sum.spare is left
+
+
+def test_the_direction_reference_is_the_unit_change_in_numpys_bits() -> None:
+    """The round's direction (divided in place) is ``change / |change|`` to the bit,
+    over the float tensors only; no change has no direction."""
+    rng = np.random.default_rng(4)
+    before = [rng.normal(size=(6, 5)).astype(np.float32), np.arange(3), rng.normal(size=4)]
+    after = [before[0] + np.float32(0.01), before[1] + 1, before[2] * 1.5]
+    change = np.concatenate(
+        [(after[0].astype(np.float64) - before[0]).ravel(), (after[2] - before[2]).ravel()]
+    )
+    got = direction_of(before, after)
+    assert got is not None and np.array_equal(got, change / np.linalg.norm(change))
+    assert direction_of(before, before) is None
 
 
 def test_the_reservoir_is_the_same_nodes_in_any_order() -> None:
