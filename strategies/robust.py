@@ -451,9 +451,8 @@ class RunningMean:
     sum up to float64 rounding of the (tiny) error terms, whatever the order.
 
     ``spare``: a finished sum's buffers (``release``), zeroed and reused if their shapes
-    fit: a CNN4 sum's fresh 14 MB cost its round's first reply 2.1-7.3 ms of CPU (page
-    faults, as the allocator has memory to hand back or not) against 1.1-1.2 reused
-    (python -m benchmarks.running_sum)."""
+    fit: a CNN4 sum's fresh 14 MB cost its round's first reply 2.1 ms of CPU against 1.2
+    reused (python -m benchmarks.running_sum)."""
 
     def __init__(self, spare: tuple[list[np.ndarray], list[np.ndarray]] | None = None) -> None:
         self.hi: list[np.ndarray] = []
