@@ -90,6 +90,7 @@ def make_server_app(overrides: dict[str, Any] | None = None) -> ServerApp:
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
+        pflower.patches.serverapp_after_ray()  # each simulation: Ray forks first, alone
         grid = PollingGrid(grid)  # one collector: replies noticed within 0.25 s, not 3 s
         # simulated, the clients train on this machine's cores while this process folds
         # their replies, and BLAS's idle threads would spin against them

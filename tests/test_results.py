@@ -89,7 +89,8 @@ def test_provenance_never_records_a_secret_from_the_command_line() -> None:
 def test_a_simulation_looks_up_its_commit_before_ray_forks(tmp_path, monkeypatch) -> None:
     """run_simulation builds the ServerApp in a thread while Ray forks its processes with
     a Python preexec_fn; a git child forked from that thread at the same moment hung a CI
-    run. The commit is looked up in the calling thread, before the simulation starts."""
+    run. The commit is looked up in the calling thread, before the simulation starts,
+    and the ServerApp runs only once Ray is up (serverapp-after-ray)."""
     import subprocess
     import threading
     from pathlib import Path
@@ -107,9 +108,21 @@ def test_a_simulation_looks_up_its_commit_before_ray_forks(tmp_path, monkeypatch
 
     monkeypatch.setattr(pflower.results.subprocess, "run", spy)
     pflower.results.git_commit_once.cache_clear()
+    from pflower.patches import start_order
+
+    started: list[tuple[bool, bool]] = []  # (Flower's ServerApp thread, Ray up) at its run
+    wait = start_order.serverapp_after_ray
+
+    def recorded() -> float:
+        waited = wait()
+        started.append((start_order.is_simulation_serverapp_thread(), start_order.ray_is_up()))
+        return waited
+
+    monkeypatch.setattr(pflower.patches, "serverapp_after_ray", recorded)
     cfg = {"method": "fedavg", "num-server-rounds": 1, "sim-samples": 60, "hidden-dim": 16}
     res = simulate({**cfg, "output-dir": str(tmp_path), "run-name": "r"}, 2)
     assert in_main_thread and all(in_main_thread)  # looked up, and never from a thread
+    assert started == [(True, True)]
     assert res["provenance"]["git_commit"] == pflower.results.git_commit_once(Path.cwd())
 
 

@@ -19,17 +19,19 @@ speed measured in docs/PERFORMANCE.md; none changes what is computed or sent.
 | ``ray-app-once`` | flwr ``BasicActorPool.submit`` (put in place by ``vce_api.run_api``, as the next) | the Ray simulation cloudpickled the whole ClientApp into every message's actor call | flwr 1.39.0, 1.42.0 |
 | ``ray-two-in-flight`` | flwr ``BasicActorPool.add_actors_to_pool`` / ``terminate_all_actors``, ``RayBackend.num_workers`` | a Ray actor was handed its next message only once its last reply was back (a median 11 ms idle between messages) | flwr 1.39.0, 1.42.0 |
 | ``ray-weights-once`` | flwr ``BasicActorPool.submit`` (as the last), Ray's pickling of flwr ``Array`` in the simulation process (``ray.util.register_serializer``) | the Ray simulation pickled the round's weights into every message's actor call, and each actor unpickled its own copy | flwr 1.39.0, 1.42.0 |
+| ``serverapp-after-ray`` | nothing: the ServerApp waits on the thread flwr ``run_serverapp_th`` starts (its target by name) | Flower's simulation starts the ServerApp's thread before Ray, whose services are forked with a Python ``preexec_fn`` beside it: once a forked ``gcs_server`` blocked before its exec and the run hung | flwr 1.39.0, 1.42.0 |
 
 Each patch is its own module, in the table's order: ``linkstate``, ``backoff``,
 ``long_poll``, ``retries``, ``fab``, ``fork``, ``task_end``, ``optim``, ``secagg``, ``npy``,
-``wakeups``, ``ray_app``, ``ray_pipeline``, ``ray_weights``;
+``wakeups``, ``ray_app``, ``ray_pipeline``, ``ray_weights``, ``start_order``;
 ``core`` holds the switch and the version check, ``timing`` the waits the polling
 patches share. Callers import them from here.
 
 ``PFLOWER_FLOWER_PATCHES=0`` turns every speed patch off: Flower and torch run as
 they are (slower, nothing else changes). ``secagg-masks`` is a security fix, not a
 speed-up, and stays on: its protocol version travels in the SecAgg+ set-up, and
-a peer that speaks another refuses the round in one line. With patches on, ``check()`` refuses a Flower
+a peer that speaks another refuses the round in one line. ``serverapp-after-ray``, a fix
+for a hang, stays on too. With patches on, ``check()`` refuses a Flower
 or torch version the table does not list, in one line that names the switch.
 """
 
@@ -50,6 +52,7 @@ from pflower.patches.ray_pipeline import IN_FLIGHT, ray_two_in_flight
 from pflower.patches.ray_weights import ray_weights_once
 from pflower.patches.retries import object_retries
 from pflower.patches.secagg import SECAGG_PROTOCOL, mask_arrays, secagg_masks
+from pflower.patches.start_order import serverapp_after_ray
 from pflower.patches.task_end import TaskEnded, clientapp_task_end
 from pflower.patches.timing import LONG_POLL
 from pflower.patches.wakeups import engine_wakeups
@@ -81,6 +84,7 @@ __all__ = [
     "ray_weights_once",
     "ray_when_the_engine_starts",
     "secagg_masks",
+    "serverapp_after_ray",
     "superexec_fork",
     "supernode_backoff",
 ]

@@ -1,0 +1,108 @@
+"""``serverapp-after-ray`` (pflower/patches/start_order.py): on the thread Flower's
+simulation starts its ServerApp on, the ServerApp waits until Ray is initialized,
+so Ray forks its services with no other thread of ours at work; anywhere else it
+does not wait."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import types
+from importlib import import_module
+from queue import Queue
+
+from pflower.patches import start_order
+
+flower_simulation = import_module("flwr.simulation.run_simulation")
+
+
+class FakeRay(types.ModuleType):
+    """``sys.modules['ray']`` whose ``is_initialized`` turns true when told."""
+
+    def __init__(self) -> None:
+        super().__init__("ray")
+        self.up = threading.Event()
+
+    def is_initialized(self) -> bool:
+        return self.up.is_set()
+
+
+def _serverapp_thread(monkeypatch, body) -> tuple[threading.Thread, threading.Event]:
+    """Flower's own ServerApp thread (``run_serverapp_th``), running ``body`` where
+    Flower runs the ServerApp; started, with its stop event."""
+    monkeypatch.setattr(flower_simulation, "_run", lambda **kwargs: body())
+    stop = threading.Event()
+    thread = flower_simulation.run_serverapp_th(
+        server_app_attr=None,
+        server_app=None,
+        server_app_context=None,
+        grid=None,
+        app_dir="",
+        f_stop=stop,
+        exception_queue=Queue(),
+        enable_tf_gpu_growth=False,
+        ctx_queue=Queue(),
+    )
+    return thread, stop
+
+
+def test_the_serverapp_thread_waits_for_ray_and_no_other_thread_does(monkeypatch) -> None:
+    ray = FakeRay()
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    seen: dict[str, float] = {}
+
+    def body() -> None:
+        seen["waited"] = start_order.serverapp_after_ray()
+        seen["at"] = time.monotonic()
+
+    thread, _ = _serverapp_thread(monkeypatch, body)
+    time.sleep(0.3)  # Ray's start, on the main thread
+    assert "at" not in seen  # still waiting
+    assert start_order.serverapp_after_ray() == 0.0  # the main thread never waits
+    up_at = time.monotonic()
+    ray.up.set()
+    thread.join(5)
+    assert not thread.is_alive()
+    assert seen["at"] >= up_at and seen["waited"] >= 0.3
+    # once Ray is up, a ServerApp thread goes on at once
+    thread, _ = _serverapp_thread(monkeypatch, body)
+    thread.join(5)
+    assert seen["waited"] < 0.1
+
+
+def test_the_wait_ends_when_the_simulation_stops_or_after_the_longest(monkeypatch, caplog) -> None:
+    monkeypatch.setitem(sys.modules, "ray", FakeRay())  # never up
+    seen: list[float] = []
+    thread, stop = _serverapp_thread(
+        monkeypatch, lambda: seen.append(start_order.serverapp_after_ray())
+    )
+    time.sleep(0.2)
+    stop.set()  # the backend failed before Ray's start: Flower stops the simulation
+    thread.join(5)
+    assert not thread.is_alive() and seen and seen[0] >= 0.2
+    thread, _ = _serverapp_thread(
+        monkeypatch, lambda: seen.append(start_order.serverapp_after_ray(longest=0.1))
+    )
+    thread.join(5)
+    assert not thread.is_alive() and 0.1 <= seen[1] < 2
+    assert "waited 0 s for the Ray backend" in caplog.text
+
+
+def test_threads_that_are_not_the_simulation_serverapp_do_not_wait(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", FakeRay())  # never up
+    seen: list[float] = []
+    other = threading.Thread(target=lambda: seen.append(start_order.serverapp_after_ray()))
+    other.start()
+    other.join(5)
+    assert seen == [0.0]
+    monkeypatch.delitem(sys.modules, "ray")  # Ray not imported at all: not up
+    assert not start_order.ray_is_up()
+
+
+def test_the_thread_flower_starts_is_the_one_recognized() -> None:
+    """Read from the installed Flower (CI runs this on both lines; their wheels have
+    the same ``run_serverapp_th``)."""
+    consts = flower_simulation.run_serverapp_th.__code__.co_consts
+    qualnames = {c.co_qualname for c in consts if isinstance(c, types.CodeType)}
+    assert start_order.SERVERAPP_THREAD in qualnames
