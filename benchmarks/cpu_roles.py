@@ -24,17 +24,27 @@ ROLES = ("engine process", "Ray actors", "Ray services", "other")
 POLL_S = 0.02  # how often the watcher looks at results.json's mtime (a stat, no read)
 
 
+# Ray's own processes that look like workers: the raylet's command line names
+# default_worker.py (the command it starts workers with), and Ray's agents are
+# ray::-named workers; none runs a ClientApp
+RAY_SERVICES = ("raylet", "gcs_server")
+RAY_AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
+
+
 def role_of(proc: psutil.Process, root_pid: int) -> str:
     """The role of one process of a cell's tree."""
     if proc.pid == root_pid:
         return ROLES[0]
     try:  # a process may end while it is looked at
-        line = " ".join(proc.cmdline()) or proc.name()
+        args = proc.cmdline()
+        line = " ".join(args) or proc.name()
     except psutil.Error:
         return ROLES[3]
+    if (args and Path(args[0]).name in RAY_SERVICES) or line.startswith(RAY_AGENTS):
+        return ROLES[2]
     if line.startswith("ray::") or "default_worker.py" in line:
         return ROLES[1]
-    if "/ray/" in line or "raylet" in line or "gcs_server" in line:
+    if "/ray/" in line:
         return ROLES[2]
     return ROLES[3]
 

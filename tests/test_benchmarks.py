@@ -940,3 +940,39 @@ def test_the_cpu_watcher_splits_the_timed_rounds_cpu_by_process(tmp_path):
     table = "\n".join(report.cpu_table(rows))
     per = 1000 * cpu["engine process"] / 8
     assert f"| `fedavg` | 2-3 | {per:.1f} |" in table and "cores busy" in table
+
+
+def test_cpu_roles_count_the_raylet_and_rays_agents_as_services_not_actors():
+    """The raylet's command line names default_worker.py (how it starts workers) and
+    Ray's agents are ray::-named: none of them runs a ClientApp (command lines as
+    Ray 2.x's, read off a running instance)."""
+    from benchmarks.cpu_roles import ROLES, role_of
+
+    class Proc:
+        def __init__(self, pid: int, *args: str) -> None:
+            self.pid, self.args = pid, list(args)
+
+        def cmdline(self) -> list[str]:
+            return self.args
+
+        def name(self) -> str:
+            return self.args[0] if self.args else "?"
+
+    site = "/v/lib/python3.11/site-packages/ray"
+    worker = f"{site}/_private/workers/default_worker.py"
+    cases = {
+        Proc(
+            2, f"{site}/core/src/ray/raylet/raylet", f"--python_worker_command=python {worker}"
+        ): 2,
+        Proc(3, f"{site}/core/src/ray/gcs/gcs_server", "--gcs_server_port=0"): 2,
+        Proc(4, "ray::DashboardAgent", "--node-ip-address=127.0.0.1"): 2,
+        Proc(5, "ray::RuntimeEnvAgent"): 2,
+        Proc(6, "/v/bin/python", "-u", f"{site}/_private/log_monitor.py"): 2,
+        Proc(7, "ray::ClientAppActor.run"): 1,
+        Proc(8, "ray::IDLE"): 1,
+        Proc(9, "/v/bin/python", worker, "--node-ip-address=127.0.0.1"): 1,  # not renamed yet
+        Proc(10, "/usr/bin/git", "rev-parse"): 3,
+        Proc(1, "/v/bin/python", "-m", "benchmarks", "cell"): 0,
+    }
+    for proc, role in cases.items():
+        assert role_of(proc, 1) == ROLES[role], proc.args
