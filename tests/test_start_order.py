@@ -5,11 +5,14 @@ does not wait."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import threading
 import time
 import types
 from importlib import import_module
+from pathlib import Path
 from queue import Queue
 
 from pflower.patches import start_order
@@ -106,3 +109,57 @@ def test_the_thread_flower_starts_is_the_one_recognized() -> None:
     consts = flower_simulation.run_serverapp_th.__code__.co_consts
     qualnames = {c.co_qualname for c in consts if isinstance(c, types.CodeType)}
     assert start_order.SERVERAPP_THREAD in qualnames
+
+
+LOADS = """
+import importlib, sys, threading, time, types
+from queue import Queue
+
+class FakeRay(types.ModuleType):
+    def is_initialized(self):
+        return False  # Ray never starts here: the ServerApp's run waits until stopped
+
+sys.modules["ray"] = FakeRay("ray")
+from flwr.common import Context, RecordDict
+from flwr.supercore.object_ref import load_app
+
+simulation = importlib.import_module("flwr.simulation.run_simulation")
+root, stop, errors = sys.argv[1], threading.Event(), Queue()
+context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={})
+thread = simulation.run_serverapp_th(
+    server_app_attr="server_app.app:app", server_app=None, server_app_context=context,
+    grid=None, app_dir=root, f_stop=stop, exception_queue=errors,
+    enable_tf_gpu_growth=False, ctx_queue=Queue(),
+)
+time.sleep(0.5)  # Flower's ServerApp thread is loading its app
+start = time.monotonic()
+load_app("client_app.app:app", ValueError, root)  # the main thread, before Ray's start
+print(f"client app loaded in {time.monotonic() - start:.1f} s", flush=True)
+time.sleep(1.0)
+print("server app waiting:", thread.is_alive(), flush=True)
+stop.set()
+thread.join(60)
+print("server app ended:", not thread.is_alive(), flush=True)
+"""
+
+
+def test_loading_the_apps_as_flwr_run_does_waits_only_in_the_serverapps_run() -> None:
+    """``flwr run`` loads each app by Flower's ``load_app``, which holds one lock for
+    the import: the ServerApp's thread (started first) must not wait inside it, or the
+    main thread's load of the ClientApp, before Ray's start, waits with it (a fresh
+    interpreter: the apps imported for the first time, as in a run)."""
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, "-c", LOADS, str(root)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr[-3000:]
+    loaded = float(out.split("client app loaded in ")[1].split(" s")[0])
+    assert loaded < 60, out  # not the longest wait (300 s)
+    assert "server app waiting: True" in out  # its run waits for Ray, past its import
+    assert "server app ended: True" in out  # until the simulation stopped

@@ -13,8 +13,12 @@ stopped), so nothing else in the process runs Python while Ray forks.
 
 Nothing of Flower is replaced: the thread is recognized by the target Flower gives
 it (``run_serverapp_th``'s ``server_th_with_start_checks``, flwr 1.39 and 1.42), and
-the ServerApp calls ``serverapp_after_ray`` before its import and its run. A safety
-fix, not a speed-up: it stays on with ``PFLOWER_FLOWER_PATCHES=0``."""
+the ServerApp calls ``serverapp_after_ray`` first thing in its run. Not during its
+import: ``flwr run`` loads the ServerApp by Flower's ``load_app``, under a lock the
+main thread's load of the ClientApp takes before Ray starts, so a wait there held
+both threads for the longest wait (seen in CI, 5768ea0). Its import can still meet
+Ray's start where the main thread loaded the ClientApp first (noted, not closed). A
+safety fix, not a speed-up: it stays on with ``PFLOWER_FLOWER_PATCHES=0``."""
 
 from __future__ import annotations
 
