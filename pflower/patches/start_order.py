@@ -8,8 +8,8 @@ a process whose other threads are busy, which Python's documentation calls unsaf
 with threads. Once in CI the forked ``gcs_server`` sat in a futex wait before its
 exec for 15 minutes while the ServerApp's thread was asking the clients'
 properties (tests/test_checkpoint.py, the third simulation in one process). Here
-that thread waits, holding no lock, until Ray is initialized (or the simulation is
-stopped), so nothing else in the process runs Python while Ray forks.
+that thread's run waits, holding no lock, until Ray is initialized (or the
+simulation is stopped), so the ServerApp does no work while Ray forks.
 
 Nothing of Flower is replaced: the thread is recognized by the target Flower gives
 it (``run_serverapp_th``'s ``server_th_with_start_checks``, flwr 1.39 and 1.42), and
