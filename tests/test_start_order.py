@@ -1,7 +1,7 @@
 """``serverapp-after-ray`` (pflower/patches/start_order.py): on the thread Flower's
-simulation starts its ServerApp on, the ServerApp waits until Ray is initialized,
-so Ray forks its services with no other thread of ours at work; anywhere else it
-does not wait."""
+simulation starts its ServerApp on, the ServerApp's run waits until Ray is
+initialized, so Ray forks its services while the run does nothing; anywhere else it
+does not wait, and never while Flower's ``load_app`` holds its import lock."""
 
 from __future__ import annotations
 
@@ -136,7 +136,11 @@ start = time.monotonic()
 load_app("client_app.app:app", ValueError, root)  # the main thread, before Ray's start
 print(f"client app loaded in {time.monotonic() - start:.1f} s", flush=True)
 time.sleep(1.0)
-print("server app waiting:", thread.is_alive(), flush=True)
+frame, calls = sys._current_frames().get(thread.ident), set()
+while frame is not None:
+    calls.add(frame.f_code.co_name)
+    frame = frame.f_back
+print("server app waiting in its run:", "serverapp_after_ray" in calls, flush=True)
 stop.set()
 thread.join(60)
 print("server app ended:", not thread.is_alive(), flush=True)
@@ -161,5 +165,5 @@ def test_loading_the_apps_as_flwr_run_does_waits_only_in_the_serverapps_run() ->
     assert proc.returncode == 0, out + proc.stderr[-3000:]
     loaded = float(out.split("client app loaded in ")[1].split(" s")[0])
     assert loaded < 60, out  # not the longest wait (300 s)
-    assert "server app waiting: True" in out  # its run waits for Ray, past its import
+    assert "server app waiting in its run: True" in out  # past its import, for Ray
     assert "server app ended: True" in out  # until the simulation stopped
