@@ -1,7 +1,8 @@
 """Where a Ray simulation's rounds go: how much of each round every actor runs a
 ClientApp, how long it waits between two messages of a round, and how long both wait
 between rounds, split at the simulation process's own marks (the round's last reply
-stored, the aggregation, the next round's first instruction stored and submitted).
+stored and folded, Flower's round loop's end, the aggregation, the next round's first
+instruction stored, handed to the actor pool's submit and submitted).
 
     python -m benchmarks.ray_timeline [--preset pfl-side-by-side]
         [--setting 100-clients-10pct] [--rounds 30] [--out DIR]
@@ -9,8 +10,10 @@ stored, the aggregation, the next round's first instruction stored and submitted
 One cell of the preset (its Ray simulation row), run in this process. The actors'
 side comes from Ray's own task events (``ray.timeline``, taken just before Flower's
 backend stops Ray); the simulation process's side from marks this benchmark adds
-around Flower's in-memory LinkState, its actor pool and the strategy (nothing of the
-product changes). Round 1 (start-up) and the last round (the closing evaluation) are
+around Flower's in-memory LinkState, its round loop (``fit_clients``), its actor pool
+(whose ``submit`` the product's Ray patches wrap in turn when the engine starts:
+``ray-weights-once``'s store comes before the submit's mark) and the strategy's
+aggregation and fold (nothing of the product changes). Round 1 (start-up) and the last round (the closing evaluation) are
 left out. All times are wall-clock seconds on one machine's clock.
 """
 
@@ -28,7 +31,16 @@ from pathlib import Path
 from typing import Any
 
 Task = tuple[str, float, float]  # (actor, start, end), seconds
-MARKS = ("reply stored", "aggregate start", "aggregate end", "instruction stored", "submitted")
+MARKS = (
+    "reply stored",
+    "fold end",
+    "round loop end",
+    "aggregate start",
+    "aggregate end",
+    "instruction stored",
+    "submit start",
+    "submitted",
+)
 
 
 def actor_tasks(events: list[dict[str, Any]]) -> list[Task]:
@@ -91,27 +103,37 @@ def _boundary(
 ) -> dict[str, float]:
     """One round's end to the next round's first ClientApp call: the tail (one actor
     still running while another has nothing left), then both idle, split at the
-    simulation process's marks."""
+    simulation process's marks (a step whose mark is missing, as the fold's in a held
+    round, counts 0)."""
     final = max(e for _, _, e in last)
     each_done = [max(e for a, _, e in last if a == actor) for actor in {t[0] for t in last}]
     first = min(s for _, s, _ in next_)
 
     def after(name: str, t: float) -> float:
-        return min((m for m in marks[name] if m >= t), default=first)
+        return min((m for m in marks.get(name, []) if m >= t), default=first)
+
+    def last_within(name: str, lo: float, hi: float) -> float:
+        return max((m for m in marks.get(name, []) if lo <= m <= hi), default=lo)
 
     stored = max((m for m in marks["reply stored"] if final <= m <= first), default=final)
     agg_start = after("aggregate start", stored)
+    folded = last_within("fold end", stored, agg_start)  # the last reply's fold
+    loop_end = last_within("round loop end", folded, agg_start)  # Flower's fit_clients
     agg_end = after("aggregate end", agg_start)
     instruction = after("instruction stored", agg_end)
-    submitted = after("submitted", instruction)
+    submit_start = after("submit start", instruction)
+    submitted = after("submitted", submit_start)
     return {
         "tail (an actor idle)": final - min(each_done),
         "both idle": first - final,
         "last reply to its store": stored - final,
-        "store to aggregation": agg_start - stored,
+        "its fold": folded - stored,
+        "to the round loop's end": loop_end - folded,
+        "to the aggregation": agg_start - loop_end,
         "aggregation": agg_end - agg_start,
         "aggregation to first instruction": instruction - agg_end,
-        "first instruction submitted": submitted - instruction,
+        "to the engine's submit": submit_start - instruction,
+        "Ray's submit": submitted - submit_start,
         "submitted to the actor's call": first - submitted,
     }
 
@@ -122,6 +144,7 @@ def _instrumented(marks: dict[str, list[float]], timeline: Path) -> Iterator[Non
     before the backend stops Ray; Flower's classes as they were afterwards. The
     product's own patches of these classes that apply at import go in first, so the
     marks wrap them and putting the classes back keeps them."""
+    import flwr.server.server as flower_server
     import ray
     from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
@@ -129,10 +152,11 @@ def _instrumented(marks: dict[str, list[float]], timeline: Path) -> Iterator[Non
 
     import server_app.app  # noqa: F401 - applies linkstate-index and engine-wakeups
     from strategies.base import PFLStrategy
+    from strategies.streaming import StreamedRound
 
-    originals: list[tuple[type, str, Any]] = []
+    originals: list[tuple[Any, str, Any]] = []  # a class or a module, a name, its value
 
-    def around(cls: type, name: str, before: str | None, after: str | None) -> None:
+    def around(cls: Any, name: str, before: str | None, after: str | None) -> None:
         inner: Callable[..., Any] = getattr(cls, name)
         originals.append((cls, name, cls.__dict__[name]))
 
@@ -147,8 +171,10 @@ def _instrumented(marks: dict[str, list[float]], timeline: Path) -> Iterator[Non
         setattr(cls, name, marked)
 
     around(InMemoryLinkState, "store_message_res", None, "reply stored")
+    around(StreamedRound, "fold", None, "fold end")
+    around(flower_server, "fit_clients", None, "round loop end")  # Server.fit_round's
     around(InMemoryLinkState, "store_message_ins", None, "instruction stored")
-    around(BasicActorPool, "submit", None, "submitted")
+    around(BasicActorPool, "submit", "submit start", "submitted")
     around(PFLStrategy, "aggregate_fit", "aggregate start", "aggregate end")
     terminate = RayBackend.terminate
     originals.append((RayBackend, "terminate", terminate))

@@ -833,9 +833,11 @@ def test_ray_timeline_splits_rounds_into_busy_actors_gaps_and_the_boundary() -> 
               for a, s, e in calls]  # fmt: skip
     events.append({"ph": "X", "name": "task:execute", "tid": "A", "ts": 0, "dur": 1})
     marks = {"aggregate end": [k + 0.9 for k in range(5)]}
-    for name, at in (("reply stored", 0.81), ("aggregate start", 0.85),
-                     ("instruction stored", 0.93), ("submitted", 0.95)):  # fmt: skip
+    for name, at in (("reply stored", 0.81), ("fold end", 0.82), ("round loop end", 0.83),
+                     ("aggregate start", 0.85), ("instruction stored", 0.93),
+                     ("submit start", 0.94), ("submitted", 0.95)):  # fmt: skip
         marks[name] = [k + at for k in range(5)]
+    marks["fold end"] += [k + 0.7 for k in range(5)]  # an earlier reply's fold: not the last
     tasks = actor_tasks(events)
     assert len(tasks) == len(calls) and tasks == sorted(tasks, key=lambda t: t[1])
     s = summarize(tasks, marks)
@@ -846,7 +848,13 @@ def test_ray_timeline_splits_rounds_into_busy_actors_gaps_and_the_boundary() -> 
     assert s["gap_within_round_ms"] == 35.0  # A waits 50 ms between its two, B 20
     b = s["boundary_ms"]  # A ends at i+0.8, B at i+0.6; the next round's first call at i+1
     assert b["tail (an actor idle)"] == 200.0 and b["both idle"] == 200.0
-    assert [b[k] for k in list(b)[2:]] == [10.0, 40.0, 50.0, 30.0, 20.0, 50.0]
+    # stored 10 ms after, folded 10, the loop ends 10, aggregation 20 later and 50 long,
+    # the instruction 30 after, handed to the pool 10, submitted 10, the call 50 after
+    assert [b[k] for k in list(b)[2:]] == [10.0, 10.0, 10.0, 20.0, 50.0, 30.0, 10.0, 10.0, 50.0]
+    held = {k: v for k, v in marks.items() if k not in ("fold end", "round loop end")}
+    b = summarize(tasks, held)["boundary_ms"]  # a held round: no fold, no loop mark
+    assert b["its fold"] == b["to the round loop's end"] == 0.0
+    assert b["to the aggregation"] == 40.0
     with pytest.raises(ValueError, match="at least 4 rounds"):
         summarize(tasks, {**marks, "aggregate end": [0.9, 1.9, 2.9]})
 
@@ -879,6 +887,9 @@ def test_ray_timeline_times_a_real_ray_simulation(tmp_path: Path, capsys) -> Non
     assert sum(a["calls"] for a in s["actors"].values()) == 4 * 3  # every client, every round
     assert all(0 < a["busy_share"] <= 1 for a in s["actors"].values())
     assert s["boundary_ms"]["both idle"] > 0 and s["phase_ms"]["execute"] > 0
+    # the finer marks are in place: the last reply's fold, Flower's loop, Ray's submit
+    steps = ("its fold", "to the round loop's end", "Ray's submit")
+    assert all(s["boundary_ms"][k] > 0 for k in steps)
     assert "both idle" in capsys.readouterr().out
     # the classes as the product patched them (engine-wakeups on top), not as marked
     # and not as Flower shipped them, though this process first imported them here
