@@ -30,6 +30,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
 from models.roles import CLASSES_KEY, CLIENT_KEY, TensorSpec
+from pflower.patches import read_only_arrays
 from pflower.privacy.policy import REFUSED
 from strategies.outcome import error_line, failed_node
 
@@ -170,10 +171,13 @@ def accept_fit_replies(
     decode: Callable[[NDArrays], NDArrays],
     check: Callable[[str, NDArrays, int], str | None],
     keys: ClientKeys,
+    views: bool = False,
 ) -> tuple[list[Reply], list[str], int]:
     """(accepted replies, rejection reasons, bytes received). ``decode`` turns the
     received arrays into what ``check`` judges (SecAgg+'s sum back to the spec's
-    dtypes); every rejection is logged with its reason."""
+    dtypes); every rejection is logged with its reason. ``views``: the arrays are
+    read-only views on the received bytes, not copies (for a caller that only reads
+    them: the streamed fold)."""
     accepted: list[Reply] = []
     rejected: list[str] = []
     received = 0
@@ -185,10 +189,14 @@ def accept_fit_replies(
             reason: str | None = "no client-key in its metrics"
         else:
             try:
-                arrays = parameters_to_ndarrays(res.parameters)
-                # the decoded arrays are what is kept: drop this reply's reference to
-                # the bytes (Flower's round loop holds every reply until the round
-                # ends); not in place: SecAgg+ hands every reply one shared object
+                tensors = res.parameters.tensors
+                arrays = (
+                    read_only_arrays(tensors) if views else parameters_to_ndarrays(res.parameters)
+                )
+                # the decoded arrays are what is kept (views keep their bytes): drop this
+                # reply's reference to the bytes (Flower's round loop holds every reply
+                # until the round ends); not in place: SecAgg+ hands every reply one
+                # shared object
                 res.parameters = Parameters(tensors=[], tensor_type=res.parameters.tensor_type)
                 arrays = decode(arrays)
                 reason = check(key, arrays, res.num_examples)

@@ -203,8 +203,10 @@ class StreamedRound:
                 log.warning("round %d: a reply after the round closed, dropped", self.round)
                 res.parameters = Parameters(tensors=[], tensor_type=res.parameters.tensor_type)
                 return
+            # read-only views on the reply's bytes: nothing here writes a reply's arrays
+            # (a moved update gets new ones, with_update), and the sum only reads them
             accepted, rejected, received = accept_fit_replies(
-                self.round, [(proxy, res)], self.decode, self.check, self.keys
+                self.round, [(proxy, res)], self.decode, self.check, self.keys, views=True
             )
             self.bytes_up += received
             self.rejected += rejected

@@ -4,6 +4,7 @@ a switch that runs Flower and torch as they are."""
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 from typing import Any
@@ -149,6 +150,23 @@ def test_a_clientapp_task_ends_with_flowers_exit_handlers_and_the_worker_goes_on
     assert ran == ["status pushed", "heartbeat stopped"]
 
 
+def _npy_cases() -> list[Any]:
+    """Arrays of each dtype, shape and memory order Flower's ``ndarray_to_bytes`` writes."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    return [
+        rng.normal(size=(64, 32, 5, 5)).astype(np.float32),
+        rng.normal(size=(3, 4)).astype(">f8"),
+        np.asfortranarray(rng.normal(size=(7, 5))),
+        np.array(3.5),
+        np.zeros((0, 4), np.float32),
+        np.array([True, False, True]),
+        rng.integers(0, 9, size=(5,), dtype=np.int64),
+        np.array(["a", "bc"]),
+    ]
+
+
 def test_npy_headers_reads_what_np_load_reads_and_refuses_what_it_refuses() -> None:
     """Every dtype, shape and memory order Flower's ``ndarray_to_bytes`` writes reads
     back as ``np.load`` reads it: the same values, dtype, shape, order, writable and
@@ -160,18 +178,7 @@ def test_npy_headers_reads_what_np_load_reads_and_refuses_what_it_refuses() -> N
     assert pflower.patches.npy_headers()
     fast = parameter.bytes_to_ndarray
     flower = fast._pflower_flower
-    rng = np.random.default_rng(0)
-    arrays = [
-        rng.normal(size=(64, 32, 5, 5)).astype(np.float32),
-        rng.normal(size=(3, 4)).astype(">f8"),
-        np.asfortranarray(rng.normal(size=(7, 5))),
-        np.array(3.5),
-        np.zeros((0, 4), np.float32),
-        np.array([True, False, True]),
-        rng.integers(0, 9, size=(5,), dtype=np.int64),
-        np.array(["a", "bc"]),
-    ]
-    for array in arrays:
+    for array in _npy_cases():
         data = parameter.ndarray_to_bytes(array)
         want = flower(data)
         for _ in range(2):  # first sight of the header, then from memory
@@ -181,7 +188,7 @@ def test_npy_headers_reads_what_np_load_reads_and_refuses_what_it_refuses() -> N
             assert got.flags.f_contiguous == want.flags.f_contiguous
             assert got.flags.c_contiguous == want.flags.c_contiguous
             assert got.flags.writeable and got.flags.owndata
-    short = parameter.ndarray_to_bytes(arrays[0])[:-4]
+    short = parameter.ndarray_to_bytes(_npy_cases()[0])[:-4]
     for read in (fast, flower):
         with pytest.raises(ValueError):
             read(short)
@@ -195,6 +202,29 @@ def test_npy_headers_reads_what_np_load_reads_and_refuses_what_it_refuses() -> N
     for read in (flower, fast):
         with pytest.raises(ValueError, match="negative"):
             read(crafted)
+
+
+def test_read_only_arrays_are_np_loads_values_on_the_received_bytes() -> None:
+    """The streamed fold's decode: every dtype, shape and memory order reads back with
+    np.load's values, dtype, shape and order, as a read-only view on the bytes (no
+    copy: a write is refused); what ``_layout`` leaves to Flower (not .npy, a
+    negative dimension) is refused as Flower's path refuses it."""
+    import numpy as np
+    from flwr.compat.common import parameter
+
+    tensors = [parameter.ndarray_to_bytes(a) for a in _npy_cases()]
+    for got, data in zip(pflower.patches.read_only_arrays(tensors), tensors, strict=True):
+        want = np.load(io.BytesIO(data), allow_pickle=False)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert np.array_equal(got, want)
+        assert got.flags.f_contiguous == want.flags.f_contiguous
+        assert got.flags.c_contiguous == want.flags.c_contiguous
+        assert not got.flags.writeable and not got.flags.owndata
+        if got.size:
+            with pytest.raises(ValueError, match="read-only"):
+                got[(0,) * got.ndim] = 0
+    with pytest.raises(ValueError):
+        pflower.patches.read_only_arrays([b"not a tensor"])
 
 
 def _linkstate_with_a_node() -> tuple[Any, Any, int, int]:

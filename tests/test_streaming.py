@@ -125,6 +125,37 @@ def test_a_streamed_round_holds_one_sum_and_a_few_replies() -> None:
     assert sum(a.nbytes for a in state.sum.hi + state.sum.lo) <= 4 * model  # two float64 sums
 
 
+def test_a_streamed_round_reads_replies_in_place_and_writes_none() -> None:
+    """The fold reads each reply's arrays as read-only views on its received bytes (no
+    copy): the replies waiting for the reservoir hold such views, and the round, whose
+    bounds act on a reply (a scaled one is clipped: new arrays, never a write into the
+    received ones), ends as the held round ends."""
+    raw = {"update-norm-bound": 2.0}
+    strategy = make_strategy(config(method="fedavg", **raw))
+    held = make_strategy(config(method="fedavg", **raw, **{"streamed-aggregation": False}))
+    rng = np.random.default_rng(3)
+    start = strategy.global_arrays
+    uploads = [_near(start, rng) for _ in range(RESERVOIR)]  # the reservoir: the whole round
+    uploads[1] = [(s + 50 * (u - s)).astype(u.dtype) for s, u in zip(start, uploads[1])]
+    nodes = list(range(len(uploads)))
+    state = strategy.streamed = streaming.open_round(strategy, 1, nodes)
+    sent = streaming.folding(
+        state, [(Replying(k, fit_res(uploads[k], f"c{k}")), None, None) for k in nodes]
+    )
+    for proxy, _, _ in sent[:2]:  # two of the reservoir's replies: they wait
+        proxy.fit(None, None, None)
+    assert len(state.pending) == 2
+    for reply in state.pending:
+        assert all(not a.flags.writeable and not a.flags.owndata for a in reply.arrays)
+    for proxy, _, _ in sent[2:]:
+        proxy.fit(None, None, None)
+    strategy.aggregate_fit(1, [], [])
+    assert strategy.rounds[1].extra["updates_clipped"] == 1
+    _round(held, 1, uploads, [10] * len(uploads))
+    for a, b in zip(held.global_arrays, strategy.global_arrays, strict=True):
+        assert np.array_equal(a, b)
+
+
 def test_the_reservoir_waits_for_a_failed_node_no_more_and_falls_back_to_the_round() -> None:
     """A reservoir node that fails is waited for no longer; a round whose reservoir
     gave no acceptable reply judges its replies at its end as a held round does."""

@@ -44,7 +44,7 @@ from pflower.patches.fab import fab_reuse, installed_fab
 from pflower.patches.fork import superexec_fork
 from pflower.patches.linkstate import linkstate_index
 from pflower.patches.long_poll import fleet_long_poll
-from pflower.patches.npy import npy_headers
+from pflower.patches.npy import npy_headers, read_only_arrays
 from pflower.patches.optim import optimizers
 from pflower.patches.ray_app import ray_app_once
 from pflower.patches.ray_app import when_the_engine_starts as ray_when_the_engine_starts
@@ -83,6 +83,7 @@ __all__ = [
     "ray_two_in_flight",
     "ray_weights_once",
     "ray_when_the_engine_starts",
+    "read_only_arrays",
     "secagg_masks",
     "serverapp_after_ray",
     "superexec_fork",
