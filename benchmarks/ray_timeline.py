@@ -13,8 +13,9 @@ backend stops Ray); the simulation process's side from marks this benchmark adds
 around Flower's in-memory LinkState, its round loop (``fit_clients``), its actor pool
 (whose ``submit`` the product's Ray patches wrap in turn when the engine starts:
 ``ray-weights-once``'s store comes before the submit's mark) and the strategy's
-aggregation and fold (nothing of the product changes). Round 1 (start-up) and the last round (the closing evaluation) are
-left out. All times are wall-clock seconds on one machine's clock.
+aggregation and fold (nothing of the product changes). Round 1 (start-up) and the
+last round (the closing evaluation) are left out. All times are wall-clock seconds
+on one machine's clock.
 """
 
 from __future__ import annotations

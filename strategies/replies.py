@@ -189,10 +189,10 @@ def accept_fit_replies(
             reason: str | None = "no client-key in its metrics"
         else:
             try:
-                tensors = res.parameters.tensors
-                arrays = (
-                    read_only_arrays(tensors) if views else parameters_to_ndarrays(res.parameters)
-                )
+                if views:
+                    arrays = read_only_arrays(res.parameters.tensors)
+                else:
+                    arrays = parameters_to_ndarrays(res.parameters)
                 # the decoded arrays are what is kept (views keep their bytes): drop this
                 # reply's reference to the bytes (Flower's round loop holds every reply
                 # until the round ends); not in place: SecAgg+ hands every reply one

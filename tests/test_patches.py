@@ -207,8 +207,7 @@ def test_npy_headers_reads_what_np_load_reads_and_refuses_what_it_refuses() -> N
 def test_read_only_arrays_are_np_loads_values_on_the_received_bytes() -> None:
     """The streamed fold's decode: every dtype, shape and memory order reads back with
     np.load's values, dtype, shape and order, as a read-only view on the bytes (no
-    copy: a write is refused); what ``_layout`` leaves to Flower (not .npy, a
-    negative dimension) is refused as Flower's path refuses it."""
+    copy: a write is refused); a non-.npy tensor goes to Flower's path, which refuses it."""
     import numpy as np
     from flwr.compat.common import parameter
 

@@ -52,25 +52,30 @@ def _layout(tensor: bytes) -> tuple[int, tuple[int, ...], bool, np.dtype] | None
     return start, shape, fortran, dtype
 
 
+def _view(tensor: bytes) -> np.ndarray | None:
+    """The array a .npy byte string holds, as a read-only view on its bytes; None
+    where ``_layout`` leaves it to Flower's own path."""
+    layout = _layout(tensor)
+    if layout is None:
+        return None
+    start, shape, fortran, dtype = layout
+    data = np.frombuffer(tensor, dtype=dtype, count=math.prod(shape), offset=start)
+    data.flags.writeable = False  # already, on immutable bytes; stated for a bytearray
+    return data.reshape(shape[::-1]).transpose() if fortran else data.reshape(shape)
+
+
 def read_only_arrays(tensors: list[bytes]) -> list[np.ndarray]:
-    """Each .npy byte string as a read-only array on its own bytes (no copy) where
-    ``_layout`` reads its header, else as Flower's ``bytes_to_ndarray`` makes it (a
-    writable copy). Not a patch of Flower: the server's streamed fold reads a reply's
-    arrays and never writes them, and the copy cost 1.4 ms of CPU of a CNN4 reply's
-    fold at 10 clients a round (cProfile of the fold, docs/PERFORMANCE.md)."""
+    """Each .npy byte string as a read-only view on its own bytes (no copy), else as
+    Flower's ``bytes_to_ndarray`` makes it (a writable copy). Not a patch of Flower:
+    the server's streamed fold reads a reply's arrays and never writes them, and the
+    copy cost it 0.5-0.7 ms of CPU a CNN4 reply (docs/PERFORMANCE.md)."""
     from flwr.compat.common import parameter
 
-    arrays = []
-    for tensor in tensors:
-        layout = _layout(tensor)
-        if layout is None:
-            arrays.append(parameter.bytes_to_ndarray(tensor))
-            continue
-        start, shape, fortran, dtype = layout
-        data = np.frombuffer(tensor, dtype=dtype, count=math.prod(shape), offset=start)
-        data.flags.writeable = False  # already, on immutable bytes; stated for a bytearray
-        arrays.append(data.reshape(shape[::-1]).transpose() if fortran else data.reshape(shape))
-    return arrays
+    views = [_view(tensor) for tensor in tensors]
+    return [
+        parameter.bytes_to_ndarray(tensor) if view is None else view
+        for tensor, view in zip(tensors, views, strict=True)
+    ]
 
 
 def npy_headers() -> bool:
@@ -91,13 +96,8 @@ def npy_headers() -> bool:
     flower = parameter.bytes_to_ndarray
 
     def bytes_to_ndarray(tensor: bytes) -> Any:
-        layout = _layout(tensor)
-        if layout is None:
-            return flower(tensor)
-        start, shape, fortran, dtype = layout
-        data = np.frombuffer(tensor, dtype=dtype, count=math.prod(shape), offset=start)
-        array = data.reshape(shape[::-1]).transpose() if fortran else data.reshape(shape)
-        return array.copy(order="K")
+        view = _view(tensor)
+        return flower(tensor) if view is None else view.copy(order="K")
 
     bytes_to_ndarray._pflower_npy = True  # type: ignore[attr-defined]
     bytes_to_ndarray._pflower_flower = flower  # type: ignore[attr-defined]
