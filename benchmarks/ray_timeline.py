@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import statistics
 import tempfile
@@ -161,6 +162,7 @@ def _instrumented(marks: dict[str, list[float]], timeline: Path) -> Iterator[Non
         inner: Callable[..., Any] = getattr(cls, name)
         originals.append((cls, name, cls.__dict__[name]))
 
+        @functools.wraps(inner)  # the patches beneath stay visible (ray_app.in_place)
         def marked(*args: Any, **kwargs: Any) -> Any:
             if before:
                 marks[before].append(time.time())

@@ -390,6 +390,47 @@ def test_ray_app_once_stores_the_client_app_once_and_passes_its_reference(monkey
     assert len(stored) == 2 and handed[-1][0] == "ref2"
 
 
+@pytest.mark.parametrize("how", ["functools.wraps", "__wrapped__ only"])
+def test_a_wrapper_on_top_of_the_patched_submit_does_not_get_the_patches_applied_twice(
+    monkeypatch, how: str
+) -> None:
+    """A second simulation in the process applies the Ray patches again, each once;
+    a wrapper put on top since (a benchmark's marks, another tool's) must not hide
+    them: twice applied, the inner ``ray-app-once`` put the outer one's reference
+    into Ray's store and every client of the run failed."""
+    import functools
+
+    import ray
+    from flwr.simulation.ray_transport.ray_actor import BasicActorPool
+
+    from pflower.patches import ray_app
+
+    assert pflower.patches.ray_app_once()
+    patched = BasicActorPool.submit
+
+    def on_top(*args, **kwargs):
+        return patched(*args, **kwargs)
+
+    if how == "functools.wraps":
+        on_top = functools.wraps(patched)(on_top)
+    else:
+        on_top.__wrapped__ = patched  # type: ignore[attr-defined]
+    monkeypatch.setattr(BasicActorPool, "submit", on_top)
+    assert ray_app.in_place() and pflower.patches.ray_app_once()
+    assert BasicActorPool.submit is on_top  # not wrapped again
+
+    def put(value):  # as Ray: a reference is refused
+        if isinstance(value, str) and value.startswith("ref"):
+            raise TypeError("Calling 'put' on an ray.ObjectRef is not allowed.")
+        return "ref1"
+
+    monkeypatch.setattr(ray, "put", put)
+    pool, _ = _bare_pool(1)
+    handed = []
+    pool.submit(lambda actor, *job: handed.append(job) or object(), (print, "m", "0", "ctx"))
+    assert handed == [("ref1", "m", "0", "ctx")]
+
+
 def test_ray_weights_once_stores_a_rounds_weights_once_and_actors_get_them_whole(
     monkeypatch,
 ) -> None:

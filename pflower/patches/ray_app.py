@@ -15,10 +15,16 @@ def in_place(flag: str = "_pflower_app_once") -> bool:
     from flwr.simulation.ray_transport.ray_actor import BasicActorPool
 
     submit = BasicActorPool.submit
-    while submit is not None:  # each wrapper keeps the one it wraps
+    seen: set[int] = set()
+    while submit is not None and id(submit) not in seen:  # each wrapper keeps its inner
         if getattr(submit, flag, False):
             return True
-        submit = getattr(submit, "_pflower_flower", None)
+        seen.add(id(submit))
+        # ours, or another's that says what it wraps (functools.wraps): a wrapper on top
+        # must not hide the patch, or it would be applied twice (the inner one would
+        # then put the outer one's reference into Ray's store: an error each message)
+        inner = getattr(submit, "_pflower_flower", None)
+        submit = inner if inner is not None else getattr(submit, "__wrapped__", None)
     return False
 
 
