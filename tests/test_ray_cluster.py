@@ -47,6 +47,31 @@ def actors_in(name: str) -> list[int]:
     return found
 
 
+def stop_and_delete(ns: str) -> None:
+    """Stop every process in ``ns`` (TERM, then KILL) and delete it."""
+    for signal_name in ("TERM", "KILL"):
+        pids = pids_in(ns)
+        if pids:
+            subprocess.run(["kill", f"-{signal_name}", *map(str, pids)])
+            time.sleep(3)
+    subprocess.run(["ip", "netns", "del", ns])
+    shutil.rmtree(f"/tmp/pflr{ns}", ignore_errors=True)
+
+
+def sweep_leftovers() -> list[str]:
+    """The namespaces an earlier run of this test left when it was killed (its
+    ``finally`` never ran): named by this test (``pflh``/``pflw`` and the pid of the
+    test process that made them) and that process gone. What is in them was started
+    by that run; stopped, and deleted with their temp folders. Returns their names."""
+    swept = []
+    for path in Path("/run/netns").glob("pfl[hw]*"):
+        owner = path.name[4:]
+        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+            stop_and_delete(path.name)
+            swept.append(path.name)
+    return swept
+
+
 def ray_node(ns: str, address: str, temp: Path, head: str = "") -> subprocess.Popen:
     role = ["--address", f"{head}"] if head else ["--head", f"--port={address.split(':')[1]}"]
     return subprocess.Popen(
@@ -64,7 +89,9 @@ def test_flwr_run_places_clients_on_both_nodes_of_a_two_namespace_ray_cluster(tm
     assert os.geteuid() == 0, "network namespaces need root"
     (port,) = free_ports(1)
     nodes: list[subprocess.Popen] = []
-    head_ns, worker_ns = f"pflh{port}", f"pflw{port}"
+    sweep_leftovers()
+    # named by this process: a run killed before its cleanup is swept by the next
+    head_ns, worker_ns = f"pflh{os.getpid()}", f"pflw{os.getpid()}"
     net = f"10.{200 + port % 50}.{port % 250}"
     head_ip, worker_ip = f"{net}.1", f"{net}.2"
     temp = {ns: Path(f"/tmp/pflr{ns}") for ns in (head_ns, worker_ns)}  # short socket paths
@@ -134,13 +161,31 @@ def test_flwr_run_places_clients_on_both_nodes_of_a_two_namespace_ray_cluster(tm
         assert len(rounds[-1]["per_client_accuracy"]) == 6
     finally:
         for ns in (head_ns, worker_ns):  # every process in them was started here
-            for signal_name in ("TERM", "KILL"):
-                pids = pids_in(ns)
-                if pids:
-                    subprocess.run(["kill", f"-{signal_name}", *map(str, pids)])
-                    time.sleep(3)
-            subprocess.run(["ip", "netns", "del", ns])
+            stop_and_delete(ns)
         for node in nodes:  # reaped: no zombie left to the test process
             node.wait(timeout=30)
-        for path in temp.values():
-            shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_killed_runs_namespaces_are_swept_and_a_live_runs_are_not() -> None:
+    """What a killed run leaves (its namespace, a process in it, its temp folder) is
+    swept by the next; the namespaces of a run whose process still lives are not."""
+    assert os.geteuid() == 0, "network namespaces need root"
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid no process has now
+    dead, alive = f"pflh{gone.pid}", f"pflw{os.getpid()}"
+    for ns in (dead, alive):
+        sh("ip", "netns", "add", ns)
+    Path(f"/tmp/pflr{dead}").mkdir(exist_ok=True)
+    left = subprocess.Popen(["ip", "netns", "exec", dead, "sleep", "600"])
+    try:
+        time.sleep(0.5)
+        assert pids_in(dead) == [left.pid]
+        assert dead in sweep_leftovers()
+        assert left.wait(timeout=10) != 0  # stopped
+        assert not Path(f"/run/netns/{dead}").exists()
+        assert not Path(f"/tmp/pflr{dead}").exists()
+        assert Path(f"/run/netns/{alive}").exists()  # its process (this one) lives
+    finally:
+        left.kill()
+        for ns in (dead, alive):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
