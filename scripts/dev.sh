@@ -91,15 +91,15 @@ case "${1:-}" in
         shift
         setup
         use_venv_path
-        "$VENV/bin/ruff" check .
-        "$VENV/bin/ruff" format --check .
-        "$VENV/bin/lint-imports"  # the directions of dependency (pyproject.toml)
         # the tests read the shared data (the CIFAR-10 dev set, Fed-Heart-Disease): one
         # line naming what is missing, not a failure in every test that reads it
         "$VENV/bin/python" -c "import sys; from benchmarks import presets as p; \
 missing = [str(f) for f in (p.CIFAR10_DEV, p.SHARED_DATA / 'fed-heart-disease') if not f.exists()]; \
 sys.exit(missing and 'dev.sh test: the shared data are missing: ' + ', '.join(missing) + \
 ' (set PFLOWER_DATA_DIR to the folder that holds them; docs/DATA.md)')"
+        "$VENV/bin/ruff" check .
+        "$VENV/bin/ruff" format --check .
+        "$VENV/bin/lint-imports"  # the directions of dependency (pyproject.toml)
         "$VENV/bin/python" -m pytest -q -rs --durations=40 "$@"  # the slowest 40 named
         # then the second Flower line's reduced job (flwr 1.42, a layer over this venv)
         if [ "${PFLOWER_FLOWER:-1.39}" = 1.39 ] && { [ "${CI:-}" = true ] || [ "${PFLOWER_FLOWER142_TEST:-}" = 1 ]; }; then
