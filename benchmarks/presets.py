@@ -347,6 +347,17 @@ def resolve(value: Any) -> Any:
     return subset_parquet(int(match[2] or 0), seed=0)
 
 
+def require_shared_data() -> None:
+    """Stop in one line naming what the tests read of the shared data and is missing
+    (the CIFAR-10 dev set, the Fed-Heart-Disease folder): ``dev.sh test``'s first step."""
+    missing = [str(f) for f in (CIFAR10_DEV, SHARED_DATA / "fed-heart-disease") if not f.exists()]
+    if missing:
+        raise SystemExit(
+            f"dev.sh test: the shared data are missing: {', '.join(missing)} (set "
+            "PFLOWER_DATA_DIR to the folder that holds them; docs/DATA.md)"
+        )
+
+
 def heart_parquet(out_dir: Path = DATA_CACHE) -> str:
     """The Fed-Heart-Disease table (pflower/data/fed_heart_disease.py), made once from the
     UCI files under ../shared/data/fed-heart-disease (or $PFLOWER_DATA_DIR)."""

@@ -93,10 +93,7 @@ case "${1:-}" in
         use_venv_path
         # the tests read the shared data (the CIFAR-10 dev set, Fed-Heart-Disease): one
         # line naming what is missing, not a failure in every test that reads it
-        "$VENV/bin/python" -c "import sys; from benchmarks import presets as p; \
-missing = [str(f) for f in (p.CIFAR10_DEV, p.SHARED_DATA / 'fed-heart-disease') if not f.exists()]; \
-sys.exit(missing and 'dev.sh test: the shared data are missing: ' + ', '.join(missing) + \
-' (set PFLOWER_DATA_DIR to the folder that holds them; docs/DATA.md)')"
+        "$VENV/bin/python" -c "from benchmarks.presets import require_shared_data as r; r()"
         "$VENV/bin/ruff" check .
         "$VENV/bin/ruff" format --check .
         "$VENV/bin/lint-imports"  # the directions of dependency (pyproject.toml)

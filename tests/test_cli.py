@@ -162,6 +162,24 @@ def test_the_test_command_stops_in_one_line_when_the_shared_data_are_missing(tmp
     assert proc.stdout == ""  # first: no lint, no pytest, whatever the tree's state
 
 
+def test_the_shared_data_check_passes_silently_when_the_data_are_there() -> None:
+    """The step dev.sh test runs first, its line as dev.sh has it: exit 0 and nothing
+    printed where the data are found (as in this checkout), so the tests go on."""
+    (line,) = [
+        s for s in (ROOT / "scripts" / "dev.sh").read_text().splitlines() if "shared_data" in s
+    ]
+    venv = str(Path(sys.executable).parent.parent)
+    proc = subprocess.run(
+        ["bash", "-euc", line],
+        cwd=ROOT,
+        env={**os.environ, "VENV": venv},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+
+
 def test_check_passes_a_model_that_takes_the_data() -> None:
     proc = dev_sh(
         "check", "--run-config", "method='feddecomp' model='resnet8' dataset='sklearn-digits'"
