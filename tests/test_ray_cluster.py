@@ -47,15 +47,20 @@ def actors_in(name: str) -> list[int]:
     return found
 
 
+def temp_of(ns: str) -> Path:
+    """The Ray temp folder of the node in ``ns`` (short: Ray's socket paths)."""
+    return Path(f"/tmp/pflr{ns}")
+
+
 def stop_and_delete(ns: str) -> None:
-    """Stop every process in ``ns`` (TERM, then KILL) and delete it."""
+    """Stop every process in ``ns`` (TERM, then KILL), delete it and its temp folder."""
     for signal_name in ("TERM", "KILL"):
         pids = pids_in(ns)
         if pids:
             subprocess.run(["kill", f"-{signal_name}", *map(str, pids)])
             time.sleep(3)
     subprocess.run(["ip", "netns", "del", ns])
-    shutil.rmtree(f"/tmp/pflr{ns}", ignore_errors=True)
+    shutil.rmtree(temp_of(ns), ignore_errors=True)
 
 
 def sweep_leftovers() -> list[str]:
@@ -94,7 +99,7 @@ def test_flwr_run_places_clients_on_both_nodes_of_a_two_namespace_ray_cluster(tm
     head_ns, worker_ns = f"pflh{os.getpid()}", f"pflw{os.getpid()}"
     net = f"10.{200 + port % 50}.{port % 250}"
     head_ip, worker_ip = f"{net}.1", f"{net}.2"
-    temp = {ns: Path(f"/tmp/pflr{ns}") for ns in (head_ns, worker_ns)}  # short socket paths
+    temp = {ns: temp_of(ns) for ns in (head_ns, worker_ns)}
     sh("ip", "netns", "add", head_ns)
     sh("ip", "netns", "add", worker_ns)
     try:
@@ -175,7 +180,7 @@ def test_a_killed_runs_namespaces_are_swept_and_a_live_runs_are_not() -> None:
     dead, alive = f"pflh{gone.pid}", f"pflw{os.getpid()}"
     for ns in (dead, alive):
         sh("ip", "netns", "add", ns)
-    Path(f"/tmp/pflr{dead}").mkdir(exist_ok=True)
+    temp_of(dead).mkdir(exist_ok=True)
     left = subprocess.Popen(["ip", "netns", "exec", dead, "sleep", "600"])
     try:
         time.sleep(0.5)
@@ -183,7 +188,7 @@ def test_a_killed_runs_namespaces_are_swept_and_a_live_runs_are_not() -> None:
         assert dead in sweep_leftovers()
         assert left.wait(timeout=10) != 0  # stopped
         assert not Path(f"/run/netns/{dead}").exists()
-        assert not Path(f"/tmp/pflr{dead}").exists()
+        assert not temp_of(dead).exists()
         assert Path(f"/run/netns/{alive}").exists()  # its process (this one) lives
     finally:
         left.kill()

@@ -15,11 +15,9 @@ def in_place(flag: str = "_pflower_app_once") -> bool:
     from flwr.simulation.ray_transport.ray_actor import BasicActorPool
 
     submit = BasicActorPool.submit
-    seen: set[int] = set()
-    while submit is not None and id(submit) not in seen:  # each wrapper keeps its inner
+    while submit is not None:  # each wrapper keeps the one it wraps
         if getattr(submit, flag, False):
             return True
-        seen.add(id(submit))
         # ours, or another's that says what it wraps (functools.wraps): a wrapper on top
         # must not hide the patch, or it would be applied twice (the inner one would
         # then put the outer one's reference into Ray's store: an error each message)
