@@ -97,7 +97,11 @@ case "${1:-}" in
         "$VENV/bin/ruff" check .
         "$VENV/bin/ruff" format --check .
         "$VENV/bin/lint-imports"  # the directions of dependency (pyproject.toml)
-        "$VENV/bin/python" -m pytest -q -rs --durations=40 "$@"  # the slowest 40 named
+        # two workers, a test file each at a time (pytest-xdist; a file's module fixtures
+        # start once): much of the suite waits on processes it starts, so two overlap
+        # on CI's 2 cores. PFLOWER_TEST_WORKERS=0 runs it in this process, one by one
+        "$VENV/bin/python" -m pytest -q -rs --durations=40 \
+            -n "${PFLOWER_TEST_WORKERS:-2}" --dist loadfile "$@"  # the slowest 40 named
         # then the second Flower line's reduced job (flwr 1.42, a layer over this venv)
         if [ "${PFLOWER_FLOWER:-1.39}" = 1.39 ] && { [ "${CI:-}" = true ] || [ "${PFLOWER_FLOWER142_TEST:-}" = 1 ]; }; then
             PFLOWER_FLOWER_BASE="$VENV" bash scripts/flower142_ci.sh

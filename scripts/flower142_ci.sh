@@ -21,10 +21,12 @@ export PATH="$bin:$PATH"  # flwr's own commands: 1.42's
 # loopback deployment
 mapfile -t flower_tests < <(grep -l -E \
     "^\s*(import|from) (flwr|pflower\.flower_lines)|LoopbackFederation" tests/test_*.py)
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider -m "not slow" "${flower_tests[@]}" "$@"
+workers=(-n "${PFLOWER_TEST_WORKERS:-2}" --dist loadfile)  # as dev.sh test
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider "${workers[@]}" -m "not slow" \
+    "${flower_tests[@]}" "$@"
 deployed="test_secure_supernode_restart or unregistered or secure_aggregation_over_tls"
 deployed="$deployed or refuses_an_app_it_did_not_approve"
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider \
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider "${workers[@]}" \
     "tests/test_secure_aggregation.py::test_secure_runs_equal_plain_runs_up_to_quantization[fedavg]" \
     tests/test_flwr_run.py::test_the_readme_main_job_runs_offline \
     "tests/test_site_launch.py::test_two_sites_train_on_their_own_folders_over_tls_with_auth[cpu]"
