@@ -1,12 +1,14 @@
 """One runner: every cell of a preset in its own process, resumable, with progress.
 
-Engines (what one cell runs, all through the real Strategy and ClientApp):
+Engines (what one cell runs; the first three through the real Strategy and ClientApp):
 * ``inprocess``: server_app/inprocess.py (Flower's round loop, real Messages, no Ray);
 * ``simulation``: ``flwr``'s Ray simulation (server_app/simulate.py);
 * ``deployment``: a loopback SuperLink + one SuperNode per client (server_app/loopback.py),
   the run submitted with ``flwr run``; the wire bytes counted by a TCP relay;
 * ``plain``: the floor: the same clients' local training and evaluation in a plain
   PyTorch loop in one process, no Flower (a Local run without the framework);
+* ``floor``: FedAvg's local training on every core and nothing else, one process and
+  one torch thread a core (benchmarks/floor.py): the least a round can cost here;
 * ``pfl``: FedAvg on the same clients' data and initial weights in pfl-research, in
   its own environment (benchmarks/pfl_peer.py, benchmarks/pfl_env.py).
 A cell is complete when its results.json holds every round for the same config.
@@ -123,6 +125,10 @@ def run_cell_here(spec_json: str) -> None:
         _deployment(cell, warm=cell.engine == "deployment-warm")
     elif cell.engine == "pfl":
         _pfl_research(cell)
+    elif cell.engine == "floor":
+        from benchmarks.floor import run_floor
+
+        run_floor(cell.config, cell.clients, cell.dir)
     else:
         _plain_loop(cell)
     failed_run(cell.dir / "results.json")

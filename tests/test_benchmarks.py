@@ -568,6 +568,42 @@ per-client-round = true
     assert "s/client-round" in text
 
 
+def test_the_floor_is_fedavg_on_every_core_whatever_the_split(tmp_path):
+    """The side-by-side's floor (benchmarks/floor.py): FedAvg's local training alone in
+    one process a core. Its rounds are marked as a run's, every client is scored after
+    the last, the mean does not depend on how the cohort is split over processes, and
+    with every client a round it learns what the in-process engine learns (its own
+    shuffles: the same work, not the same bits)."""
+    from benchmarks.floor import run_floor
+    from server_app.inprocess import run_inprocess
+
+    config = {
+        "method": "fedavg",
+        "dataset": "synthetic",
+        "sim-samples": 60,
+        "hidden-dim": 16,
+        "lr": 0.1,
+        "local-epochs": 5,
+        "fraction-fit": 0.5,
+        "num-server-rounds": 3,
+        "seed": 0,
+    }
+    run_floor(config, 4, tmp_path / "one", cores=1)
+    run_floor(config, 4, tmp_path / "two", cores=2)
+    one, two = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("one", "two"))
+    assert [r["replies"] for r in two["rounds"]] == [2, 2, 2]  # half the clients a round
+    assert all(r["seconds"] > 0 for r in two["rounds"])
+    assert len(two["rounds"][-1]["per_client_accuracy"]) == 4
+    assert one["rounds"][-1]["per_client_accuracy"] == two["rounds"][-1]["per_client_accuracy"]
+    assert "2 processes" in two["engine"] and "1 process," in one["engine"]
+    every = {**config, "fraction-fit": 1.0}
+    run_floor(every, 4, tmp_path / "every", cores=2)
+    floor = json.loads((tmp_path / "every" / "results.json").read_text())
+    ours = run_inprocess({**every, "output-dir": str(tmp_path), "run-name": "ours"}, 4)
+    assert abs(floor["final_accuracy_mean"] - ours["final_accuracy_mean"]) <= 0.1
+    assert floor["final_accuracy_mean"] > 0.55  # two classes: above chance
+
+
 @pytest.mark.slow
 def test_a_user_preset_on_an_image_folder_reports_seeds_intervals_and_csv(tmp_path, capsys):
     """docs/examples/my-comparison.toml, pointed at a local image folder, smaller:
