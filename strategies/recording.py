@@ -25,7 +25,7 @@ from models.roles import (
 from pflower.config.schema import RunConfig
 from pflower.results import RunRecorder
 from strategies.outcome import Participation
-from strategies.replies import Evaluation, Reply
+from strategies.replies import Evaluation, Reply, failure_reason
 
 if TYPE_CHECKING:
     from strategies.checkpoint import CheckpointWrite
@@ -57,6 +57,7 @@ class RoundLog:
     replies: int = 0
     rejected: list[str] = field(default_factory=list)
     failures: int = 0
+    failed: list[str] = field(default_factory=list)  # each failure's line, its node named
     train_losses: list[float] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     marks: dict[str, float] = field(default_factory=dict)  # server phase ends (perf_counter)
@@ -207,6 +208,7 @@ class Rounds(dict[int, RoundLog]):
         rl = self.of(server_round)
         rl.add_fit_replies(replies)
         rl.replies, rl.failures = len(replies), len(failures)
+        rl.failed = sorted(map(failure_reason, failures))
         self.facts.add(replies)
         self.participation.add(server_round, [r.client_key for r in replies], nodes, failures)
 
@@ -281,6 +283,7 @@ class Rounds(dict[int, RoundLog]):
             "replies": rl.replies,
             "rejected": rl.rejected,
             "failures": rl.failures,
+            "failed": rl.failed,
             **scores.get("metric_means", {}),
         }
         if rl.closing is not None:

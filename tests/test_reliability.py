@@ -20,6 +20,7 @@ from methods import parse_run_config
 from pflower.config.schema import ConfigError, RunConfig
 from server_app.app import build_server
 from server_app.simulate import simulate
+from strategies.outcome import DROPPED_OUT
 from tests.helpers import SMALL, FakeProxy, config, fit_res, make_client, make_strategy
 
 COUNTS: dict[str, int] = {}
@@ -170,6 +171,11 @@ def test_training_goes_on_under_dropout(tmp_path: Path) -> None:
     COUNTS["dropout-failures"] = failures
     assert failures > 0 and len(rounds) == 4
     assert all(r["replies"] + r["failures"] == 5 for r in rounds)
+    # each failure named in its round's record, its node and why
+    assert all(len(r["failed"]) == r["failures"] for r in rounds)
+    assert all(
+        why.startswith("node ") and DROPPED_OUT in why for r in rounds for why in r["failed"]
+    )
     # eval-in-fit: round r's evaluations come with round r + 1's fit replies, so a client
     # that drops out of round r + 1 has none for round r; everyone is back at the end
     for r, nxt in zip(rounds, rounds[1:]):

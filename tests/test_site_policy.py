@@ -129,6 +129,8 @@ def test_sites_that_refuse_are_left_out_and_the_others_train(tmp_path) -> None:
     res = run_inprocess({**SMALL, "method": "fedcp", "output-dir": str(tmp_path)}, 2, None, nodes)
     assert list(res["rounds"][-1]["per_client_accuracy"]) == ["client-1"]
     assert res["rounds"][0]["failures"] == 1
+    (why,) = res["rounds"][0]["failed"]  # the failure named in the round's record
+    assert why.startswith("node 1: ") and REFUSED in why, why
 
 
 def test_simulation_without_a_policy_keeps_todays_behaviour(tmp_path) -> None:
