@@ -63,6 +63,8 @@ def _worker(conn: Connection, config: dict[str, Any], clients: int) -> None:
                 train_epochs(model, params, d.x_train, d.y_train, cfg.local_epochs, cfg, gen)
                 n = len(d.y_train)
                 for acc, entry in zip(total, entries):
+                    # the product in float32, then summed in float64: a floor's mean, not
+                    # our engines' exact one (strategies/robust.py RunningMean)
                     acc += n * entry.detach().numpy()
                 samples += n
             conn.send((total, samples))
