@@ -5,8 +5,9 @@ Engines (what one cell runs; the first three through the real Strategy and Clien
 * ``simulation``: ``flwr``'s Ray simulation (server_app/simulate.py);
 * ``deployment``: a loopback SuperLink + one SuperNode per client (server_app/loopback.py),
   the run submitted with ``flwr run``; the wire bytes counted by a TCP relay;
-* ``plain``: the floor: the same clients' local training and evaluation in a plain
-  PyTorch loop in one process, no Flower (a Local run without the framework);
+* ``plain``: the same clients' local training and evaluation in a plain PyTorch loop,
+  one after another in one thread, no Flower (a Local run without the framework: the
+  overhead preset's floor);
 * ``floor``: FedAvg's local training on every core and nothing else, one process and
   one torch thread a core (benchmarks/floor.py): the least a round can cost here;
 * ``pfl``: FedAvg on the same clients' data and initial weights in pfl-research, in
