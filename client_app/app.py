@@ -155,6 +155,12 @@ def data_cache_dir(node: dict[str, Any] | Any) -> str:
 
 
 def build_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
+    return build_numpy_client(context, overrides).to_client()
+
+
+def build_numpy_client(context: Context, overrides: dict[str, Any] | None = None) -> Any:
+    """The node's NumPyClient for one message: the method's client (a ``PFLClient``),
+    or the simulated attacker around it."""
     node = context.node_config
     # the columns a site names for its own data replace the run's (client_app/site_data.py)
     cfg = parse_run_config({**context.run_config, **(overrides or {}), **site_declared(node)})
@@ -203,8 +209,8 @@ def build_client(context: Context, overrides: dict[str, Any] | None = None) -> C
     equal = aggregation == "mean" or cfg.dp_mode != "off"  # DP averages with equal weights
     client.weight_by_samples = not (cfg.secure_aggregation and equal)
     if attacker and cfg.attack != "label-flip":  # simulated hostile client (client_app/attacks.py)
-        return Attacker(client, cfg.attack, cfg.attack_scale, cfg.seed + partition_id).to_client()
-    return client.to_client()
+        return Attacker(client, cfg.attack, cfg.attack_scale, cfg.seed + partition_id)
+    return client
 
 
 def simulation_store(

@@ -105,8 +105,7 @@ class PFLClient(NumPyClient):
         client_key: str,
         wire: Wire,
     ) -> None:
-        self.model = model.to(device)
-        self.roles = roles
+        self.model, self.roles = model.to(device), roles
         self.wire = wire  # how the shared tensors travel, built as the server builds it
         self.cfg = cfg
         self.store = store
@@ -138,6 +137,13 @@ class PFLClient(NumPyClient):
     def fit(
         self, parameters: NDArrays, config: dict[str, Scalar]
     ) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        evaluation = self.fit_begin(parameters, config)
+        metrics = self.local_train(config, self.round_generator(config))
+        timing.mark("train")
+        return self.fit_end(parameters, config, metrics, evaluation)
+
+    def fit_begin(self, parameters: NDArrays, config: dict[str, Scalar]) -> dict[str, Scalar]:
+        """A fit up to its training: state restored, (eval-in-fit) the last round scored."""
         server_round = message_round(config)
         self.restore_personal(None if server_round is None else server_round - 1)
         self.receive(parameters, config)
@@ -146,15 +152,14 @@ class PFLClient(NumPyClient):
         if config.get(EVALUATE_FIRST):  # the previous round's evaluation (eval-in-fit)
             loss, scores = self.score()
             timing.mark("evaluate")
+            scores.update({"loss": loss, "num-examples": int(self.y_test.shape[0])})
             evaluation = {f"{EVAL_PREFIX}{k}": v for k, v in scores.items()}
-            evaluation.update(
-                {
-                    f"{EVAL_PREFIX}loss": loss,
-                    f"{EVAL_PREFIX}num-examples": int(self.y_test.shape[0]),
-                }
-            )
-        metrics = self.local_train(config, self.round_generator(config))
-        timing.mark("train")
+        return evaluation
+
+    def fit_end(
+        self, parameters: NDArrays, config: dict[str, Scalar], metrics: dict, evaluation: dict
+    ) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        """A fit after its local training: the personal state stored, the reply."""
         self.store_personal(config)
         upload = privatize(self.upload(config), parameters, self.cfg, config)
         timing.mark("store + upload")
@@ -197,9 +202,8 @@ class PFLClient(NumPyClient):
         return dict(zip(self.roles.personal, get_arrays(self.model, self.roles.personal)))
 
     def personal_tensors(self) -> dict[str, np.ndarray]:
-        """What must stay on this site now (the content audit's ground truth): the
-        personal tensors; a method whose split is finer than whole tensors names
-        the personal parts (FedFac's rows)."""
+        """What must stay on this site now (the content audit's ground truth): the personal
+        tensors; a method whose split is finer names the personal parts (FedFac's rows)."""
         return dict(zip(self.roles.personal, get_arrays(self.model, self.roles.personal)))
 
     def load_personal_state(self, state: dict[str, np.ndarray]) -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from scipy.stats import rankdata
 from torch import nn
 
 import pflower.patches
@@ -173,7 +175,17 @@ def evaluate(
     n = y.shape[0]
     labels = y.cpu().numpy() if positive else None  # only for AUC: no copy otherwise
     if labels is not None and len(set(labels.tolist())) == 2:
-        from sklearn.metrics import roc_auc_score  # the standard definition, ties averaged
-
-        extra["auc"] = float(roc_auc_score(labels, torch.cat(positive).numpy()))
+        extra["auc"] = roc_auc(labels, torch.cat(positive).numpy())
     return float(loss_sum) / n, float(correct) / n
+
+
+def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
+    """ROC AUC of ``scores`` for labels 0/1, ties averaged: sklearn's ``roc_auc_score``,
+    as the Mann-Whitney U of the scores' ranks. Not sklearn's call itself: its input
+    checks cost 1.3 ms on a 20-sample test split (the embedded study's, every client
+    every round), 20x the ranking (measured; tests/test_cohort.py checks the two agree)."""
+    ranks = rankdata(scores)  # ties get their average rank, as sklearn's trapezoids count
+    positive = labels == 1
+    n_pos = int(positive.sum())
+    n_neg = labels.shape[0] - n_pos
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))

@@ -14,7 +14,7 @@ from threadpoolctl import threadpool_limits
 
 import pflower.patches
 from methods import get_method, parse_run_config
-from pflower.config.schema import check_against_data, describe_settings
+from pflower.config.schema import ConfigError, check_against_data, describe_settings
 from pflower.data import data_info
 from pflower.privacy.secagg import SignedSecAggPlusWorkflow
 from pflower.results import RunRecorder
@@ -107,6 +107,12 @@ def _run(grid: Grid, context: Context, overrides: dict[str, Any] | None) -> None
     round loop, or SecAgg+'s workflow, with the run's strategy; judged at its end."""
     # deployed with no input shape: the sites' data give it (server_app/site_info.py)
     raw = {**context.run_config, **(overrides or {})}
+    if parse_run_config(raw).local_training == "cohort":  # no ClientApp message to batch
+        raise ConfigError(
+            "config key 'local-training': 'cohort' runs in the in-process engine only "
+            "(python -m benchmarks, server_app.inprocess); a Flower simulation or a "
+            "deployment trains each client in its own ClientApp ('per-client')"
+        )
     declared, answers = site_info.from_sites(grid, parse_run_config(raw))
     components = build_server(context, {**(overrides or {}), **declared})
     strategy = components.strategy

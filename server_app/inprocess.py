@@ -47,6 +47,8 @@ from threadpoolctl import threadpool_limits
 from client_app.app import build_client, make_client_app
 from pflower.config.schema import ConfigError
 from server_app.app import build_server
+from server_app.cohort import COHORT, Cohort
+from server_app.cohort import check as cohort_check
 from strategies import outcome
 
 Recorder = Callable[[str, str, Any, Any], None]  # (kind, client, instruction, reply)
@@ -61,6 +63,7 @@ class LocalProxy(ClientProxy):
         context: Context,
         overrides: dict[str, Any],
         record: Recorder | None = None,
+        cohort: Cohort | None = None,
     ) -> None:
         super().__init__(str(node_id))
         self.node_id = node_id
@@ -69,6 +72,7 @@ class LocalProxy(ClientProxy):
         self.overrides = overrides
         self.record = record
         self.app = make_client_app(overrides)
+        self.cohort = cohort  # local-training = "cohort": its fit was trained with the round
 
     def _client(self) -> Any:
         return build_client(self.context, self.overrides)
@@ -85,8 +89,11 @@ class LocalProxy(ClientProxy):
         return reply.content
 
     def fit(self, ins: FitIns, timeout: float | None, group_id: int | None) -> FitRes:
-        content = self._deliver(MessageType.TRAIN, fitins_to_recorddict(ins, True), group_id)
-        res = recorddict_to_fitres(content, keep_input=False)
+        if self.cohort is not None:
+            res = self.cohort.reply(self.node_id)
+        else:
+            content = self._deliver(MessageType.TRAIN, fitins_to_recorddict(ins, True), group_id)
+            res = recorddict_to_fitres(content, keep_input=False)
         if self.record:
             self.record("fit", self.cid, ins, res)
         return res
@@ -141,6 +148,11 @@ def build_inprocess(
     parallel = max(1, parallel or torch.get_num_threads())
     threads_each = max(1, torch.get_num_threads() // parallel)
     components = build_server(Context(0, 0, {}, RecordDict(), {}), config)
+    cohort = None
+    if components.strategy.cfg.local_training == COHORT:
+        cohort_check(config)
+        cohort = Cohort(config, parallel)
+        cohort.attach(components.strategy)
     manager = SimpleClientManager()
     run_id = time.time_ns() % 2**62  # unique per run, as Flower's: names spilled state
     for i in range(num_clients):
@@ -151,7 +163,7 @@ def build_inprocess(
             **(node_configs or [{}] * num_clients)[i],
         }
         context = Context(run_id, i + 1, node, RecordDict(), {})
-        manager.register(LocalProxy(i + 1, context, config, record))
+        manager.register(LocalProxy(i + 1, context, config, record, cohort))
     server = Server(client_manager=manager, strategy=components.strategy)
     server.set_max_workers(parallel)
     # the class-list query: one client at a time (it builds each one's data first)

@@ -208,6 +208,10 @@ class RunConfig(TaskKeys):
     # budget: in memory while all clients' state fits personal-state-budget-mb, else on disk
     personal_state: Literal["budget", "memory", "disk"] = _field("budget", alias="personal-state")
     personal_state_budget_mb: float = _field(2048.0, alias="personal-state-budget-mb", gt=0)
+    # how the in-process engine trains a round's clients (server_app/cohort.py):
+    # per-client, a Message through the ClientApp each; cohort, the round's sampled
+    # clients one step, without a message a client (in-process simulation only)
+    local_training: Literal["per-client", "cohort"] = _field("per-client", alias="local-training")
 
     # the FedFac simulation study generator (the embedded default data set): per client
     # 100 samples, teachers sharing 80% of their neurons and 80% of the covariates, where
