@@ -192,7 +192,7 @@ class Preset:
 # what benchmarks/report.py reads from a preset's [report] table
 REPORT_KEYS = (
     *("extras", "curves", "per-client", "heatmap", "ratio-to", "per-client-round", "out"),
-    "machine-reference",
+    *("machine-reference", "cost-plot"),
 )
 
 

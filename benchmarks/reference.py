@@ -5,6 +5,7 @@ data shows beside the run's own figure (pflower/results/reference.py)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -20,12 +21,12 @@ ROWS = {"fedavg": "FedAvg", "local": "Local"}  # method -> the label a summary s
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2:
-        print(__doc__, file=sys.stderr)
-        return 2
-    preset = presets.load(argv[0])
-    setting = argv[1]
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.reference", description=__doc__)
+    parser.add_argument("preset", help="a preset whose FedAvg and Local rows ran")
+    parser.add_argument("setting", help="the preset's setting to take them from")
+    args = parser.parse_args(argv)
+    preset = presets.load(args.preset)
+    setting = args.setting
     cells = [c for c in preset.cells() if c.setting == setting and c.label in ROWS]
     rows, match, clients, rounds = {}, {}, 0, 0
     for label in ROWS:

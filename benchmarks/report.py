@@ -12,7 +12,9 @@ matrix, e.g. Factorized-FL's ``ffl_mixture``, drawn for the last round of seed 0
 ``ratio-to`` (a row label: s/round divided by that row's), ``per-client-round`` (a
 column of seconds per client per round: each round's seconds over its replies),
 ``machine-reference`` (the machine's reference step timed around each cell and
-tabulated: benchmarks/machine.py).
+tabulated: benchmarks/machine.py), ``cost-plot`` (``<preset>-cost.png``: seconds per
+client-round and peak memory against the number of clients, one line per row: the
+scale presets).
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ def summarise(cells: list[Cell]) -> dict[str, Any]:
         # the closing evaluation is timed apart, strategies/recording.py)
         "s_round": float(np.mean([np.median(s[1:] if len(s) > 1 else s) for s in secs])),
         "peak_mb": float(np.mean(peaks)) if peaks else float("nan"),
-        "cpu": cpu,  # CPU by process over the timed rounds (benchmarks/cpu_roles.py)
+        "cpu": cpu,  # CPU by process over the timed rounds (benchmarks/machine.py)
         "reference_ms": reference,  # the machine's step before and after (machine.py)
         # per client that trained: each round's seconds over its replies, the median after round 1
         "s_client_round": float(
@@ -232,15 +234,13 @@ def table(preset: Preset, setting: str, rows: dict[str, dict[str, Any]]) -> list
 
 
 def cpu_table(rows: dict[str, dict[str, Any]]) -> list[str]:
-    """CPU a client-round by process over rounds 2 to N-1 (seed 0; benchmarks/cpu_roles.py),
+    """CPU a client-round by process over rounds 2 to N-1 (seed 0; benchmarks/machine.py),
     and the cores that kept busy: their CPU seconds over the rounds' wall seconds."""
-    from benchmarks.cpu_roles import ROLES
-
     kept = {k: v["cpu"][0] for k, v in rows.items() if v["n"] and v.get("cpu")}
     kept = {k: c for k, c in kept.items() if c["client_rounds"] and c["wall_seconds"] > 0}
     if not kept:
         return []
-    roles = [r for r in ROLES if any(c["cpu_seconds"].get(r, 0) > 0 for c in kept.values())]
+    roles = [r for r in machine.ROLES if any(c["cpu_seconds"].get(r, 0) > 0 for c in kept.values())]
     head = ["row", "rounds", *(f"{r} (ms)" for r in roles), "all (ms)", "cores busy"]
     lines = ["", "CPU a client-round, by process, over the rounds named (seed 0):", ""]
     lines += ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
@@ -373,6 +373,58 @@ def plot(preset: Preset, setting: str, rows: dict[str, dict[str, Any]], path: Pa
     plt.close(fig)
 
 
+def cost_points(preset: Preset, cells: list[Cell]) -> dict[str, list[tuple[int, float, float]]]:
+    """row -> [(clients, s/client-round, peak GB)] of each setting's complete cell of the
+    lowest seed: each round's seconds over its replies, the median after round 1 (as the
+    report's column), and the peak of the run's process tree."""
+    out: dict[str, list[tuple[int, float, float]]] = {}
+    for label, _, _ in preset.rows():
+        mine = sorted(
+            (c for c in cells if c.label == label and is_complete(c)), key=lambda c: c.seed
+        )
+        first: dict[str, Cell] = {}
+        for c in mine:
+            first.setdefault(c.setting, c)
+        for c in first.values():
+            rounds = load_results(c)["rounds"]
+            per = np.median([r["seconds"] / max(r.get("replies", 1), 1) for r in rounds[1:]])
+            status = c.dir / "cell.json"
+            peak = json.loads(status.read_text()).get("peak_rss", 0) if status.exists() else 0
+            out.setdefault(label, []).append((c.clients, float(per), peak / 1e9))
+    return {label: sorted(pts) for label, pts in out.items()}
+
+
+def cost_plot(preset: Preset, cells: list[Cell], path: Path) -> bool:
+    """``[report] cost-plot``: the cost against the number of clients (cost_points), one
+    line per row; False (nothing drawn) without a complete cell."""
+    data = cost_points(preset, cells)
+    if not data:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for label, pts in data.items():
+        xs = [p[0] for p in pts]
+        ax1.plot(xs, [p[1] for p in pts], marker="o", label=label)
+        ax2.plot(xs, [p[2] for p in pts], marker="o", label=label)
+    for ax, title in ((ax1, "seconds per client-round"), (ax2, "peak memory (GB, process tree)")):
+        ax.set_xscale("log")
+        ax.set_xlabel("simulated clients")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=0)
+    ax1.legend()
+    fig.suptitle(f"{preset.name} (python -m benchmarks run {preset.name})")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def _shown(value: Any) -> Any:
     """A path inside the repository relative to it (the report is committed); one
     outside it (a user's own data or runs) as given."""
@@ -481,6 +533,9 @@ def write(
         image = out / f"{preset.name}-{setting}.png"
         plot(preset, setting, rows, image)
         lines += ["", f"![{setting}]({image.name})", ""]
+    cost_image = out / f"{preset.name}-cost.png"
+    if preset.report.get("cost-plot") and cost_plot(preset, cells, cost_image):
+        lines += ["## Cost against the number of clients", "", f"![cost]({cost_image.name})", ""]
     out.mkdir(parents=True, exist_ok=True)
     with open(out / f"{preset.name}.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)

@@ -11,8 +11,10 @@ Engines (what one cell runs; the first three through the real Strategy and Clien
 * ``floor``: FedAvg's local training on every core and nothing else, one process and
   one torch thread a core (benchmarks/floor.py): the least a round can cost here;
 * ``pfl``: FedAvg on the same clients' data and initial weights in pfl-research, in
-  its own environment (benchmarks/pfl_peer.py, benchmarks/pfl_env.py).
-A cell is complete when its results.json holds every round for the same config.
+  its own environment (benchmarks/pfl_peer.py).
+A cell is complete when its results.json holds every round for the same config. A
+preset's ``probe`` (below: FedFac's index recovery, DualFed's linear probe) adds numbers
+computed from the finished run.
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cpu_roles import RoundCpuWatcher, process_tree
-from benchmarks.machine import reference_ms
+import numpy as np
+
+from benchmarks.machine import RoundCpuWatcher, process_tree, reference_ms
 from benchmarks.presets import REPO, Cell, Preset
 from pflower.store import PERSONAL_STATE_DIR
 
@@ -134,8 +138,6 @@ def run_cell_here(spec_json: str) -> None:
         _plain_loop(cell)
     failed_run(cell.dir / "results.json")
     if cell.probe:
-        from benchmarks.probes import PROBES
-
         res = json.loads((cell.dir / "results.json").read_text())
         res["probe"] = PROBES[cell.probe](res, cell.clients)
         (cell.dir / "results.json").write_text(json.dumps(res, indent=1))
@@ -214,7 +216,7 @@ def _pfl_research(cell: Cell) -> None:
     import numpy as np
     import torch
 
-    from benchmarks.pfl_env import PFL_VERSION, pfl_python
+    from benchmarks.pfl_peer import PFL_VERSION, pfl_python
     from methods import get_method, parse_run_config
     from pflower.data import data_info, load_client_data
 
@@ -295,6 +297,76 @@ def _deployment(cell: Cell, warm: bool) -> None:
     res["wall_seconds_per_round"] = wall / cell.rounds
     res["client_phases"] = median_phases(logs)  # the median ClientApp message
     (cell.dir / "results.json").write_text(json.dumps(res, indent=1))
+
+
+# ----------------------------------------------------------------------------- probes
+# Numbers computed from a finished run's results.json and what the run's config implies
+# (never by reaching into a strategy). Each returns a flat dict that the cell stores as
+# ``results["probe"]`` and the report can tabulate (a preset's ``probe`` key names one).
+
+
+def fedfac_recovery(results: dict[str, Any], clients: int) -> dict[str, float]:
+    """FedFac's simulation study (paper Sec. 4.3): the share of hidden neurons whose
+    final shared/personal label equals the generating teacher's."""
+    from methods import parse_run_config
+    from pflower.data import simulation_study
+
+    masks = results["rounds"][-1].get("fa_shared_mask") or {}
+    if len(masks) != 1:
+        raise ValueError(f"the recovery probe needs one split layer, got {list(masks)}")
+    (mask,) = masks.values()
+    truth = simulation_study(parse_run_config(results["config"]), clients).shared_neurons
+    return {"index_recovery": float((np.asarray(mask, bool) == truth).mean())}
+
+
+def linear_probe(results: dict[str, Any], clients: int) -> dict[str, float]:
+    """How much a linear head can read from the final shared encoder: per client, a
+    fresh linear head on z = features(x) (frozen, eval mode) trained on the client's
+    training data (20 epochs, SGD lr 0.1, momentum 0.9, batch 64), scored on its test
+    data; the mean over clients. For DualFed: what h_s could reach (docs/dualfed.md)."""
+    import torch
+
+    from client_app.train import evaluate, train_epochs
+    from methods import get_method, parse_run_config
+    from pflower.data import data_info, load_client_data
+    from strategies.checkpoint import SERVER_STATE, load_server_state
+
+    cfg = parse_run_config(results["config"])
+    info = data_info(cfg)
+    model = get_method(cfg.method).build_model(cfg, info)
+    _, arrays = load_server_state(Path(cfg.output_dir) / cfg.run_name / SERVER_STATE, cfg.method)
+    encoder = {
+        k.removeprefix("global/"): torch.from_numpy(v)
+        for k, v in arrays.items()
+        if k.startswith("global/features.")
+    }
+    model.load_state_dict({**model.state_dict(), **encoder})
+    model.eval()
+    probe_cfg = cfg.model_copy(
+        update={
+            "lr": 0.1,
+            "momentum": 0.9,
+            "weight_decay": 0.0,
+            "batch_size": 64,
+            "optimizer": "sgd",
+        }
+    )
+    generator = torch.Generator().manual_seed(cfg.seed)
+    accuracies = []
+    for pid in range(clients):
+        data = load_client_data(cfg, pid, clients)
+        with torch.no_grad():
+            z, z_test = model.features(data.x_train), model.features(data.x_test)
+        head = torch.nn.Linear(z.shape[1], info.num_classes)
+        train_epochs(head, list(head.parameters()), z, data.y_train, 20, probe_cfg, generator)
+        accuracies.append(evaluate(head, z_test, data.y_test)[1])
+    return {"linear_probe_accuracy": float(np.mean(accuracies))}
+
+
+PROBES: dict[str, Callable[[dict[str, Any], int], dict[str, float]]] = {
+    "fedfac-recovery": fedfac_recovery,
+    "linear-probe": linear_probe,
+}
 
 
 # ----------------------------------------------------------------------------- the runner

@@ -44,7 +44,7 @@ def two_sum() -> Callable[..., None]:
     """``add(x, weight, hi, lo)``: ``hi + lo += x * weight`` element by element, by
     TwoSum: ``lo`` gathers the bits each addition to ``hi`` loses. numpy needs nine
     passes a chunk for it, 1.8 ms a CNN4 reply against 0.3 (python -m
-    benchmarks.running_sum)."""
+    benchmarks.studies.running_sum)."""
 
     @_njit()
     def add(x: np.ndarray, weight: float, hi: np.ndarray, lo: np.ndarray) -> None:

@@ -452,7 +452,7 @@ class RunningMean:
 
     ``spare``: a finished sum's buffers (``release``), zeroed and reused if their shapes
     fit: a CNN4 sum's fresh 14 MB cost its round's first reply 2.1 ms of CPU against 1.2
-    reused in one run of ``python -m benchmarks.running_sum``, the same in another (1.30
+    reused in one run of ``python -m benchmarks.studies.running_sum``, the same in another (1.30
     against 1.29), as the allocator had freed memory to hand back or not."""
 
     def __init__(self, spare: tuple[list[np.ndarray], list[np.ndarray]] | None = None) -> None:

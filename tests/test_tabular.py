@@ -259,9 +259,9 @@ def test_the_fed_heart_disease_preset_and_report_reduced(tmp_path) -> None:
 
 
 def test_the_flamby_replica_reads_the_same_inputs_as_the_engine(tmp_path) -> None:
-    """benchmarks/flamby_fedavg.py (the replica outside our engine) and our loader
+    """benchmarks/studies/flamby_fedavg.py (the replica outside our engine) and our loader
     give every centre the same standardised 13 inputs and labels, in the same order."""
-    from benchmarks.flamby_fedavg import centres, fedavg
+    from benchmarks.studies.flamby_fedavg import centres, fedavg
     from pflower.data.recipes import main
 
     main(["build", "fed-heart-disease", "--source", str(HEART), "--out", str(tmp_path)])

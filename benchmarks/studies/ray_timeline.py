@@ -1,10 +1,15 @@
-"""Where a Ray simulation's rounds go: how much of each round every actor runs a
+"""Answered (2026-12-03, 2026-12-04): a 10-client Ray round's idle cores are its serial
+boundary between rounds, each step under about 10 ms
+(docs/notes/2026-12-03-where-ray-idle-cores-go.md,
+docs/notes/2026-12-03-why-rays-10-client-cell-stays-above-pfl-research.md).
+
+Where a Ray simulation's rounds go: how much of each round every actor runs a
 ClientApp, how long it waits between two messages of a round, and how long both wait
 between rounds, split at the simulation process's own marks (the round's last reply
 stored and folded, Flower's round loop's end, the aggregation, the next round's first
 instruction stored, handed to the actor pool's submit and submitted).
 
-    python -m benchmarks.ray_timeline [--preset pfl-side-by-side]
+    python -m benchmarks.studies.ray_timeline [--preset pfl-side-by-side]
         [--setting 100-clients-10pct] [--rounds 30] [--out DIR]
 
 One cell of the preset (its Ray simulation row), run in this process. The actors'

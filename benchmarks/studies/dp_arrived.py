@@ -1,10 +1,14 @@
-"""Distributed DP counts the noise that arrived: a secure run (SecAgg+, dp-mode
+"""Answered (2026-11-25): with clients dropping out, distributed DP's epsilon counts the
+noise that arrived (25.30 after 10 rounds, not 17.80): docs/PRIVACY.md section 5 and
+docs/results/dp-arrived.md.
+
+Distributed DP counts the noise that arrived: a secure run (SecAgg+, dp-mode
 distributed) in which clients drop out, per round: the clients asked and summed,
 the target and achieved noise multiplier, the epsilon the run reports (stepped at
 the achieved multiplier) and the epsilon that counting the asked-for noise would
 have reported.
 
-    python -m benchmarks.dp_arrived [--clients 10] [--rounds 10] [--dropout-rate 0.4]
+    python -m benchmarks.studies.dp_arrived [--clients 10] [--rounds 10] [--dropout-rate 0.4]
         [--out docs/results/dp-arrived.md]
 """
 
@@ -51,7 +55,7 @@ def table(results: dict[str, Any], asked: int) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.dp_arrived")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.studies.dp_arrived")
     parser.add_argument("--clients", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--dropout-rate", type=float, default=0.4)
@@ -72,7 +76,7 @@ def main(argv: list[str]) -> None:
     print(rows)
     if args.out:
         command = (
-            f"python -m benchmarks.dp_arrived --clients {args.clients} --rounds {args.rounds} "
+            f"python -m benchmarks.studies.dp_arrived --clients {args.clients} --rounds {args.rounds} "
             f"--dropout-rate {args.dropout_rate} --out {args.out}"
         )
         Path(args.out).write_text(

@@ -1,15 +1,21 @@
-"""Where a Ray simulation's time goes as clients grow: the time inside Flower's
+"""Answered (2026-11-24): a Ray client-round grew with the federation because Flower's
+engine scans every stored message for every node ten times a second; with the
+linkstate-index patch it is flat from 200 to 1,600 clients
+(docs/notes/2026-11-24-where-the-per-client-cost-grew-with-the-federation.md).
+
+Where a Ray simulation's time goes as clients grow: the time inside Flower's
 InMemoryLinkState.get_message_ins (the engine's per-node message lookup), with and
 without the linkstate-index patch (pflower.patches; docs/PERFORMANCE.md):
 
-    python -m benchmarks.profile_linkstate 800            # Flower as it is
-    python -m benchmarks.profile_linkstate 800 --patched  # with the index
+    python -m benchmarks.studies.profile_linkstate 800            # Flower as it is
+    python -m benchmarks.studies.profile_linkstate 800 --patched  # with the index
 
 FedPer on the embedded default, 40 samples a client, 2 rounds; one JSON line.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -20,8 +26,11 @@ from unittest import mock
 
 
 def main(argv: list[str]) -> None:
-    patched = "--patched" in argv
-    clients = int(argv[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.studies.profile_linkstate")
+    parser.add_argument("clients", type=int, help="simulated clients")
+    parser.add_argument("--patched", action="store_true", help="with the linkstate index")
+    args = parser.parse_args(argv)
+    patched, clients = args.patched, args.clients
     # before anything imports the ServerApp, which applies the index unless told not to
     os.environ["PFLOWER_FLOWER_PATCHES"] = "1" if patched else "0"
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState

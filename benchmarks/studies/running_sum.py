@@ -1,10 +1,15 @@
-"""The server's running double-double sum (strategies/robust.py ``RunningMean``):
+"""Answered (2026-12-01, 2026-12-03): the compiled double-double sum is 5.9x numpy's with
+the same bits; reused buffers and a compiled mean save a few ms a round
+(docs/notes/2026-12-01-compiled-running-sum-and-projection.md,
+docs/notes/2026-12-03-reused-sum-buffers-and-a-compiled-mean.md).
+
+The server's running double-double sum (strategies/robust.py ``RunningMean``):
 the compiled kernel against the numpy TwoSum it replaced (nine passes over 16k-element
 chunks, each a numpy call), on CNN4's tensors (FedAvg's upload), the
 two alternating in one process, best of the repeats; the same bits are checked. Also
 what the compiler costs: its first call and the resident memory numba adds.
 
-    python -m benchmarks.running_sum [--replies 10] [--repeats 5]
+    python -m benchmarks.studies.running_sum [--replies 10] [--repeats 5]
 """
 
 from __future__ import annotations

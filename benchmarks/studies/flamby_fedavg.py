@@ -1,11 +1,15 @@
-"""An independent replica of FLamby's FedAvg on Fed-Heart-Disease, outside our
+"""Answered (2026-11-26): FLamby's FedAvg replicated outside our engine ends at 69.8 +- 3.2,
+within FLamby's seed spread, so our data path is not the gap:
+docs/results/fed-heart-disease.md.
+
+An independent replica of FLamby's FedAvg on Fed-Heart-Disease, outside our
 engine: one logit with binary cross-entropy (FLamby's ``Baseline``), batch 4, 100
 local steps a round, 15 rounds, sample-weighted averaging, every centre each round;
 the same table and split as the recipe (pflower/data/fed_heart_disease.py). It checks
 whether a gap to FLamby's published FedAvg (68.5) lies in our data path or in the
 setting: docs/results/fed-heart-disease.md.
 
-    python -m benchmarks.flamby_fedavg [--seeds 5] [--source FOLDER]
+    python -m benchmarks.studies.flamby_fedavg [--seeds 5] [--source FOLDER]
 """
 
 from __future__ import annotations
@@ -92,7 +96,7 @@ def fedavg(
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.flamby_fedavg")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.studies.flamby_fedavg")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--source", type=Path, default=Path("../shared/data/fed-heart-disease"))
     args = parser.parse_args(argv)

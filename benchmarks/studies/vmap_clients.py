@@ -1,4 +1,8 @@
-"""Many small clients trained at once with ``torch.func`` (``vmap`` over the clients)
+"""Answered (2026-12-02): under ``vmap`` CNN4 trains 1.3x slower on a CPU and the MLP 2-4x
+faster (docs/notes/2026-12-02-many-clients-at-once-with-vmap.md); the cohort
+engine (client_app/batched.py) now trains the MLP so.
+
+Many small clients trained at once with ``torch.func`` (``vmap`` over the clients)
 against one client after another as our engines train them, per backbone: FedAvg's
 local schedule (SGD, momentum, a fresh optimizer a client), a cohort of clients that
 start from the same weights, each on its own batches. It decides whether a batched
@@ -10,7 +14,7 @@ One after another, CNN4 runs channels-last as models/backbones.py has it on a CP
 under ``vmap`` it cannot (torch has no channels-last copy inside ``vmap``), so the
 batched side runs the same layers in the default layout.
 
-    python -m benchmarks.vmap_clients [--clients 10] [--steps 3] [--batch 16]
+    python -m benchmarks.studies.vmap_clients [--clients 10] [--steps 3] [--batch 16]
         [--threads 1] [--repeats 3] [--models cnn4,mlp]
 """
 
@@ -85,7 +89,9 @@ def timed(fn: Callable[..., Any], *args: Any) -> tuple[float, Any]:
 def main(argv: list[str] | None = None) -> int:
     from models.backbones import build_backbone
 
-    p = argparse.ArgumentParser(prog="python -m benchmarks.vmap_clients", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.studies.vmap_clients", description=__doc__
+    )
     p.add_argument("--clients", type=int, default=10, help="clients trained at once")
     p.add_argument("--steps", type=int, default=3, help="local steps a client")
     p.add_argument("--batch", type=int, default=16)
