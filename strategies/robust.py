@@ -157,7 +157,8 @@ def update_of(upload: NDArrays, reference: NDArrays) -> np.ndarray:
 
 def column_median(block: np.ndarray) -> np.ndarray:
     """``np.median(block, axis=0)``, by a sort down the columns: faster for the few
-    rows (replies) a round has (docs/PERFORMANCE.md, the direction check)."""
+    rows (replies) a round has, measured in
+    docs/notes/2026-11-26-where-a-client-round-goes-and-streamed-aggregation.md."""
     n = block.shape[0]
     ordered = np.sort(block, axis=0)
     return (ordered[(n - 1) // 2] + ordered[n // 2]) / 2

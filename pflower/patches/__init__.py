@@ -1,7 +1,8 @@
 """Every Flower or torch internal the product patches, in one module.
 
 Each patch replaces a private function or default of one library version, for a
-speed measured in docs/PERFORMANCE.md; none changes what is computed or sent.
+speed measured (docs/PERFORMANCE.md; each measurement in docs/notes/); none changes
+what is computed or sent.
 
 | patch | what it replaces | why | checked against |
 |---|---|---|---|
