@@ -80,9 +80,10 @@ def round_seconds(generator: str, sites: int, folder: Path) -> tuple[float, floa
     import statistics
     import subprocess
 
+    from benchmarks.presets import REPO
+
     env = dict(os.environ)
-    repo = str(Path(__file__).resolve().parents[1])
-    paths = [repo, env.get("PYTHONPATH", "")]
+    paths = [str(REPO), env.get("PYTHONPATH", "")]  # the repository, for Ray's workers too
     if generator == "flower":
         hook = folder / "flower-masks"
         hook.mkdir(parents=True, exist_ok=True)
