@@ -48,6 +48,7 @@ class RoundLog:
     """What the strategy measured in one round, before evaluation completes it."""
 
     started: float = field(default_factory=time.perf_counter)
+    started_at: float = field(default_factory=time.time)  # the same moment, wall clock
     ended: float | None = None  # eval-in-fit: when the next round began
     # eval-in-fit: when the closing evaluation began (the last round ends there, as
     # every other ends where the next round begins; the evaluation is timed apart)
@@ -281,6 +282,7 @@ class Rounds(dict[int, RoundLog]):
             "bytes_up": rl.bytes_up,
             "bytes_down_eval": rl.bytes_down_eval,
             "seconds": (rl.ended or rl.closing or time.perf_counter()) - rl.started,
+            "started_at": rl.started_at,
             "server_seconds": rl.server_seconds(),
             "replies": rl.replies,
             "rejected": rl.rejected,

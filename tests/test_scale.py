@@ -437,3 +437,39 @@ def test_in_process_clients_that_hold_no_state_are_not_kept(tmp_path) -> None:
         state = res["personal_state"]
         assert state["clients_that_can_train"] == 6 and state["mode"] == where
         assert state["clients_on_disk"] == (0 if kept else len(trained))
+
+
+def test_compact_nodes_answer_what_flowers_linkstate_answered() -> None:
+    """``sparse-node-stores`` moves the registered nodes out of Flower's LinkState into
+    arrays when the engine starts: the same node ids in the same (partition) order,
+    each node's NodeInfo as Flower registered it (its own id), the same answers to
+    Flower's lookups and node listing, and a message to a node is stored as before."""
+    import time
+    import uuid
+
+    from flwr.common import Message, Metadata, RecordDict
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.superlink.federation.noop_federation_manager import NOOP_FEDERATION_ID
+
+    from pflower.patches import node_stores
+
+    factory, mapping, _ = _flower_nodes(40)
+    state = factory.state()
+    run_id = state.create_run(None, None, None, {}, NOOP_FEDERATION_ID, None, "<id:none>", "x")
+    order, before = list(state.nodes), dict(state.nodes)
+    listed = state.get_nodes(run_id)
+    partitions = node_stores.compact(state, mapping)
+    assert isinstance(state.nodes, node_stores.CompactNodes) and mapping == {}
+    assert list(state.nodes) == order and len(state.nodes) == 40
+    assert [partitions[n] for n in order] == list(range(40)) and len(partitions) == 40
+    assert state.get_nodes(run_id) == listed
+    for node_id in (order[0], order[17], order[39]):
+        ours, theirs = state.nodes[node_id], before[node_id]
+        assert ours.node_id == node_id and ours.status == theirs.status == "online"
+        assert ours.online_until == theirs.online_until and node_id in state.nodes
+    assert 12345 not in state.nodes and state.nodes.get(12345) is None and 12345 not in partitions
+    meta = Metadata(run_id, str(uuid.uuid4()), SUPERLINK_NODE_ID, order[5], "", "1", time.time(),
+                    60.0, "train")  # fmt: skip
+    assert state.store_message_ins(Message(metadata=meta, content=RecordDict())) is not None
+    state.nodes[order[5]].status = "offline"  # what Flower sets on a node stays
+    assert state.nodes[order[5]].status == "offline"

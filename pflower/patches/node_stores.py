@@ -23,15 +23,27 @@ So ``register_context`` is patched too (the stores made after it parse the run c
 once, 1.1 KB a node), and when the engine starts (``run_api``) stores Flower made
 are turned into a ``SparseNodeStores`` (their memory freed before the first round).
 ``how()`` says which happened in this process.
+
+Flower's in-memory LinkState keeps a protobuf ``NodeInfo`` per registered node (1.6
+KB of resident memory a node, measured at a million), and ``_register_nodes`` fills
+its public-key and owner maps: when the engine starts, the simulated nodes are moved
+into a ``CompactNodes`` mapping (three arrays, 24 bytes a node; a node's NodeInfo made
+from the first node's, with its own id, when Flower looks it up, and kept from then
+on, so what Flower sets on it stays), the engine's node -> partition mapping likewise,
+and the freed memory handed back to the system. Registration itself stays Flower's
+(it runs before any of the app is imported).
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
+
+import numpy as np
 
 from pflower.patches.core import check, enabled
 
@@ -47,6 +59,146 @@ def how() -> str:
     return _how[-1] if _how else "flower"
 
 
+class NodeIndex:
+    """Node ids in registration order (the partition order) and where each one is."""
+
+    def __init__(self, ids: np.ndarray) -> None:
+        self.ids = ids  # uint64, registration order
+        self.order = np.argsort(ids, kind="stable")
+        self.sorted = ids[self.order]
+
+    def place(self, node_id: Any) -> int | None:
+        """The node's partition id (its place in registration order), or None."""
+        if isinstance(node_id, bool) or not isinstance(node_id, (int, np.integer)):
+            return None
+        if not 0 <= int(node_id) < 2**64:
+            return None
+        i = int(np.searchsorted(self.sorted, np.uint64(node_id)))
+        if i < len(self.sorted) and int(self.sorted[i]) == int(node_id):
+            return int(self.order[i])
+        return None
+
+
+class CompactNodes(MutableMapping):
+    """A LinkState's ``nodes``: node id -> NodeInfo, for the registered simulated nodes
+    from ``index`` (a NodeInfo made from ``template`` when first asked for, then kept),
+    and any other node set later as Flower sets it."""
+
+    def __init__(self, index: NodeIndex, template: Any) -> None:
+        self.index, self.template = index, template
+        self.touched: dict[int, Any] = {}  # registered nodes looked up or set since
+        self.gone: set[int] = set()  # registered nodes deleted since
+        self.added: dict[int, Any] = {}  # nodes set after registration
+
+    def _registered(self, node_id: Any) -> bool:
+        return self.index.place(node_id) is not None
+
+    def __getitem__(self, node_id: int) -> Any:
+        node = self.touched.get(node_id)
+        if node is None:
+            node = self.added.get(node_id)
+        if node is not None:
+            return node
+        if node_id in self.gone or not self._registered(node_id):
+            raise KeyError(node_id)
+        node = type(self.template)()
+        node.CopyFrom(self.template)
+        node.node_id = int(node_id)
+        self.touched[int(node_id)] = node
+        return node
+
+    def __setitem__(self, node_id: int, node: Any) -> None:
+        if self._registered(node_id):
+            self.touched[int(node_id)] = node
+            self.gone.discard(int(node_id))
+        else:
+            self.added[int(node_id)] = node
+
+    def __delitem__(self, node_id: int) -> None:
+        if node_id not in self:
+            raise KeyError(node_id)
+        if self.added.pop(node_id, None) is None:
+            self.touched.pop(node_id, None)
+            self.gone.add(int(node_id))
+
+    def __contains__(self, node_id: object) -> bool:
+        if node_id in self.touched or node_id in self.added:
+            return True
+        return node_id not in self.gone and self._registered(node_id)
+
+    def __iter__(self) -> Iterator[int]:
+        for node_id in self.index.ids.tolist():
+            if node_id not in self.gone:
+                yield node_id
+        yield from list(self.added)
+
+    def __len__(self) -> int:
+        return len(self.index.ids) - len(self.gone) + len(self.added)
+
+
+class CompactPartitions(MutableMapping):
+    """The engine's node id -> partition id mapping, from a ``NodeIndex``."""
+
+    def __init__(self, index: NodeIndex) -> None:
+        self.index = index
+
+    def __getitem__(self, node_id: int) -> int:
+        place = self.index.place(node_id)
+        if place is None:
+            raise KeyError(node_id)
+        return place
+
+    def __setitem__(self, node_id: int, partition: int) -> None:
+        raise TypeError("the simulated federation's nodes are registered once")
+
+    __delitem__ = __setitem__
+
+    def __contains__(self, node_id: object) -> bool:
+        return self.index.place(node_id) is not None
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.index.ids.tolist())
+
+    def __len__(self) -> int:
+        return len(self.index.ids)
+
+
+def compact(state: Any, nodes_mapping: dict[int, int]) -> CompactPartitions | None:
+    """Move the engine's registered nodes out of Flower's ``state`` (an in-memory
+    LinkState) and its ``nodes_mapping`` (emptied) into compact ones; returns the new
+    mapping, or None (nothing done) if the state's nodes are not exactly the engine's,
+    in partition order."""
+    nodes = getattr(state, "nodes", None)
+    if not isinstance(nodes, dict) or not nodes or len(nodes) != len(nodes_mapping):
+        return None
+    with state.lock:
+        ids = np.fromiter(nodes.keys(), dtype=np.uint64, count=len(nodes))
+        mapped = np.fromiter(nodes_mapping.keys(), dtype=np.uint64, count=len(nodes_mapping))
+        places = np.fromiter(nodes_mapping.values(), dtype=np.int64, count=len(nodes_mapping))
+        if not (np.array_equal(mapped, ids) and np.array_equal(places, np.arange(len(ids)))):
+            return None
+        template = nodes[int(ids[0])]
+        index = NodeIndex(ids)
+        keys = {node.public_key for node in nodes.values()}
+        state.node_public_keys.difference_update(keys)
+        for key in keys:
+            state.node_public_key_to_node_id.pop(key, None)
+        for owned in state.owner_to_node_ids.values():
+            owned.difference_update(nodes.keys())
+        state.nodes = CompactNodes(index, template)
+    nodes_mapping.clear()
+    _trim()
+    return CompactPartitions(index)
+
+
+def _trim() -> None:
+    """Hand the freed heap back to the system (glibc); nothing elsewhere."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 class SparseNodeStores(dict):
     """Node id -> its store, made on demand (``__missing__``); a store stays in the
     mapping only while its node's state holds something."""
@@ -59,7 +211,8 @@ class SparseNodeStores(dict):
     ) -> None:
         super().__init__()
         self.nodes_mapping = nodes_mapping
-        self.num_partitions = len(set(nodes_mapping.values()))  # as Flower counts them
+        compact_ = isinstance(nodes_mapping, CompactPartitions)  # distinct by construction
+        self.num_partitions = len(nodes_mapping) if compact_ else len(set(nodes_mapping.values()))
         self.run_id = run_id
         self._run_config = run_config
         self._config: dict[str, Any] | None = None
@@ -224,7 +377,17 @@ def sparse_node_stores() -> bool:
         if not isinstance(node_info_stores, SparseNodeStores) and node_info_stores:
             _how.append("converted")
             node_info_stores = from_flowers(nodes_mapping, node_info_stores)
-        log.debug("simulation node stores: %s", how())
+        compacted = compact(state_factory.state(), nodes_mapping)
+        if compacted is not None:
+            nodes_mapping = compacted
+            if isinstance(node_info_stores, SparseNodeStores):
+                node_info_stores.nodes_mapping = compacted
+        log.info(
+            "simulation engine: %d nodes, their stores %s, the LinkState's nodes %s",
+            len(nodes_mapping),
+            how(),
+            "compact" if compacted is not None else "Flower's",
+        )
         return run_api(
             app_fn, backend_fn, nodes_mapping, state_factory, node_info_stores, *args, **kwargs
         )
