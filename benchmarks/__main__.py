@@ -1,4 +1,4 @@
-"""``python -m benchmarks list | run PRESET [...]``: run a preset's missing cells,
+"""``python -m benchmarks list | run PRESET [...] | scale [...]``: run a preset's missing cells,
 then write its report (docs/results/<preset>.md, .csv and plots by default; with
 ``--out DIR`` the runs go to DIR/runs and the report to DIR). docs/PRESETS.md."""
 
@@ -20,6 +20,10 @@ def main(argv: list[str] | None = None) -> int:
 
         run_cell_here(argv[1])
         return 0
+    if argv[:1] == ["scale"]:  # the scale-1m preset, then its memory model (benchmarks/scale.py)
+        from benchmarks.scale import main as scale
+
+        return scale(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="the presets and what each runs")

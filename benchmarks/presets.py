@@ -3,7 +3,7 @@
 A preset names methods, settings (table columns: data, clients, rounds) and
 variants (extra rows: a method with keys on top), seeds, and the paper's
 numbers. Reserved keys in ``[config]``, a setting or a variant: ``engine``
-(inprocess | simulation | plain | floor | deployment | deployment-warm | pfl), ``clients``, ``rounds``,
+(inprocess | simulation | flwr-run | plain | floor | deployment | deployment-warm | pfl), ``clients``, ``rounds``,
 ``num-cpus``, ``num-gpus``, ``flower`` (1.39 | 1.42: the Flower line's environment the
 cell runs in); every other key is a run-config key.
 String values may name data: ``{dev}`` (the CIFAR-10 dev set),
@@ -46,7 +46,10 @@ TOP_LEVEL = (
     *("report", "probe", "gpu", "equal-budget", "base-row", "engine", "clients", "rounds"),
     *("num-cpus", "num-gpus"),
 )
-ENGINES = ("inprocess", "simulation", "plain", "floor", "deployment", "deployment-warm", "pfl")
+ENGINES = (
+    *("inprocess", "simulation", "flwr-run", "plain", "floor", "deployment", "deployment-warm"),
+    "pfl",
+)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from benchmarks.runner import is_complete, load_results
 from pflower.results.reference import REFERENCE_FILE
 
 MATCH = ("dataset", "model", "hidden-dim", "sim-samples", "sim-dim", "sim-shared-neurons")
-MATCH += ("sim-shared-covariates", "sim-noise")
+MATCH += ("sim-shared-covariates", "sim-noise", "sim-client-streams")
 ROWS = {"fedavg": "FedAvg", "local": "Local"}  # method -> the label a summary shows
 
 

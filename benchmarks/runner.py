@@ -3,6 +3,8 @@
 Engines (what one cell runs; the first three through the real Strategy and ClientApp):
 * ``inprocess``: server_app/inprocess.py (Flower's round loop, real Messages, no Ray);
 * ``simulation``: ``flwr``'s Ray simulation (server_app/simulate.py);
+* ``flwr-run``: the same through ``bash scripts/dev.sh run`` (``flwr run``, its local
+  SuperLink and ``flwr-simulation`` process: benchmarks/flwr_run.py);
 * ``deployment``: a loopback SuperLink + one SuperNode per client (server_app/loopback.py),
   the run submitted with ``flwr run``; the wire bytes counted by a TCP relay;
 * ``plain``: the same clients' local training and evaluation in a plain PyTorch loop,
@@ -126,6 +128,10 @@ def run_cell_here(spec_json: str) -> None:
         from server_app.simulate import simulate
 
         simulate(cell.config, cell.clients, num_cpus=cell.num_cpus, num_gpus=cell.num_gpus)
+    elif cell.engine == "flwr-run":
+        from benchmarks.flwr_run import run_flwr
+
+        run_flwr(cell)
     elif cell.engine.startswith("deployment"):
         _deployment(cell, warm=cell.engine == "deployment-warm")
     elif cell.engine == "pfl":
@@ -372,12 +378,14 @@ PROBES: dict[str, Callable[[dict[str, Any], int], dict[str, float]]] = {
 # ----------------------------------------------------------------------------- the runner
 
 
-def _tree_rss(pid: int) -> int:
-    """Resident memory of a process and all its descendants (Ray workers included)."""
+def _tree_rss(pid: int, others: list[int] | None = None) -> int:
+    """Resident memory of a process and all its descendants (Ray workers included),
+    and of ``others`` (processes of the run that are not its children) and theirs."""
     import psutil
 
     total = 0
-    for p in process_tree(pid):
+    seen = {q.pid: q for root in (pid, *(others or [])) for q in process_tree(root)}
+    for p in seen.values():  # a process once, if it is also a descendant
         try:
             total += p.memory_info().rss
         except psutil.Error:
@@ -421,6 +429,7 @@ def run_cell(
         (cell.dir / "results.json").unlink(missing_ok=True)  # a partial run from before
     log_path = cell.dir / "cell.log"
     peak, t0, reason = [0], time.perf_counter(), ""
+    launched = time.time()  # startup: from here to round 1's start (its started_at)
     # a resumed cell's log goes on after its earlier part
     with open(log_path, "a" if resume_at else "w") as log:
         proc = subprocess.Popen(
@@ -432,8 +441,13 @@ def run_cell(
         )
 
         def sample() -> None:
+            detached: list[int] = []  # flwr-run: the local SuperLink flwr starts detached
             while proc.poll() is None:
-                peak[0] = max(peak[0], _tree_rss(proc.pid))
+                if cell.engine == "flwr-run" and not detached:
+                    from benchmarks.flwr_run import home, run_processes
+
+                    detached = [p.pid for p in run_processes(home(cell))]
+                peak[0] = max(peak[0], _tree_rss(proc.pid, detached))
                 time.sleep(0.2)
 
         threading.Thread(target=sample, daemon=True).start()
@@ -455,6 +469,7 @@ def run_cell(
         reason += f": {errors[-1].strip()[:300]} (log: {log_path})"
     status = {"ok": not reason, "seconds": seconds, "reason": reason, "peak_rss": peak[0]}
     status["engine"] = cell.engine
+    status["launched_at"] = launched
     if reference:
         status["reference_ms"] = [round(before, 3), round(after, 3)]
     if not reason:

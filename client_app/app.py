@@ -51,12 +51,13 @@ from pflower.data import (
 from pflower.packing import is_packed, pack, unpack
 from pflower.privacy.policy import DEFAULT_MIN_SECAGG_SITES, REFUSED, PolicyError, SitePolicy
 from pflower.privacy.secagg import ROSTER_KEY, sign_setup_reply, stage_refusal
-from pflower.store import PERSONAL_STATE_DIR
+from pflower.store import PERSONAL_STATE_DIR, clients_that_train
 
 log = logging.getLogger("flwr.pflower")
 if "flwr.server.superlink.fleet.vce.vce_api" in sys.modules:  # Flower's simulation engine:
     # it loads the ClientApp before it starts (the ServerApp's import may come later)
     pflower.patches.ray_when_the_engine_starts()
+    pflower.patches.sparse_node_stores()  # its stores so far turned sparse when it starts
 
 
 _TEMPLATE_LOCK = threading.Lock()
@@ -217,16 +218,19 @@ def simulation_store(
     cfg: RunConfig, context: Context, client: Any, num_partitions: int
 ) -> PersonalStore:
     """Where a simulated client keeps its personal state: in its node's context (the
-    engine holds every node's context in memory), or, when all clients' state would
-    exceed ``personal-state-budget-mb`` (``personal-state=budget``) or always
-    (``disk``), on disk, one checked file per round, in the run's directory
+    engine holds the contexts of the nodes that hold state, in memory), or, when the
+    state of every client the run can train (``clients_that_train``: at most rounds x
+    the clients a round asks) would exceed ``personal-state-budget-mb``
+    (``personal-state=budget``) or always (``disk``), on disk, one checked file per
+    round, in the run's directory
     (``<output-dir>/<run-name>/personal-state/``) so memory stays bounded whatever
     the number of clients, and the run can resume from its checkpoint with it. A run
     resumed from a checkpoint whose personal state is on disk reads it from there."""
     resumed = resumed_personal_state(cfg)
     if resumed is None and cfg.personal_state != "disk":
         state = client.personal_state()
-        total = num_partitions * sum(a.nbytes for a in state.values())
+        holders = clients_that_train(num_partitions, cfg.num_server_rounds, cfg.fraction_fit)
+        total = holders * sum(a.nbytes for a in state.values())
         if cfg.personal_state == "memory" or total <= cfg.personal_state_budget_mb * 2**20:
             if cfg.resume_from and state:
                 _warn_once(

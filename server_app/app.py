@@ -21,6 +21,7 @@ from pflower.results import RunRecorder
 from server_app import site_info
 from server_app.grid import PollingGrid
 from server_app.method_strategy import build_method_strategy
+from server_app.nodes import run_simulated, simulated_grid
 from strategies import checkpoint, outcome
 
 log = logging.getLogger("flwr.pflower")
@@ -125,7 +126,10 @@ def _run(grid: Grid, context: Context, overrides: dict[str, Any] | None) -> None
         strategy.recorder.extra["data_source"] = {"declared_by": "the sites", **declared}
     cfg = components.strategy.cfg  # the run config build_server validated
     if not cfg.secure_aggregation:
-        start_grid(grid=grid, config=components.config, strategy=components.strategy)
+        if simulated_grid(grid):  # a federation of numbers, no proxy a node (server_app/nodes.py)
+            run_simulated(grid, components.config, components.strategy)
+        else:
+            start_grid(grid=grid, config=components.config, strategy=components.strategy)
         outcome.judge(components.strategy)  # a failed run raises: finished:failed
         return
     legacy = LegacyContext(context, config=components.config, strategy=components.strategy)

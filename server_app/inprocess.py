@@ -40,7 +40,7 @@ from flwr.compat.common.recorddict_compat import (
     recorddict_to_evaluateres,
     recorddict_to_fitres,
 )
-from flwr.server import Server, SimpleClientManager
+from flwr.server import Server
 from flwr.server.client_proxy import ClientProxy
 from threadpoolctl import threadpool_limits
 
@@ -49,6 +49,7 @@ from pflower.config.schema import ConfigError
 from server_app.app import build_server
 from server_app.cohort import COHORT, Cohort
 from server_app.cohort import check as cohort_check
+from server_app.nodes import LocalNodes
 from strategies import outcome
 
 Recorder = Callable[[str, str, Any, Any], None]  # (kind, client, instruction, reply)
@@ -64,6 +65,8 @@ class LocalProxy(ClientProxy):
         overrides: dict[str, Any],
         record: Recorder | None = None,
         cohort: Cohort | None = None,
+        app: Any = None,
+        nodes: LocalNodes | None = None,
     ) -> None:
         super().__init__(str(node_id))
         self.node_id = node_id
@@ -71,8 +74,13 @@ class LocalProxy(ClientProxy):
         self.context = context
         self.overrides = overrides
         self.record = record
-        self.app = make_client_app(overrides)
+        self.app = app or make_client_app(overrides)
         self.cohort = cohort  # local-training = "cohort": its fit was trained with the round
+        self.nodes = nodes  # its federation: keeps this node's Context while it holds state
+
+    def _kept(self) -> None:
+        if self.nodes is not None:
+            self.nodes.keep(self.partition_id, self.context)
 
     def _client(self) -> Any:
         return build_client(self.context, self.overrides)
@@ -94,6 +102,7 @@ class LocalProxy(ClientProxy):
         else:
             content = self._deliver(MessageType.TRAIN, fitins_to_recorddict(ins, True), group_id)
             res = recorddict_to_fitres(content, keep_input=False)
+        self._kept()
         if self.record:
             self.record("fit", self.cid, ins, res)
         return res
@@ -105,6 +114,7 @@ class LocalProxy(ClientProxy):
             MessageType.EVALUATE, evaluateins_to_recorddict(ins, True), group_id
         )
         res = recorddict_to_evaluateres(content)
+        self._kept()
         if self.record:
             self.record("evaluate", self.cid, ins, res)
         return res
@@ -153,17 +163,18 @@ def build_inprocess(
         cohort_check(config)
         cohort = Cohort(config, parallel)
         cohort.attach(components.strategy)
-    manager = SimpleClientManager()
     run_id = time.time_ns() % 2**62  # unique per run, as Flower's: names spilled state
-    for i in range(num_clients):
-        node = {
-            "partition-id": i,
-            "num-partitions": num_clients,
-            "torch-threads": threads_each,
-            **(node_configs or [{}] * num_clients)[i],
-        }
-        context = Context(run_id, i + 1, node, RecordDict(), {})
-        manager.register(LocalProxy(i + 1, context, config, record, cohort))
+    app = make_client_app(config)
+
+    def proxy(i: int, held: Context | None) -> LocalProxy:
+        """Client i (node i + 1), made when asked: its Context kept by the federation
+        while it holds state, else a new one (docs/PERFORMANCE.md, a million clients)."""
+        node = {"partition-id": i, "num-partitions": num_clients, "torch-threads": threads_each}
+        node.update(node_configs[i] if node_configs else {})
+        context = held or Context(run_id, i + 1, node, RecordDict(), {})
+        return LocalProxy(i + 1, context, config, record, cohort, app, manager)
+
+    manager = LocalNodes(num_clients, proxy)
     server = Server(client_manager=manager, strategy=components.strategy)
     server.set_max_workers(parallel)
     # the class-list query: one client at a time (it builds each one's data first)

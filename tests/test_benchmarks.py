@@ -848,6 +848,36 @@ def test_scale_100k_ci_variant_streams_rounds_of_one_percent(tmp_path):
     assert len(res["rounds"][-1]["per_client_accuracy"]) == 20
 
 
+@pytest.mark.slow
+def test_scale_1m_ci_variant_runs_flwr_run_and_in_process_alike(tmp_path):
+    """scale-1m's reduced CI variant (2,000 clients, 1% a round, 2 rounds), through
+    ``flwr run`` (its local SuperLink stopped after) and the in-process engine: both
+    train the same 20 clients a round to the same numbers; Flower's engine ran with
+    sparse node stores and compact nodes; the run reports its personal state (in
+    memory: at most 40 clients can train); the model report is written."""
+    from benchmarks.flwr_run import run_processes
+    from benchmarks.scale import main as scale
+
+    assert scale(["--settings", "ci-2000", "--out", str(tmp_path)]) == 0
+    cells = {p.parent.name: p.parent for p in (tmp_path / "runs").glob("*/ci-2000/*/results.json")}
+    ray, local = (json.loads((cells[n] / "results.json").read_text()) for n in
+                  ("flwr_run-seed0", "in-process-seed0"))  # fmt: skip
+    for res in (ray, local):
+        assert res["federation_size"] == 2000 and len(res["rounds"]) == 2
+        assert [len(r["per_client_train_loss"]) for r in res["rounds"]] == [20, 20]
+        assert res["personal_state"]["clients_that_can_train"] == 40
+        assert res["personal_state"]["clients_on_disk"] == 0
+    for a, b in zip(ray["rounds"], local["rounds"], strict=True):
+        assert a["per_client_accuracy"] == b["per_client_accuracy"]
+        assert a["per_client_train_loss"] == pytest.approx(b["per_client_train_loss"], abs=1e-6)
+    log = (cells["flwr_run-seed0"] / "cell.log").read_text()
+    assert "2000 nodes, their stores sparse, the LinkState's nodes compact" in log
+    assert run_processes(cells["flwr_run-seed0"] / "flwr-home") == []  # stopped
+    status = json.loads((cells["flwr_run-seed0"] / "cell.json").read_text())
+    assert status["peak_rss"] > 0 and status["launched_at"] < ray["rounds"][0]["started_at"]
+    assert (tmp_path / "scale-1m-model.md").read_text().startswith("# A million simulated")
+
+
 def test_the_image_decode_benchmark_checks_the_pixels_and_tables_both_decoders(capsys):
     from benchmarks.studies.image_decode import main as image_decode
 

@@ -449,6 +449,27 @@ def test_one_simulated_client_is_drawn_alone_as_the_whole_study_draws_it(
         assert np.array_equal(y, study.labels[client])
 
 
+def test_per_client_streams_draw_a_client_alone_whatever_the_federation_size():
+    """``sim-client-streams``: client c's data come from its own stream, the same in
+    the whole study and drawn alone, in a federation of 9 or of a million; another
+    draw than the study's one stream, with the same shared part (its first draws)."""
+    from pflower.data.synthetic import StudyArgs, generate_simulation_study, simulated_client
+
+    shape = StudyArgs(30, 16, 12, 0.5, 0.4, 0.1, 5)
+    study = generate_simulation_study(9, *shape, False, True)
+    one_stream = generate_simulation_study(9, *shape)
+    assert np.array_equal(study.output_weights, one_stream.output_weights)
+    for client in (8, 0, 3):
+        x, y = simulated_client(client, 9, shape, client_streams=True)
+        assert np.array_equal(x, study.features[client])
+        assert np.array_equal(y, study.labels[client])
+        far, _ = simulated_client(client, 1_000_000, shape, client_streams=True)
+        assert np.array_equal(far, x)
+        assert not np.array_equal(x, one_stream.features[client])
+    x, _ = simulated_client(999_999, 1_000_000, shape, client_streams=True)
+    assert x.shape == (30, 16) and np.isfinite(x).all()
+
+
 def test_the_simulation_study_draws_what_every_recorded_result_was_made_with():
     """The generator's stream, pinned: the main job's and the papers' tables were made
     with these draws (a digest of the data of an earlier commit's generator)."""

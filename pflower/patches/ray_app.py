@@ -3,6 +3,7 @@ every message."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -89,6 +90,7 @@ def when_the_engine_starts() -> bool:
     check(("flwr",))
     run_api = vce_api.run_api
 
+    @functools.wraps(run_api)  # what it wraps stays visible (``sparse-node-stores``)
     def run_api_patched(*args: Any, **kwargs: Any) -> Any:
         ray_app_once()
         ray_two_in_flight()

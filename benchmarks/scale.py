@@ -1,0 +1,167 @@
+"""``python -m benchmarks scale [--settings ...] [--out DIR]``: the scale-1m preset's
+cells (FedPer at 1,000 clients a round, 1k to 1M clients, through ``flwr run`` and the
+in-process engine), then what a client costs: per engine and size the seconds per
+client-round (median of rounds 2-3 over their replies) and its ratio to the 1,000-client
+run, the peak memory (summed RSS of every process of the run), the start-up (round 1's
+start after the launch), and the memory model MB = a + b x clients fitted by least
+squares on the 10k, 100k and 1M runs. Writes ``scale-1m-model.md`` and ``.png`` beside
+the preset's report (docs/results by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks import presets
+from benchmarks.runner import is_complete, load_results
+
+PRESET = "scale-1m"
+FITTED = (10_000, 100_000, 1_000_000)  # the sizes the memory model is fitted on
+
+
+def cell_figures(cell: presets.Cell) -> dict[str, Any] | None:
+    """One complete cell's figures, or None."""
+    if not is_complete(cell):
+        return None
+    res = load_results(cell) or {}
+    status = json.loads((cell.dir / "cell.json").read_text())
+    rounds = res["rounds"]
+    later = [r["seconds"] / max(1, r["replies"]) for r in rounds[1:]] or [
+        rounds[0]["seconds"] / max(1, rounds[0]["replies"])
+    ]
+    start = rounds[0].get("started_at")
+    return {
+        "clients": cell.clients,
+        "per_round": rounds[0]["replies"],
+        "s_client_round": float(np.median(later)),
+        "peak_mb": status["peak_rss"] / 2**20,
+        "startup_s": start - status["launched_at"] if start and "launched_at" in status else None,
+        "personal_state": res.get("personal_state", {}),
+    }
+
+
+def fit(points: list[tuple[int, float]]) -> tuple[float, float] | None:
+    """(a MB, b KB a client) of MB = a + b x clients, least squares."""
+    if len({c for c, _ in points}) < 2:
+        return None
+    slope, intercept = np.polyfit([c for c, _ in points], [m for _, m in points], 1)
+    return float(intercept), float(slope * 1024)
+
+
+def collect(runs: Path) -> dict[str, list[dict[str, Any]]]:
+    """Row label -> its complete cells' figures, by clients."""
+    preset = presets.load(PRESET)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for cell in preset.cells(runs=runs):
+        if cell.setting.startswith("ci"):
+            continue
+        figures = cell_figures(cell)
+        if figures is not None:
+            out.setdefault(cell.label, []).append(figures)
+    for rows in out.values():
+        rows.sort(key=lambda f: f["clients"])
+    return out
+
+
+def report(rows: dict[str, list[dict[str, Any]]], commands: list[str]) -> list[str]:
+    lines = [
+        "# A million simulated clients: what a client costs",
+        "",
+        "FedPer at 1,000 clients a round, 3 rounds (benchmarks/presets/scale-1m.toml). "
+        "s/client-round: the median of rounds 2-3, each round's seconds over its replies; "
+        "peak: the summed resident sets of every process of the run, sampled every 0.2 s "
+        "(shared pages counted once per process that maps them); start-up: round 1's start "
+        "after the launch (for `flwr run`: the pre-flight, the local SuperLink, the "
+        "simulation process, Flower's registration of every node, Ray).",
+        "",
+        "| engine | clients | a round | s/client-round | x 1,000 clients | peak (MB) "
+        "| start-up (s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, figures in rows.items():
+        base = next((f["s_client_round"] for f in figures if f["clients"] == 1000), None)
+        for f in figures:
+            ratio = f"{f['s_client_round'] / base:.2f}" if base else ""
+            startup = f"{f['startup_s']:.0f}" if f["startup_s"] is not None else ""
+            lines.append(
+                f"| {label} | {f['clients']:,} | {f['per_round']:,} | "
+                f"{f['s_client_round']:.4f} | {ratio} | {f['peak_mb']:,.0f} | {startup} |"
+            )
+    lines += ["", "Memory model, fitted on 10k, 100k and 1M clients:", ""]
+    lines += ["| engine | a (MB) | b (KB a client) |", "|---|---|---|"]
+    for label, figures in rows.items():
+        model = fit([(f["clients"], f["peak_mb"]) for f in figures if f["clients"] in FITTED])
+        if model is not None:
+            lines.append(f"| {label} | {model[0]:,.0f} | {model[1]:.3f} |")
+    lines += ["", "Made with:", "", *[f"    {c}" for c in commands], ""]
+    return lines
+
+
+def plot(rows: dict[str, list[dict[str, Any]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (mem, speed) = plt.subplots(1, 2, figsize=(11, 4))
+    for label, figures in rows.items():
+        clients = [f["clients"] for f in figures]
+        mem.plot(clients, [f["peak_mb"] / 1024 for f in figures], "o", label=label)
+        model = fit([(f["clients"], f["peak_mb"]) for f in figures if f["clients"] in FITTED])
+        if model is not None:
+            xs = np.logspace(3, 6, 50)
+            mem.plot(xs, (model[0] + model[1] / 1024 * xs) / 1024, "-", alpha=0.5,
+                     label=f"{label}: {model[0] / 1024:.2f} GB + {model[1]:.2f} KB x clients")  # fmt: skip
+        speed.plot(clients, [f["s_client_round"] * 1000 for f in figures], "o-", label=label)
+    mem.axhline(8, color="red", ls=":", label="8 GB")
+    for ax in (mem, speed):
+        ax.set_xscale("log")
+        ax.set_xlabel("clients (1,000 a round)")
+        ax.legend(fontsize=7)
+    mem.set_ylabel("peak memory (GB, every process)")
+    speed.set_ylabel("ms per client-round")
+    speed.set_ylim(bottom=0)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks scale", description=__doc__)
+    parser.add_argument("--settings", nargs="+", help="only these settings of scale-1m")
+    parser.add_argument("--rows", nargs="+", help="only these rows ('flwr run', 'in-process')")
+    parser.add_argument("--out", type=Path, help="runs under OUT/runs, the report in OUT")
+    parser.add_argument("--report-only", action="store_true")
+    args = parser.parse_args(argv)
+    from benchmarks.__main__ import main as run
+
+    passed = ["run", PRESET]
+    for flag in ("settings", "rows"):
+        if getattr(args, flag):
+            passed += [f"--{flag}", *getattr(args, flag)]
+    if args.out:
+        passed += ["--out", str(args.out)]
+    if args.report_only:
+        passed.append("--report-only")
+    code = run(passed)
+    out = args.out.resolve() if args.out else presets.REPO / "docs" / "results"
+    runs = args.out.resolve() / "runs" if args.out else presets.RUNS
+    manifest = runs / PRESET / "manifest.json"
+    commands = json.loads(manifest.read_text()).get("commands", []) if manifest.exists() else []
+    rows = collect(runs)
+    text = report(rows, [c.replace(f"run {PRESET}", "scale", 1) for c in commands])
+    (out / f"{PRESET}-model.md").write_text("\n".join(text))
+    if rows:
+        plot(rows, out / f"{PRESET}-model.png")
+    print(f"model: {out / f'{PRESET}-model.md'}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
