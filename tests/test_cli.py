@@ -418,3 +418,21 @@ def test_a_run_a_client_refused_exits_2_with_its_line(tmp_path: Path, monkeypatc
     code = cli.run(["--run-config", f"num-server-rounds=1 output-dir='{tmp_path}'"])
     assert code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"config error: {line}"
+
+
+def test_a_deployments_preflight_says_the_data_are_at_the_sites(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """`check . pflower` with no input-shape: the sites hold their own data and the
+    server asks them its shape, so the pre-flight says so, and neither describes nor
+    checks the model against the embedded synthetic set it will not use (an image
+    model was refused as unable to take its vectors)."""
+    from pflower.cli.__main__ import check
+
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "home"))  # no connection named pflower
+    for model in ("logreg", "cnn4"):
+        run_config = f"method='fedavg' model='{model}' class-names='benign,malignant'"
+        assert check([".", "pflower", "--run-config", run_config]) == 0
+        out = capsys.readouterr().out
+        assert "data: at the sites, each its own --data-path" in out, out
+        assert "synthetic (2 classes" not in out

@@ -140,10 +140,16 @@ def data_checks(cfg: RunConfig, clients: int | None) -> tuple[str, Any]:
 
     datasets.disable_progress_bars()  # the pre-flight prints one line
     declared = declared_info(cfg)
-    if clients is None and declared is not None:  # a deployment: the data are at the sites
-        shape = "x".join(map(str, declared.input_shape))
+    if clients is None:  # a deployment: the data are at the sites, not here
         where = "checked by each site (python -m deploy.site --check)"
-        return f"declared ({declared.num_classes} classes, {shape}), {where}", (declared, None)
+        if declared is not None:
+            shape = "x".join(map(str, declared.input_shape))
+            return f"declared ({declared.num_classes} classes, {shape}), {where}", (declared, None)
+        return (
+            f"at the sites, each its own --data-path (a site without one reads "
+            f"dataset={cfg.dataset!r} by its partition-id); the server asks them their input "
+            f"shape and classes before round 1; {where}"
+        ), (None, None)
     paths = [p.strip() for p in cfg.client_data_paths.split(",") if p.strip()]
     key = "client-data-paths" if paths else "dataset"
     try:
@@ -291,6 +297,7 @@ def preflight(
     roster_checks(cfg)
     pretrained_checks(cfg)
     described, (info, data) = data_checks(cfg, clients)
-    check_against_data(cfg, info.num_classes)
-    model_checks(cfg, info, data)
+    if info is not None:  # else a deployment's sites give the shape (server_app/site_info.py)
+        check_against_data(cfg, info.num_classes)
+        model_checks(cfg, info, data)
     return cfg, raw, described
