@@ -104,7 +104,22 @@ def _cached_library_partitions(
 def natural_ids(column: np.ndarray) -> tuple[Any, ...]:
     """The distinct values of a natural partition's column, in partition order: sorted,
     as flwr-datasets' NaturalIdPartitioner numbers them."""
-    return tuple(sorted(set(column.tolist())))
+    return _natural_index(column)[1]
+
+
+_NATURAL: dict[int, tuple[np.ndarray, tuple[Any, ...], np.ndarray]] = {}
+
+
+def _natural_index(column: np.ndarray) -> tuple[np.ndarray, tuple[Any, ...], np.ndarray]:
+    """(column, its sorted distinct values, each row's index among them), once per
+    column a process holds (a simulated client asks at every message)."""
+    held = _NATURAL.get(id(column))
+    if held is None or held[0] is not column:
+        values, codes = np.unique(column, return_inverse=True)
+        if len(_NATURAL) >= 8:
+            _NATURAL.clear()
+        held = _NATURAL[id(column)] = (column, tuple(values.tolist()), codes.reshape(-1))
+    return held
 
 
 def natural_partition(src: _Source, partition_by: str, partition_id: int) -> np.ndarray:
@@ -117,14 +132,13 @@ def natural_partition(src: _Source, partition_by: str, partition_id: int) -> np.
             f"config key 'partition-by': column {partition_by!r} is not in the data set "
             f"(plain columns: {sorted(src.columns)})"
         )
-    column = src.columns[partition_by]
-    ids = natural_ids(column)
+    _, ids, codes = _natural_index(src.columns[partition_by])
     if partition_id >= len(ids):
         raise ConfigError(
             f"config key 'partition-by': column {partition_by!r} has {len(ids)} "
             f"ids, fewer than partition id {partition_id} + 1 (set num-supernodes to match)"
         )
-    return np.flatnonzero(column == ids[partition_id]).astype(np.int64)
+    return np.flatnonzero(codes == partition_id).astype(np.int64)
 
 
 def dirichlet_client_partitions(
