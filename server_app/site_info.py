@@ -21,7 +21,7 @@ from flwr.server.compat.grid_client_proxy import GridClientProxy
 from client_app.site_data import ASK_DATA_INFO, CLASSES_COUNT_KEY, SHAPE_KEY
 from models.roles import CLIENT_KEY
 from pflower.config.schema import ConfigError, RunConfig
-from pflower.data.sites import data_sites, federation_fit_problem
+from pflower.data.sites import data_sites, federation_fit_problem, size_problem
 from strategies.replies import ClassLists, Reply, ask_properties
 
 log = logging.getLogger("flwr.pflower")
@@ -115,14 +115,15 @@ def simulated_nodes(grid: Any, settle: float = 0.2, limit: float = 10.0) -> int:
 
 
 def check_simulated_federation(grid: Any, cfg: RunConfig) -> None:
-    """Before the first message of a simulation: ConfigError naming ``num-supernodes``
-    when the federation does not fit the sites the data define (a natural partition's
-    column, ``client-data-paths``; pflower/data/sites.py), as the pre-flight says for
-    ``bash scripts/dev.sh run``; else, when it is not the project's default federation
-    (a bare ``flwr run .`` gets Flower's own, of 2), one line saying which it is and
-    how to ask for the project's."""
+    """Before the first message of a simulation, what the pre-flight of ``bash
+    scripts/dev.sh run`` checks: ConfigError naming the key when the federation's size
+    does not fit the run's keys (``min-available-clients``, a method's own), or naming
+    ``num-supernodes`` when it does not fit the sites the data define (a natural
+    partition's column, ``client-data-paths``: pflower/data/sites.py). Else, when it is
+    not the project's default federation (a bare ``flwr run .`` gets Flower's own, of
+    2), one line saying which it is and how to ask for the project's."""
     nodes = simulated_nodes(grid)
-    problem = federation_fit_problem(cfg, nodes)
+    problem = size_problem(cfg, nodes) or federation_fit_problem(cfg, nodes)
     if problem:
         raise ConfigError(problem)
     if data_sites(cfg) is not None:

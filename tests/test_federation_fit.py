@@ -251,3 +251,36 @@ def test_a_bare_flwr_run_on_flowers_default_federation_is_refused_in_one_line(
     assert len(refused) == 1, out[-3000:]
     assert '--federation-config "num-supernodes=4"' in refused[0]
     assert "Traceback" not in out and "configure_fit" not in out and len(out.splitlines()) <= 40
+
+
+class _Grid:
+    """Flower's simulated grid as the ServerApp sees it: the nodes registered so far."""
+
+    def __init__(self, nodes: int) -> None:
+        self.nodes = nodes
+
+    def get_node_ids(self) -> list[int]:
+        return list(range(1, self.nodes + 1))
+
+
+def test_the_serverapp_checks_the_federation_before_its_first_message(tmp_path, caplog) -> None:
+    """What the pre-flight checks, for a bare `flwr run .` (no pre-flight): the sites'
+    count, the keys that need clients; and, where any count works, which federation
+    runs when it is not the project's (scripts/federation.toml)."""
+    from server_app.site_info import check_simulated_federation
+
+    path = hospitals(tmp_path / "h.csv")
+    cfg = parse_run_config(
+        {"dataset": str(path), "partitioner": "natural", "partition-by": "site", "model": "logreg"}
+    )
+    with pytest.raises(ConfigError, match=r"num-supernodes=2, but partition-by='site' gives 4"):
+        check_simulated_federation(_Grid(2), cfg)
+    check_simulated_federation(_Grid(4), cfg)
+    embedded = parse_run_config({"method": "fedfac-static", "min-available-clients": 3})
+    with pytest.raises(ConfigError, match="config key 'min-available-clients': 3"):
+        check_simulated_federation(_Grid(2), embedded)
+    caplog.set_level(logging.INFO, logger="flwr.pflower")
+    check_simulated_federation(_Grid(2), parse_run_config({"method": "fedfac-static"}))
+    assert "federation: 2 simulated SuperNodes; the project's default federation has 100" in (
+        caplog.text
+    )

@@ -83,15 +83,9 @@ def _as_config_error(err: Exception, key: str) -> ConfigError:
 
 def federation_checks(cfg: RunConfig, clients: int | None) -> None:
     """Keys that must fit the federation's size (``num-supernodes``), when known."""
-    if clients is None:
-        return
-    if cfg.min_available_clients > clients:
-        raise ConfigError(
-            f"config key 'min-available-clients': {cfg.min_available_clients} but the "
-            f"federation has {clients} clients (num-supernodes): every round would wait "
-            "10 minutes, then go on without them"
-        )
-    problem = cfg.params.federation_problem(cfg, clients)
+    from pflower.data.sites import size_problem
+
+    problem = size_problem(cfg, clients) if clients is not None else None
     if problem:
         raise ConfigError(problem)
 

@@ -111,3 +111,15 @@ def federation_fit_problem(cfg: RunConfig, supernodes: int) -> str | None:
         f"num-supernodes={supernodes}, but {what} gives {count} sites ({shown}), one "
         f'SuperNode each: {left}; run with --federation-config "num-supernodes={count}"'
     )
+
+
+def size_problem(cfg: RunConfig, supernodes: int) -> str | None:
+    """What of the run's keys cannot work with ``supernodes`` clients (the config alone
+    does not know the federation's size), in one line naming the key; None if all can."""
+    if cfg.min_available_clients > supernodes:
+        return (
+            f"config key 'min-available-clients': {cfg.min_available_clients} but the "
+            f"federation has {supernodes} clients (num-supernodes): every round would wait "
+            "10 minutes, then go on without them"
+        )
+    return cfg.params.federation_problem(cfg, supernodes)
