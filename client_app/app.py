@@ -32,7 +32,8 @@ from torch import nn
 import pflower.patches
 from client_app import timing
 from client_app.attacks import Attacker, flip_labels
-from client_app.errors import PublicError, errors_mod, site_name
+from client_app.devices import before_ray_starts, pick_device
+from client_app.errors import PublicError, errors_mod, name_site, site_name
 from client_app.method_client import build_method_client
 from client_app.site_data import data_info_properties, site_declared
 from client_app.state import ContextStore, DiskStore, PersonalStore, RoundStore
@@ -48,12 +49,14 @@ from pflower.data import (
     run_class_names,
     site_class_names,
 )
+from pflower.data.sites import site_name as natural_site
 from pflower.packing import is_packed, pack, unpack
 from pflower.privacy.policy import DEFAULT_MIN_SECAGG_SITES, REFUSED, PolicyError, SitePolicy
 from pflower.privacy.secagg import ROSTER_KEY, sign_setup_reply, stage_refusal
 from pflower.store import PERSONAL_STATE_DIR, clients_that_train
 
 log = logging.getLogger("flwr.pflower")
+before_ray_starts()  # Ray's GPU variables as Ray will set them (client_app/devices.py)
 if "flwr.server.superlink.fleet.vce.vce_api" in sys.modules:  # Flower's simulation engine:
     # it loads the ClientApp before it starts (the ServerApp's import may come later)
     pflower.patches.ray_when_the_engine_starts()
@@ -128,13 +131,6 @@ def _fresh(template: nn.Module, reuse: bool) -> nn.Module:
     return model
 
 
-def pick_device(requested: str = "") -> torch.device:
-    """The node's device: ``requested`` if given, else CUDA when available."""
-    if requested:
-        return torch.device(requested)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def experiment_id(cfg: RunConfig, model: nn.Module) -> str:
     """Names the on-disk personal state: a restarted client resumes its own. The
     run's name, or the method, the seed and a hash of the model's tensor names and
@@ -168,8 +164,10 @@ def build_numpy_client(context: Context, overrides: dict[str, Any] | None = None
     timing.mark("config")
     partition_id = int(node.get("partition-id", 0))
     num_partitions = int(node.get("num-partitions", 1))
-    site = str(node.get("site", "") or f"client-{partition_id}")
     data_path = str(node.get("data-path", ""))
+    # a natural partition's client is named by its column's value (pflower/data/sites.py)
+    site = str(node.get("site", "") or natural_site(cfg, partition_id, data_path))
+    name_site(site)
     device = pick_device(str(node.get("device", "")))
     threads = int(node.get("torch-threads", 0))  # the in-process engine: one client at a time
     if device.type == "cpu" and threads > 0:

@@ -30,6 +30,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
 from models.roles import CLASSES_KEY, CLIENT_KEY, TensorSpec
+from pflower.config.refusal import stop_at_refusal
 from pflower.patches import read_only_arrays
 from pflower.privacy.policy import REFUSED
 from strategies.outcome import error_line, failed_node
@@ -257,7 +258,10 @@ class ClassLists:
             return
         self.asked = True
         replies = []
-        for proxy, res in ask_properties(proxies, {}, timeout, server_round, self.workers):
+        asked = ask_properties(proxies, {}, timeout, server_round, self.workers)
+        errors = [res for _, res in asked if isinstance(res, Exception)]
+        stop_at_refusal(errors, f"before round {server_round}")  # a client's config error
+        for proxy, res in asked:
             if isinstance(res, Exception):  # a refusal, a crash: its fit will say
                 log.info("node %d: no class list before round %d (%s)", proxy.node_id,
                          server_round, str(res)[:120])  # fmt: skip
@@ -309,6 +313,7 @@ def accept_evaluations(
 def check_failures(server_round: int, accepted: list[Reply], failures: list[Any]) -> None:
     """Log each failed client; stop the run (RunRefused) when every client asked
     refused it by its site's policy and none replied."""
+    stop_at_refusal(failures, f"round {server_round}")  # a simulated client's config error
     for failure in failures:
         log.warning("round %d: a client failed: %s", server_round, failure_reason(failure))
     refusals = [r for r in map(failure_reason, failures) if REFUSED in r]

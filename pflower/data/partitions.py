@@ -101,23 +101,44 @@ def _cached_library_partitions(
     return library_partitions(src, partitioner, num_partitions, seed, alpha, cpc)
 
 
-def natural_partition(src: _Source, partition_by: str, partition_id: int) -> np.ndarray:
-    """Rows of the ``partition_id``-th id (sorted) of column ``partition_by``."""
-    from flwr_datasets.partitioner import NaturalIdPartitioner
+def natural_ids(column: np.ndarray) -> tuple[Any, ...]:
+    """The distinct values of a natural partition's column, in partition order: sorted,
+    as flwr-datasets' NaturalIdPartitioner numbers them."""
+    return _natural_index(column)[1]
 
+
+_NATURAL: dict[int, tuple[np.ndarray, tuple[Any, ...], np.ndarray]] = {}
+
+
+def _natural_index(column: np.ndarray) -> tuple[np.ndarray, tuple[Any, ...], np.ndarray]:
+    """(column, its sorted distinct values, each row's index among them), once per
+    column a process holds (a simulated client asks at every message)."""
+    held = _NATURAL.get(id(column))
+    if held is None or held[0] is not column:
+        values, codes = np.unique(column, return_inverse=True)
+        if len(_NATURAL) >= 8:
+            _NATURAL.clear()
+        held = _NATURAL[id(column)] = (column, tuple(values.tolist()), codes.reshape(-1))
+    return held
+
+
+def natural_partition(src: _Source, partition_by: str, partition_id: int) -> np.ndarray:
+    """Rows of the ``partition_id``-th id (sorted) of column ``partition_by``: what
+    flwr-datasets' NaturalIdPartitioner gives (tests/test_data.py compares them),
+    computed here because the library's prints a progress bar each time it is built,
+    and a simulated client builds it at every message (in the Ray actors' output)."""
     if partition_by not in src.columns:
         raise ConfigError(
             f"config key 'partition-by': column {partition_by!r} is not in the data set "
             f"(plain columns: {sorted(src.columns)})"
         )
-    part = NaturalIdPartitioner(partition_by=partition_by)
-    part.dataset = _light_dataset(src, (partition_by,))
-    if partition_id >= part.num_partitions:
+    _, ids, codes = _natural_index(src.columns[partition_by])
+    if partition_id >= len(ids):
         raise ConfigError(
-            f"config key 'partition-by': column {partition_by!r} has {part.num_partitions} "
+            f"config key 'partition-by': column {partition_by!r} has {len(ids)} "
             f"ids, fewer than partition id {partition_id} + 1 (set num-supernodes to match)"
         )
-    return _rows(part, partition_id)
+    return np.flatnonzero(codes == partition_id).astype(np.int64)
 
 
 def dirichlet_client_partitions(
@@ -295,7 +316,7 @@ def _split(
             raise ConfigError(
                 f"config key 'split-column': column {column!r} of {src.name} must mark this "
                 f"client's rows 'train' or 'test', with at least one of each; it has "
-                f"{sorted(set(values))[:5]}"
+                f"{sorted(map(str, set(values)))[:5]}"
             )
     _, tr, _, te = split_train_test(rows, rows, cfg.test_fraction, cfg.seed + partition_id)
     return tr, te
