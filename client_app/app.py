@@ -37,7 +37,7 @@ from client_app.method_client import build_method_client
 from client_app.site_data import data_info_properties, site_declared
 from client_app.state import ContextStore, DiskStore, PersonalStore, RoundStore
 from methods import disclosure_kinds, get_method, method_names, parse_run_config
-from models.roles import DP_PARTICIPANTS
+from models.roles import DP_PARTICIPANTS, reset_entries
 from pflower.config.schema import RunConfig
 from pflower.data import (
     check_site_data,
@@ -97,27 +97,54 @@ def _hooked(model: nn.Module) -> bool:
     )
 
 
-def client_model(template: nn.Module, reuse: bool) -> nn.Module:
-    """The model a client trains, with the template's values: a deep copy of it, or
-    (``reuse``) this thread's resident copy with the template's values, gradient
-    flags and modes put back; a resident copy whose structure changed or that carries
-    a hook is replaced by a fresh deep copy."""
+def client_model(
+    template: nn.Module, reuse: bool, keep: frozenset[str] = frozenset()
+) -> tuple[nn.Module, bool]:
+    """The model a client trains, with the template's values, and whether it is the
+    resident copy: a deep copy of the template, or (``reuse``) this thread's resident
+    copy with the template's values, gradient flags and modes put back, but for the
+    entries ``keep`` names (the client overwrites them before it reads them: its
+    ``settle`` puts them back if it did not); a resident copy whose structure changed
+    or that carries a hook is replaced by a fresh deep copy."""
     held = getattr(_resident, "held", None) if reuse else None
     if held is None or held[0] is not template or _structure(held[1]) != held[2]:
-        return _fresh(template, reuse)
+        return _fresh(template, reuse), False
     model = held[1]
     if _hooked(model):
-        return _fresh(template, reuse)
+        return _fresh(template, reuse), False
+    reset_entries(model, template, keep)
     with torch.no_grad():
         for mine, theirs in zip(model.parameters(), template.parameters(), strict=True):
-            mine.copy_(theirs)
             mine.requires_grad_(theirs.requires_grad)
             mine.grad = None
-        for mine, theirs in zip(model.buffers(), template.buffers(), strict=True):
-            mine.copy_(theirs)
     for mine, theirs in zip(model.modules(), template.modules(), strict=True):
         mine.training = theirs.training
-    return model
+    return model, True
+
+
+_received: dict[tuple[int, str], tuple[nn.Module, frozenset[str]]] = {}
+
+
+def received_entries(template: nn.Module, cfg: RunConfig) -> frozenset[str]:
+    """The entries a client of ``cfg``'s method overwrites with what it receives
+    before it reads them (its shared tensors, on the base ``receive`` and wire; none
+    for a method that receives otherwise): a resident model need not be put back to
+    the template's values there first (a 45 MB copy a message on ResNet-18)."""
+    key = (id(template), cfg.method)
+    if _received.get(key, (None,))[0] is not template:
+        from client_app.base import PFLClient
+        from client_app.method_client import client_class
+        from models.wire import Wire
+
+        method = get_method(cfg.method)
+        roles = method.roles(template)
+        wire = method.build_wire(template, roles, cfg)
+        plain = client_class(method).receive is PFLClient.receive
+        plain = plain and type(wire).decode_down is Wire.decode_down
+        if len(_received) >= 16:  # templates are few (_built_template keeps 4)
+            _received.clear()
+        _received[key] = (template, frozenset(roles.shared) if plain else frozenset())
+    return _received[key][1]
 
 
 def _fresh(template: nn.Module, reuse: bool) -> nn.Module:
@@ -180,7 +207,9 @@ def build_numpy_client(context: Context, overrides: dict[str, Any] | None = None
     cache_dir = data_cache_dir(node)
     simulated = "site" not in node and not state_dir
     reuse = REUSE_MODELS and simulated
-    model = client_model(_template(cfg, data_path, cache_dir), reuse)
+    template = _template(cfg, data_path, cache_dir)
+    keep = received_entries(template, cfg) if reuse else frozenset()
+    model, resident = client_model(template, reuse, keep)
     timing.mark("model")
     if simulated and not data_path:  # clients of one shared set: decoded whole, once
         decode_shared_data(cfg)
@@ -196,6 +225,8 @@ def build_numpy_client(context: Context, overrides: dict[str, Any] | None = None
     if attacker and cfg.attack == "label-flip":
         data = flip_labels(data, data_info(cfg, data_path, cache_dir).num_classes)
     client = build_method_client(method, model, data, cfg, store, device, site)
+    if resident and keep:  # put back from the template unless received (PFLClient.settle)
+        client.stale = (template, keep)
     client.report_data_digest = "site" not in node  # simulated, never a deployed site
     if "site" in node:  # a deployed site answers the shape its data give (site_data.py)
         client.data_info = data_info_properties(data_info(cfg, data_path, cache_dir))
@@ -225,10 +256,9 @@ def simulation_store(
     resumed from a checkpoint whose personal state is on disk reads it from there."""
     resumed = resumed_personal_state(cfg)
     if resumed is None and cfg.personal_state != "disk":
-        state = client.personal_state()
-        total = num_partitions * sum(a.nbytes for a in state.values())
+        total = num_partitions * client.personal_nbytes()
         if cfg.personal_state == "memory" or total <= cfg.personal_state_budget_mb * 2**20:
-            if cfg.resume_from and state:
+            if cfg.resume_from and total:
                 _warn_once(
                     f"resume-from {cfg.resume_from}: that run kept its clients' personal "
                     "state in memory, so the personal parts start afresh "

@@ -15,11 +15,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.client import NumPyClient
+from flwr.client import Client, NumPyClient
 from flwr.common import NDArrays, Scalar
 from torch import nn
 
 from client_app import timing
+from client_app.codec import FastClient
 from client_app.site_data import ASK_DATA_INFO
 from client_app.state import PersonalStore
 from client_app.train import cross_entropy, evaluate, train_epochs
@@ -35,7 +36,9 @@ from models.roles import (
     EVALUATE_FIRST,
     Roles,
     get_arrays,
+    reset_entries,
     set_arrays,
+    view_arrays,
 )
 from models.wire import Wire
 from pflower.config.schema import RunConfig
@@ -93,6 +96,12 @@ class PFLClient(NumPyClient):
     # a site that requires SecAgg+ and has not accepted 'metrics' (pflower/privacy/policy.py):
     # a fit reply carries its client key (and class digest) only
     withhold_metrics = False
+    # the upload as views on the model's memory, for a caller that serializes it before
+    # the model changes (FastClient, the cohort): not for a caller that keeps the arrays
+    upload_views = False
+    # (template, entries): a resident model's entries left as the last client had them,
+    # for ``receive`` to overwrite; ``settle`` puts back those it did not (client_app/app.py)
+    stale: tuple[nn.Module, frozenset[str]] | None = None
 
     def __init__(
         self,
@@ -120,6 +129,10 @@ class PFLClient(NumPyClient):
 
     # ---- the protocol, written once ------------------------------------------------------
 
+    def to_client(self) -> Client:
+        """Flower's Client around this one, with the fewest copies (client_app/codec.py)."""
+        return FastClient(self)
+
     def get_properties(self, config: dict[str, Scalar]) -> dict[str, Scalar]:
         """What the server may ask before the first round: this client's key and the
         digest of its class list (names only), so sites that disagree on labels are
@@ -132,6 +145,7 @@ class PFLClient(NumPyClient):
         return props
 
     def get_parameters(self, config: dict[str, Scalar]) -> NDArrays:
+        self.settle()
         return self.upload(config)
 
     def fit(
@@ -147,6 +161,7 @@ class PFLClient(NumPyClient):
         server_round = message_round(config)
         self.restore_personal(None if server_round is None else server_round - 1)
         self.receive(parameters, config)
+        self.settle()
         timing.mark("personal state")
         evaluation: dict[str, Scalar] = {}
         if config.get(EVALUATE_FIRST):  # the previous round's evaluation (eval-in-fit)
@@ -161,7 +176,10 @@ class PFLClient(NumPyClient):
     ) -> tuple[NDArrays, int, dict[str, Scalar]]:
         """A fit after its local training: the personal state stored, the reply."""
         self.store_personal(config)
-        upload = privatize(self.upload(config), parameters, self.cfg, config)
+        upload = self.upload(config)
+        if self.upload_views and self.cfg.dp_mode != "off":  # clipped in place: not the model
+            upload = [np.array(a) for a in upload]
+        upload = privatize(upload, parameters, self.cfg, config)
         timing.mark("store + upload")
         facts = {DEVICE_KEY: self.device.type}
         if self.report_data_digest:
@@ -179,10 +197,19 @@ class PFLClient(NumPyClient):
     ) -> tuple[float, int, dict[str, Scalar]]:
         self.restore_personal(message_round(config))
         self.receive(parameters, config)
+        self.settle()
         timing.mark("personal state")
         loss, metrics = self.score()
         timing.mark("evaluate")
         return loss, int(self.y_test.shape[0]), {CLIENT_KEY: self.client_key, **metrics}
+
+    def settle(self) -> None:
+        """A resident model's entries that ``receive`` did not overwrite get the
+        template's values (a message with no parameters), as a fresh model has them."""
+        if self.stale is not None:
+            template, keep = self.stale
+            reset_entries(self.model, template, frozenset(self.model.state_dict()) - keep)
+            self.stale = None
 
     # ---- personal state ------------------------------------------------------------------
 
@@ -205,6 +232,13 @@ class PFLClient(NumPyClient):
         """What must stay on this site now (the content audit's ground truth): the personal
         tensors; a method whose split is finer names the personal parts (FedFac's rows)."""
         return dict(zip(self.roles.personal, get_arrays(self.model, self.roles.personal)))
+
+    def personal_nbytes(self) -> int:
+        """The bytes ``personal_state`` holds (read off the model, without a copy)."""
+        if type(self).personal_state is not PFLClient.personal_state:
+            return sum(a.nbytes for a in self.personal_state().values())
+        state = self.model.state_dict()
+        return sum(state[n].numel() * state[n].element_size() for n in self.roles.personal)
 
     def load_personal_state(self, state: dict[str, np.ndarray]) -> None:
         """Inverse of ``personal_state``."""
@@ -248,9 +282,12 @@ class PFLClient(NumPyClient):
         if parameters:
             dense = self.wire.decode_down(parameters, self.model)
             set_arrays(self.model, self.roles.shared, dense)
+            self.stale = None  # every shared entry written
 
     def upload(self, config: dict[str, Scalar]) -> NDArrays:
         """What leaves the client: exactly the shared tensors, as the wire carries them."""
+        if self.upload_views and type(self.wire).encode_up is Wire.encode_up:
+            return view_arrays(self.model, self.wire.names)  # serialized before it changes
         return self.wire.encode_up(self.model)
 
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
