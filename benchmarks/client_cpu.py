@@ -77,6 +77,7 @@ TRAINING = [
     ("client_app.batched", "train_cohort"),
 ]
 SCORING = [("client_app.train", "evaluate")]
+CHECKPOINT = [("strategies.checkpoint", "save_server_state")]  # on a thread of its own
 
 
 # ---------------------------------------------------------------------------- one cell
@@ -139,17 +140,18 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
     import client_app
     from server_app.inprocess import run_inprocess
 
-    training, scoring = Meter(), Meter()
-    hooked = _hook(TRAINING, training) + _hook(SCORING, scoring)
+    training, scoring, checkpoint = Meter(), Meter(), Meter()
+    hooked = _hook(TRAINING, training) + _hook(SCORING, scoring) + _hook(CHECKPOINT, checkpoint)
     rounds: list[dict[str, float]] = []
     fit_round = Server.fit_round
 
     def timed_round(self: Any, server_round: int, timeout: Any) -> Any:
-        before = (time.process_time(), training.spent, scoring.spent, time.perf_counter())
-        out = fit_round(self, server_round, timeout)
-        after = (time.process_time(), training.spent, scoring.spent, time.perf_counter())
+        meters = (training, scoring, checkpoint)
+        before = (time.process_time(), *(m.spent for m in meters), time.perf_counter())
+        out = fit_round(self, server_round=server_round, timeout=timeout)
+        after = (time.process_time(), *(m.spent for m in meters), time.perf_counter())
         results = out[2][0] if out is not None else []
-        parts = ("cpu", "training", "scoring", "wall")
+        parts = ("cpu", "training", "scoring", "checkpoint", "wall")
         row = {k: b - a for k, a, b in zip(parts, before, after)}
         rounds.append({"round": server_round, "clients": len(results), **row})
         return out
@@ -195,9 +197,10 @@ def per_client_round(result: dict[str, Any]) -> dict[str, float]:
     """ms of CPU a client-round (rounds 2 on), split; wall s a client-round."""
     later = [r for r in result["rounds"] if r["round"] >= 2]
     n = sum(r["clients"] for r in later)
-    total = {k: sum(r[k] for r in later) for k in ("cpu", "training", "scoring", "wall")}
+    parts = ("cpu", "training", "scoring", "checkpoint", "wall")
+    total = {k: sum(r[k] for r in later) for k in parts}
     ms = {k: 1000 * v / n for k, v in total.items() if k != "wall"}
-    ms["rest"] = ms["cpu"] - ms["training"] - ms["scoring"]
+    ms["rest"] = ms["cpu"] - ms["training"] - ms["scoring"] - ms["checkpoint"]
     ms["wall"] = total["wall"] / n
     return ms
 
@@ -225,11 +228,13 @@ def report(cells: list[dict[str, Any]], args: argparse.Namespace, meta: dict[str
         f"{meta['load_before']} / {meta['load_after']}. Repeats: {args.repeats} "
         "(each figure the median over them).",
         "",
-        "CPU a client-round, ms (median over repeats); *rest* = all - training - scoring:",
+        "CPU a client-round, ms (median over repeats); *rest* = all - training step - "
+        "scoring - checkpoint (the server's checkpoint is written on a thread of its own, "
+        "every round by default: its CPU is the thread's over the round's clients):",
         "",
-        "| model | engine | code | all | training step | scoring | rest | rest, after / before "
-        "| s/client-round (wall) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | engine | code | all | training step | scoring | checkpoint | rest | rest, "
+        "after / before | rest + checkpoint, after / before | s/client-round (wall) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     grouped: dict[tuple[str, str, str], list[dict[str, float]]] = {}
     for c in cells:

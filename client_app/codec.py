@@ -17,11 +17,8 @@ sends the same bytes as before: only the copies on the way are fewer.
 
 from __future__ import annotations
 
-import io
-import threading
 from typing import Any
 
-import numpy as np
 from flwr.client import Client
 from flwr.common import (
     Code,
@@ -39,35 +36,10 @@ from flwr.common import (
     parameters_to_ndarrays,
 )
 
+from models.wire import npy_bytes, to_parameters
 from pflower.patches import read_only_arrays
 
-_headers: dict[tuple[str, bool, tuple[int, ...]], bytes] = {}
-_lock = threading.Lock()
-_MOST_HEADERS = 4096
-
-
-def npy_bytes(array: np.ndarray) -> bytes:
-    """``array`` as ``np.save(..., allow_pickle=False)`` writes it, in one copy of its
-    data (``np.save`` itself: a ``BytesIO`` write and ``getvalue``, each a copy)."""
-    if array.dtype.hasobject:
-        raise ValueError("object arrays are not sent")
-    fortran = bool(array.flags.f_contiguous and not array.flags.c_contiguous)
-    key = (array.dtype.str, fortran, tuple(array.shape))
-    header = _headers.get(key)
-    if header is None:
-        fp = io.BytesIO()
-        np.lib.format.write_array_header_1_0(fp, np.lib.format.header_data_from_array_1_0(array))
-        header = fp.getvalue()
-        with _lock:
-            if len(_headers) < _MOST_HEADERS:
-                _headers[key] = header
-    raw = array.T if fortran else np.ascontiguousarray(array)
-    return b"".join((header, raw.reshape(-1).view(np.uint8)))
-
-
-def to_parameters(arrays: NDArrays) -> Parameters:
-    """Flower's ``ndarrays_to_parameters``, the same bytes in one copy a tensor."""
-    return Parameters(tensors=[npy_bytes(a) for a in arrays], tensor_type="numpy.ndarray")
+__all__ = ["FastClient", "npy_bytes", "receives_views", "to_parameters"]
 
 
 def receives_views(client: Any) -> bool:
