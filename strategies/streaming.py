@@ -48,6 +48,7 @@ from flwr.common.typing import Code
 from flwr.server.client_proxy import ClientProxy
 
 from strategies import kernels
+from strategies.device_fold import DeviceMoments, DeviceRunningMean
 from strategies.outcome import NodeProxy
 from strategies.privacy import secure_decoder
 from strategies.replies import ClientKeys, Reply, accept_fit_replies
@@ -154,7 +155,11 @@ class Moments:
     vector path)."""
 
     def __init__(
-        self, upload: NDArrays, reference: NDArrays, tensors: list[int], centre: np.ndarray | None
+        self,
+        upload: NDArrays,
+        reference: NDArrays,
+        tensors: list[int],
+        centre: np.ndarray | None = None,
     ) -> None:
         self.upload, self.reference, self.tensors = upload, reference, tensors
         self.unit = centre if centre is not None else np.zeros(0)
@@ -165,16 +170,6 @@ class Moments:
             s, d = moments(u, r, self.unit, at)
             squares, dot, at = squares + s, dot + d, at + u.size
         self.norm, self.dot = float(np.sqrt(squares)), dot
-
-    @classmethod
-    def of(
-        cls,
-        upload: NDArrays,
-        reference: NDArrays,
-        tensors: list[int],
-        centre: np.ndarray | None = None,
-    ) -> Moments:
-        return cls(upload, reference, tensors, centre)
 
     def moved_norm(self, scale: float, dot: float) -> float:
         """The length of ``scale * d - dot * centre``."""
@@ -237,6 +232,7 @@ class StreamedRound:
         reference_of: Callable[[str], NDArrays],
         direction: np.ndarray | None = None,
         spare: tuple[NDArrays, NDArrays] | None = None,
+        device: Any = None,
     ) -> None:
         self.round, self.bounds, self.history = server_round, bounds, history
         self.weighted = weighted
@@ -250,7 +246,9 @@ class StreamedRound:
         self.sample: list[Reply] = []  # the reservoir's accepted replies
         # id of a held reply -> its update's norm
         self.measured: dict[int, float] = {}
-        self.sum = RunningMean(spare)  # the last round's sum's buffers, if any
+        self.device = device  # the clients' GPU, where the sum and bounds run (device_fold.py)
+        # the last round's sum's buffers, if any
+        self.sum = RunningMean(spare) if device is None else DeviceRunningMean(device)
         self.kept: list[Reply] = []  # each accepted reply, its arrays dropped
         self.rejected: list[str] = []
         self.norms: list[float] = []
@@ -331,7 +329,18 @@ class StreamedRound:
     def _measure(self, reply: Reply) -> float:
         """The norm of the reply's update against what it was sent."""
         reference = self.reference_of(reply.client_key)
-        return Moments.of(reply.arrays, reference, compared([reply.arrays], [reference])).norm
+        return self._moments(reply.arrays, reference, compared([reply.arrays], [reference])).norm
+
+    def _moments(
+        self,
+        upload: NDArrays,
+        reference: NDArrays,
+        tensors: list[int],
+        centre: np.ndarray | None = None,
+    ) -> Moments | DeviceMoments:
+        if self.device is None:
+            return Moments(upload, reference, tensors, centre)
+        return DeviceMoments(upload, reference, tensors, centre, self.device)
 
     def _judge(self, replies: list[Reply]) -> None:
         """Bound each reply, then (under the lock) add it to the sum or reject it."""
@@ -372,7 +381,7 @@ class StreamedRound:
         centre = limits.centre
         if centre is not None and centre.size != sum(reply.arrays[t].size for t in tensors):
             centre = None  # another layout of update than the centre's: no direction check
-        taken = Moments.of(reply.arrays, reference, tensors, centre)
+        taken = self._moments(reply.arrays, reference, tensors, centre)
         norm = taken.norm if measured is None else measured
         scale, clipped, against = 1.0, False, False
         if limits.norm is not None and norm > limits.norm:
@@ -487,6 +496,7 @@ def open_round(
         ),
         strategy.norm_history.direction,
         spare,
+        getattr(strategy, "fold_device", None),
     )
 
 

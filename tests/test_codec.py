@@ -111,7 +111,7 @@ def test_the_compiled_moments_move_an_update_as_the_vector_did() -> None:
     vector = update_vector(upload, reference, tensors)
     centre = rng.normal(size=vector.size)
     centre /= np.linalg.norm(centre)
-    taken = streaming.Moments.of(upload, reference, tensors, centre)
+    taken = streaming.Moments(upload, reference, tensors, centre)
     assert taken.norm == pytest.approx(float(np.linalg.norm(vector)), rel=1e-13)
     assert taken.dot == pytest.approx(float(vector @ centre), rel=1e-10, abs=1e-13)
     scale = 0.5
