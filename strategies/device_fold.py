@@ -34,6 +34,21 @@ def on_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     return tensor.to(device, non_blocking=False)
 
 
+class DeviceCopies:
+    """Arrays a round reads for every reply (the payload each client was sent, the
+    direction centre) copied to the device once, by identity (the round keeps them)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.held: dict[int, tuple[np.ndarray, torch.Tensor]] = {}
+
+    def __call__(self, array: np.ndarray) -> torch.Tensor:
+        found = self.held.get(id(array))
+        if found is None or found[0] is not array:
+            found = self.held[id(array)] = (array, on_device(array, self.device))
+        return found[1]
+
+
 class DeviceRunningMean:
     """``strategies.robust.RunningMean`` on ``device``: a weighted double-double sum
     per tensor (``hi + lo``), its mean cast back to each tensor's dtype on the host."""
@@ -91,14 +106,16 @@ class DeviceMoments:
         tensors: list[int],
         centre: np.ndarray | None = None,
         device: torch.device | None = None,
+        copies: DeviceCopies | None = None,
     ) -> None:
         device = device or torch.device("cpu")
+        kept = copies or DeviceCopies(device)
         self.upload, self.tensors, self.device = upload, tensors, device
         self.pairs = [
-            (on_device(upload[t], device).reshape(-1), on_device(reference[t], device).reshape(-1))
+            (on_device(upload[t], device).reshape(-1), kept(reference[t]).reshape(-1))
             for t in tensors
         ]
-        self.unit = None if centre is None else on_device(centre, device)
+        self.unit = None if centre is None else kept(centre)
         squares = torch.zeros((), dtype=torch.float64, device=device)
         dot = torch.zeros((), dtype=torch.float64, device=device)
         at = 0

@@ -48,7 +48,7 @@ from flwr.common.typing import Code
 from flwr.server.client_proxy import ClientProxy
 
 from strategies import kernels
-from strategies.device_fold import DeviceMoments, DeviceRunningMean
+from strategies.device_fold import DeviceCopies, DeviceMoments, DeviceRunningMean
 from strategies.outcome import NodeProxy
 from strategies.privacy import secure_decoder
 from strategies.replies import ClientKeys, Reply, accept_fit_replies
@@ -249,6 +249,7 @@ class StreamedRound:
         self.device = device  # the clients' GPU, where the sum and bounds run (device_fold.py)
         # the last round's sum's buffers, if any
         self.sum = RunningMean(spare) if device is None else DeviceRunningMean(device)
+        self.copies = None if device is None else DeviceCopies(device)  # references, centre
         self.kept: list[Reply] = []  # each accepted reply, its arrays dropped
         self.rejected: list[str] = []
         self.norms: list[float] = []
@@ -340,7 +341,7 @@ class StreamedRound:
     ) -> Moments | DeviceMoments:
         if self.device is None:
             return Moments(upload, reference, tensors, centre)
-        return DeviceMoments(upload, reference, tensors, centre, self.device)
+        return DeviceMoments(upload, reference, tensors, centre, self.device, self.copies)
 
     def _judge(self, replies: list[Reply]) -> None:
         """Bound each reply, then (under the lock) add it to the sum or reject it."""
