@@ -178,10 +178,10 @@ def base_tree(commit: str, where: Path) -> Path:
     return where
 
 
-def cell(tree: Path, model: str, engine: str, out_dir: Path) -> dict[str, Any]:
+def cell(tree: Path, model: str, engine: str, out_dir: Path, code: str) -> dict[str, Any]:
     """One cell in its own process, ``tree`` first on its path."""
     config = {**WORKLOADS[model], "dataset": str(DEV), "local-training": engine}
-    name = f"{tree.name}-{model}-{engine}"
+    name = f"{code}-{model}-{engine}"
     config |= {"output-dir": str(out_dir), "run-name": name}
     spec = {"config": config}
     env = {**os.environ, "PYTHONPATH": str(tree)}
@@ -203,6 +203,21 @@ def per_client_round(result: dict[str, Any]) -> dict[str, float]:
     ms["rest"] = ms["cpu"] - ms["training"] - ms["scoring"] - ms["checkpoint"]
     ms["wall"] = total["wall"] / n
     return ms
+
+
+COMPARED = ("per_client_accuracy", "per_client_train_loss")
+
+
+def agreement(before: Path, after: Path) -> dict[str, float]:
+    """The largest absolute difference, over every round and client, between two
+    runs' per-client accuracies and train losses (results.json)."""
+    a, b = (json.loads(p.read_text())["rounds"] for p in (before, after))
+    worst = dict.fromkeys(COMPARED, 0.0)
+    for ra, rb in zip(a, b, strict=True):
+        for key in COMPARED:
+            for client, x in ra.get(key, {}).items():
+                worst[key] = max(worst[key], abs(x - rb[key][client]))
+    return worst
 
 
 def report(cells: list[dict[str, Any]], args: argparse.Namespace, meta: dict[str, Any]) -> str:
@@ -254,6 +269,19 @@ def report(cells: list[dict[str, Any]], args: argparse.Namespace, meta: dict[str
                     f"| {model} | {engine} | {code} | {m['cpu']:.1f} | {m['training']:.1f} | "
                     f"{m['scoring']:.1f} | {m['rest']:.1f} | {ratio} | {m['wall']:.4f} |"
                 )
+    lines += [
+        "",
+        "Agreement, before and after (the same seeds, data and batches): the largest "
+        "difference of any client's accuracy and train loss over the rounds (first repeat):",
+        "",
+        "| model | engine | accuracy | train loss |",
+        "|---|---|---|---|",
+    ]
+    for (model, engine), worst in meta["agreement"].items():
+        lines.append(
+            f"| {model} | {engine} | {worst['per_client_accuracy']:.3g} | "
+            f"{worst['per_client_train_loss']:.3g} |"
+        )
     lines += ["", "Imported by the cells: " + "; ".join(sorted(meta["imported"])), ""]
     return "\n".join(lines)
 
@@ -299,13 +327,21 @@ def main(argv: list[str] | None = None) -> int:
                 for code, tree in (("before", base), ("after", REPO)):
                     if code not in args.code:
                         continue
-                    result = cell(tree, model, engine, out_dir)
+                    result = cell(tree, model, engine, out_dir, code)
                     meta["imported"].add(f"{code}: {Path(result['imported']).parent.parent}")
                     ms = per_client_round(result)
                     cells.append({"model": model, "engine": engine, "code": code, "ms": ms})
                     print(f"{model} {engine} {code}: " + json.dumps(
                         {k: round(v, 4) for k, v in ms.items()}), flush=True)  # fmt: skip
     meta["load_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    meta["agreement"] = {
+        (model, engine): agreement(
+            *(out_dir / f"{code}-{model}-{engine}" / "results.json" for code in ("before", "after"))
+        )
+        for model in args.models
+        for engine in args.engines
+        if {"before", "after"} <= set(args.code)
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(report(cells, args, meta))
     print(f"report: {args.out}")
