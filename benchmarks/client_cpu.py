@@ -262,12 +262,15 @@ def report(cells: list[dict[str, Any]], args: argparse.Namespace, meta: dict[str
                 m = med.get((model, engine, code))
                 if m is None:
                     continue
-                ratio = (
-                    f"**{m['rest'] / before['rest']:.2f}**" if before and code == "after" else ""
-                )
+                ratio = both = ""
+                if before and code == "after":
+                    ratio = f"**{m['rest'] / before['rest']:.2f}**"
+                    plus = before["rest"] + before["checkpoint"]
+                    both = f"{(m['rest'] + m['checkpoint']) / plus:.2f}"
                 lines.append(
                     f"| {model} | {engine} | {code} | {m['cpu']:.1f} | {m['training']:.1f} | "
-                    f"{m['scoring']:.1f} | {m['rest']:.1f} | {ratio} | {m['wall']:.4f} |"
+                    f"{m['scoring']:.1f} | {m['checkpoint']:.1f} | {m['rest']:.1f} | {ratio} | "
+                    f"{both} | {m['wall']:.4f} |"
                 )
     lines += [
         "",
