@@ -32,6 +32,8 @@ from torch import nn
 import pflower.patches
 from client_app import timing
 from client_app.attacks import Attacker, flip_labels
+from client_app.base import PFLClient, personal_nbytes
+from client_app.codec import FastClient
 from client_app.errors import PublicError, errors_mod, site_name
 from client_app.method_client import build_method_client
 from client_app.site_data import data_info_properties, site_declared
@@ -208,7 +210,10 @@ def data_cache_dir(node: dict[str, Any] | Any) -> str:
 
 
 def build_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
-    return build_numpy_client(context, overrides).to_client()
+    """Flower's Client of the node's NumPyClient: a method's client with the fewest
+    copies (client_app/codec.py), another (the simulated attacker) as Flower wraps it."""
+    client = build_numpy_client(context, overrides)
+    return FastClient(client) if isinstance(client, PFLClient) else client.to_client()
 
 
 def build_numpy_client(context: Context, overrides: dict[str, Any] | None = None) -> Any:
@@ -282,7 +287,7 @@ def simulation_store(
     resumed from a checkpoint whose personal state is on disk reads it from there."""
     resumed = resumed_personal_state(cfg)
     if resumed is None and cfg.personal_state != "disk":
-        total = num_partitions * client.personal_nbytes()
+        total = num_partitions * personal_nbytes(client)
         if cfg.personal_state == "memory" or total <= cfg.personal_state_budget_mb * 2**20:
             if cfg.resume_from and total:
                 _warn_once(

@@ -15,12 +15,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.client import Client, NumPyClient
+from flwr.client import NumPyClient
 from flwr.common import NDArrays, Scalar
 from torch import nn
 
 from client_app import timing
-from client_app.codec import FastClient
 from client_app.site_data import ASK_DATA_INFO
 from client_app.state import PersonalStore
 from client_app.train import cross_entropy, evaluate, train_epochs
@@ -38,7 +37,6 @@ from models.roles import (
     get_arrays,
     reset_entries,
     set_arrays,
-    view_arrays,
 )
 from models.wire import Wire
 from pflower.config.schema import RunConfig
@@ -54,11 +52,18 @@ def message_round(config: dict[str, Scalar]) -> int | None:
 
 
 def privatize(
-    upload: NDArrays, received: NDArrays, cfg: RunConfig, config: dict[str, Scalar]
+    upload: NDArrays,
+    received: NDArrays,
+    cfg: RunConfig,
+    config: dict[str, Scalar],
+    views: bool = False,
 ) -> NDArrays:
     """The upload under the run's DP mode: clipped to the clipping norm around what
     was received (client, distributed), plus this client's share of the noise
-    (distributed), drawn from OS entropy."""
+    (distributed), drawn from OS entropy. ``views``: the upload is the model's own
+    memory, copied before it is clipped in place."""
+    if views and cfg.dp_mode != "off":
+        upload = [np.array(a) for a in upload]
     if cfg.dp_mode in ("client", "distributed"):
         clip_update(upload, received, cfg.dp_clipping_norm)
     if cfg.dp_mode == "distributed":
@@ -80,6 +85,39 @@ def misfits(
     ]
 
 
+def settle(client: PFLClient, received: bool) -> None:
+    """A resident model's entries left as the last client had them for ``receive`` to
+    overwrite (``client.stale``: the template and those entries; client_app/app.py):
+    ``received``, they were; else they get the template's values (no tensors came)."""
+    stale = getattr(client, "stale", None)
+    if stale is not None and not received:
+        template, keep = stale
+        reset_entries(client.model, template, frozenset(client.model.state_dict()) - keep)
+    client.stale = None
+
+
+def reply_metrics(client: PFLClient, metrics: dict, evaluation: dict) -> dict[str, Scalar]:
+    """A fit reply's metrics: its client key and class digest, and (unless the site's
+    policy withholds them) its training metrics, its evaluation and its facts."""
+    facts = {DEVICE_KEY: client.device.type}
+    if client.report_data_digest:
+        facts[DATA_KEY] = client.data.digest
+    sent = {CLIENT_KEY: client.client_key}
+    if not client.withhold_metrics:
+        sent.update({**metrics, **evaluation, **facts})
+    if client.class_fingerprint:  # the server stops a run whose sites' labels differ
+        sent[CLASSES_KEY] = client.class_fingerprint
+    return sent
+
+
+def personal_nbytes(client: PFLClient) -> int:
+    """The bytes ``personal_state`` holds (read off the model, without a copy)."""
+    if type(client).personal_state is not PFLClient.personal_state:
+        return sum(a.nbytes for a in client.personal_state().values())
+    state = client.model.state_dict()
+    return sum(state[n].numel() * state[n].element_size() for n in client.roles.personal)
+
+
 class PFLClient(NumPyClient):
     """Base client: plain local training of every tensor (FedAvg's schedule)."""
 
@@ -96,12 +134,6 @@ class PFLClient(NumPyClient):
     # a site that requires SecAgg+ and has not accepted 'metrics' (pflower/privacy/policy.py):
     # a fit reply carries its client key (and class digest) only
     withhold_metrics = False
-    # the upload as views on the model's memory, for a caller that serializes it before
-    # the model changes (FastClient, the cohort): not for a caller that keeps the arrays
-    upload_views = False
-    # (template, entries): a resident model's entries left as the last client had them,
-    # for ``receive`` to overwrite; ``settle`` puts back those it did not (client_app/app.py)
-    stale: tuple[nn.Module, frozenset[str]] | None = None
 
     def __init__(
         self,
@@ -129,10 +161,6 @@ class PFLClient(NumPyClient):
 
     # ---- the protocol, written once ------------------------------------------------------
 
-    def to_client(self) -> Client:
-        """Flower's Client around this one, with the fewest copies (client_app/codec.py)."""
-        return FastClient(self)
-
     def get_properties(self, config: dict[str, Scalar]) -> dict[str, Scalar]:
         """What the server may ask before the first round: this client's key and the
         digest of its class list (names only), so sites that disagree on labels are
@@ -145,7 +173,7 @@ class PFLClient(NumPyClient):
         return props
 
     def get_parameters(self, config: dict[str, Scalar]) -> NDArrays:
-        self.settle()
+        settle(self, received=False)
         return self.upload(config)
 
     def fit(
@@ -161,7 +189,6 @@ class PFLClient(NumPyClient):
         server_round = message_round(config)
         self.restore_personal(None if server_round is None else server_round - 1)
         self.receive(parameters, config)
-        self.settle()
         timing.mark("personal state")
         evaluation: dict[str, Scalar] = {}
         if config.get(EVALUATE_FIRST):  # the previous round's evaluation (eval-in-fit)
@@ -176,40 +203,20 @@ class PFLClient(NumPyClient):
     ) -> tuple[NDArrays, int, dict[str, Scalar]]:
         """A fit after its local training: the personal state stored, the reply."""
         self.store_personal(config)
-        upload = self.upload(config)
-        if self.upload_views and self.cfg.dp_mode != "off":  # clipped in place: not the model
-            upload = [np.array(a) for a in upload]
-        upload = privatize(upload, parameters, self.cfg, config)
+        upload = privatize(self.upload(config), parameters, self.cfg, config, self.wire.views)
         timing.mark("store + upload")
-        facts = {DEVICE_KEY: self.device.type}
-        if self.report_data_digest:
-            facts[DATA_KEY] = self.data.digest
-        sent = {CLIENT_KEY: self.client_key}
-        if not self.withhold_metrics:
-            sent.update({**metrics, **evaluation, **facts})
-        if self.class_fingerprint:  # the server stops a run whose sites' labels differ
-            sent[CLASSES_KEY] = self.class_fingerprint
         weight = int(self.y_train.shape[0]) if self.weight_by_samples else 1
-        return upload, weight, sent
+        return upload, weight, reply_metrics(self, metrics, evaluation)
 
     def evaluate(
         self, parameters: NDArrays, config: dict[str, Scalar]
     ) -> tuple[float, int, dict[str, Scalar]]:
         self.restore_personal(message_round(config))
         self.receive(parameters, config)
-        self.settle()
         timing.mark("personal state")
         loss, metrics = self.score()
         timing.mark("evaluate")
         return loss, int(self.y_test.shape[0]), {CLIENT_KEY: self.client_key, **metrics}
-
-    def settle(self) -> None:
-        """A resident model's entries that ``receive`` did not overwrite get the
-        template's values (a message with no parameters), as a fresh model has them."""
-        if self.stale is not None:
-            template, keep = self.stale
-            reset_entries(self.model, template, frozenset(self.model.state_dict()) - keep)
-            self.stale = None
 
     # ---- personal state ------------------------------------------------------------------
 
@@ -232,13 +239,6 @@ class PFLClient(NumPyClient):
         """What must stay on this site now (the content audit's ground truth): the personal
         tensors; a method whose split is finer names the personal parts (FedFac's rows)."""
         return dict(zip(self.roles.personal, get_arrays(self.model, self.roles.personal)))
-
-    def personal_nbytes(self) -> int:
-        """The bytes ``personal_state`` holds (read off the model, without a copy)."""
-        if type(self).personal_state is not PFLClient.personal_state:
-            return sum(a.nbytes for a in self.personal_state().values())
-        state = self.model.state_dict()
-        return sum(state[n].numel() * state[n].element_size() for n in self.roles.personal)
 
     def load_personal_state(self, state: dict[str, np.ndarray]) -> None:
         """Inverse of ``personal_state``."""
@@ -282,12 +282,10 @@ class PFLClient(NumPyClient):
         if parameters:
             dense = self.wire.decode_down(parameters, self.model)
             set_arrays(self.model, self.roles.shared, dense)
-            self.stale = None  # every shared entry written
+        settle(self, received=bool(parameters))
 
     def upload(self, config: dict[str, Scalar]) -> NDArrays:
         """What leaves the client: exactly the shared tensors, as the wire carries them."""
-        if self.upload_views and type(self.wire).encode_up is Wire.encode_up:
-            return view_arrays(self.model, self.wire.names)  # serialized before it changes
         return self.wire.encode_up(self.model)
 
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

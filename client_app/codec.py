@@ -63,7 +63,7 @@ class FastClient(Client):
     def __init__(self, numpy_client: Any) -> None:
         self.numpy_client = numpy_client
         self.views = receives_views(numpy_client)
-        numpy_client.upload_views = True  # each reply serialized here, before the model changes
+        numpy_client.wire.views = True  # each reply serialized here, before the model changes
 
     def _arrays(self, parameters: Parameters) -> NDArrays:
         if self.views:

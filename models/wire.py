@@ -23,7 +23,7 @@ import numpy as np
 from flwr.common import Parameters
 from torch import nn
 
-from models.roles import TensorSpec, get_arrays, wire_spec
+from models.roles import TensorSpec, get_arrays, view_arrays, wire_spec
 
 if TYPE_CHECKING:
     from models.roles import Roles
@@ -33,6 +33,10 @@ NDArrays = list[np.ndarray]
 
 class Wire:
     """The shared tensors, as they are, in the roles' order."""
+
+    # the upload as views on a CPU model's memory, for a caller that serializes it before
+    # the model changes (client_app/codec.py FastClient, the cohort); a copy otherwise
+    views = False
 
     def __init__(self, model: nn.Module, roles: Roles, cfg: Any) -> None:
         self.names = tuple(roles.shared)
@@ -70,7 +74,7 @@ class Wire:
 
     def encode_up(self, model: nn.Module) -> NDArrays:
         """Client: what leaves it, from its trained model."""
-        return get_arrays(model, self.names)
+        return (view_arrays if self.views else get_arrays)(model, self.names)
 
     def decode_up(self, arrays: NDArrays) -> tuple[NDArrays, Any]:
         """Server: an accepted upload -> (dense shared tensors, what else it carries)."""

@@ -132,7 +132,7 @@ class Cohort:
         for proxy, ins in chunk:
             try:
                 client = self._client(server_round, proxy.context)
-                client.upload_views = True  # each reply serialized before the next trains
+                client.wire.views = True  # each reply serialized before the next trains
                 if receives_views(client):  # read-only views on the payload's bytes
                     arrays = read_only_arrays(ins.parameters.tensors)
                 else:

@@ -68,9 +68,6 @@ class PFLStrategy(Strategy):
     """Sample-weighted mean of the shared tensors (FedAvg's aggregation)."""
 
     default_aggregation = "weighted"
-    # the clients' GPU in in-process simulation: streamed rounds fold there
-    # (strategies/device_fold.py); None: on the host
-    fold_device: Any = None
 
     def __init__(
         self,

@@ -246,10 +246,8 @@ class StreamedRound:
         self.sample: list[Reply] = []  # the reservoir's accepted replies
         # id of a held reply -> its update's norm
         self.measured: dict[int, float] = {}
-        self.device = device  # the clients' GPU, where the sum and bounds run (device_fold.py)
-        # the last round's sum's buffers, if any
-        self.sum = RunningMean(spare) if device is None else DeviceRunningMean(device)
-        self.copies = None if device is None else DeviceCopies(device)  # references, centre
+        self.sum = RunningMean(spare) if device is None else DeviceRunningMean(device)  # GPU
+        self.device, self.copies = device, None if device is None else DeviceCopies(device)
         self.kept: list[Reply] = []  # each accepted reply, its arrays dropped
         self.rejected: list[str] = []
         self.norms: list[float] = []
@@ -330,18 +328,7 @@ class StreamedRound:
     def _measure(self, reply: Reply) -> float:
         """The norm of the reply's update against what it was sent."""
         reference = self.reference_of(reply.client_key)
-        return self._moments(reply.arrays, reference, compared([reply.arrays], [reference])).norm
-
-    def _moments(
-        self,
-        upload: NDArrays,
-        reference: NDArrays,
-        tensors: list[int],
-        centre: np.ndarray | None = None,
-    ) -> Moments | DeviceMoments:
-        if self.device is None:
-            return Moments(upload, reference, tensors, centre)
-        return DeviceMoments(upload, reference, tensors, centre, self.device, self.copies)
+        return moments(self, reply.arrays, reference, compared([reply.arrays], [reference])).norm
 
     def _judge(self, replies: list[Reply]) -> None:
         """Bound each reply, then (under the lock) add it to the sum or reject it."""
@@ -368,10 +355,7 @@ class StreamedRound:
 
     def _bound(self, reply: Reply, measured: float | None = None) -> Verdict:
         """The reply with its weight capped and its update bounded (``measured``: its
-        update's norm, if already taken), or why it is rejected. The update is never
-        written out: its norm and its dot with the centre are taken in one pass over
-        the reply and its reference, and a moved update is written straight into the
-        reply's new arrays (strategies/kernels.py)."""
+        update's norm, if already taken; ``Moments``), or why it is rejected."""
         limits = self.limits
         assert limits is not None
         capped = limits.count is not None and reply.num_examples > limits.count
@@ -382,7 +366,7 @@ class StreamedRound:
         centre = limits.centre
         if centre is not None and centre.size != sum(reply.arrays[t].size for t in tensors):
             centre = None  # another layout of update than the centre's: no direction check
-        taken = self._moments(reply.arrays, reference, tensors, centre)
+        taken = moments(self, reply.arrays, reference, tensors, centre)
         norm = taken.norm if measured is None else measured
         scale, clipped, against = 1.0, False, False
         if limits.norm is not None and norm > limits.norm:
@@ -427,6 +411,19 @@ class StreamedRound:
             self.kept.sort(key=lambda r: r.client_key)
             self.rejected.sort()
             self.extra["replies_held_at_once"] = self.most_waiting
+
+
+def moments(
+    streamed: StreamedRound,
+    upload: NDArrays,
+    reference: NDArrays,
+    tensors: list[int],
+    centre: np.ndarray | None = None,
+) -> Moments | DeviceMoments:
+    """One reply's ``Moments``, on the round's device where it has one."""
+    if streamed.device is None:
+        return Moments(upload, reference, tensors, centre)
+    return DeviceMoments(upload, reference, tensors, centre, streamed.device, streamed.copies)
 
 
 class FoldingProxy(NodeProxy):
