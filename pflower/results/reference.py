@@ -6,7 +6,7 @@ newcomer's first result says what collaboration bought, beside what training alo
 and one global model reach, and where this one seed falls among the committed ones
 (docs/main_job.md).
 
-``reference.json`` beside this file is written by ``python -m benchmarks.reference``
+``reference.json`` beside this file is written by ``python -m benchmarks reference``
 from the main-job-candidates runs; a run matches a setting when every data key,
 the model and the federation size are the same (the summary's figures: and the round
 count; the plot's curves: up to the run's last round).
