@@ -92,7 +92,7 @@ class DiskStore:
                 err,
             )
             return None
-        log.info("restored personal state from %s (sha256 %s)", self.path, digest)
+        log.info("restored personal state from %s (%s)", self.path, digest)
         return arrays
 
     def set_aside(self, why: str) -> None:
@@ -158,7 +158,7 @@ class RoundStore(DiskStore):
         before = self.versions(self.dir)
         now = server_round if server_round is not None else max(before, default=0)
         self.path = self.dir / f"r{now}.npz"
-        write_checked_npz(self.path, arrays)
+        write_checked_npz(self.path, arrays, "xxh3")  # a client-round's: the fast digest
         # a run resumes from the server's last checkpoint, or from the one it is
         # writing: the newest state at or before each is kept beside this round's
         kept = {now}
