@@ -26,6 +26,7 @@ from flwr.client import Client, ClientApp
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.common import Context, Message, MessageType
+from flwr.common.constant import MessageTypeLegacy
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 from torch import nn
 
@@ -49,7 +50,13 @@ from pflower.data import (
     site_class_names,
 )
 from pflower.packing import is_packed, pack, unpack
-from pflower.privacy.policy import DEFAULT_MIN_SECAGG_SITES, REFUSED, PolicyError, SitePolicy
+from pflower.privacy.policy import (
+    DEFAULT_MIN_SECAGG_SITES,
+    REFUSED,
+    PolicyError,
+    SitePolicy,
+    roster_refusal,
+)
 from pflower.privacy.secagg import ROSTER_KEY, sign_setup_reply, stage_refusal
 from pflower.store import PERSONAL_STATE_DIR
 
@@ -254,6 +261,16 @@ def _warn_once(message: str) -> None:
     log.warning("%s", message)
 
 
+# what a site that requires SecAgg+ answers at all: not a legacy get_parameters, whose
+# reply is its shared tensors in the clear (the properties query carries scalars only)
+ANSWERED = (
+    MessageType.TRAIN,
+    MessageType.EVALUATE,
+    MessageType.QUERY,
+    MessageTypeLegacy.GET_PROPERTIES,
+)
+
+
 class PolicyRefusal(PublicError):
     """The site refuses a run (its own policy, or SecAgg+ asked for and not used)."""
 
@@ -271,6 +288,10 @@ def policy_refusal(
     if policy is not None:
         disclosures = get_method(cfg.method).disclosures(cfg)
         why = policy.refusal(cfg.method, cfg.secure_aggregation, disclosures)
+        # no roster: a server could play its SecAgg+ neighbours (pflower/privacy/policy.py)
+        why = why or roster_refusal(node)
+        if why is None and policy.require_secure_aggregation and message_type not in ANSWERED:
+            why = f"site policy 'require-secure-aggregation' answers no '{message_type}' message"
         if why is None and policy.require_secure_aggregation:
             if message_type == MessageType.TRAIN and not masked:
                 why = "site policy 'require-secure-aggregation' refuses an unmasked fit"

@@ -27,21 +27,12 @@ def secagg_refusal(argv: list[str]) -> str | None:
     ``--unverified-secagg-keys``)."""
     from flwr.common.config import parse_config_args
 
+    from pflower.privacy.policy import roster_refusal
+
     given = [a.split("=", 1)[1] for a in argv if a.startswith("--node-config=")]
     given += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--node-config"]
-    config = parse_config_args(given) if given else {}
-
-    def on(key: str) -> bool:
-        return str(config.get(key, "false")).lower() == "true"
-
-    roster = str(config.get("secagg-roster", "")).strip()
-    if on("require-secure-aggregation") and not roster and not on("secagg-unverified-keys"):
-        return (
-            "require-secure-aggregation=true needs a roster (node config secagg-roster) to "
-            "check the SecAgg+ neighbours' keys: without one a server can play them and "
-            "read this site's upload; run the site with `python -m deploy.site --roster`"
-        )
-    return None
+    why = roster_refusal(parse_config_args(given) if given else {})
+    return None if why is None else why + "; run the site with `python -m deploy.site --roster`"
 
 
 def main() -> None:
