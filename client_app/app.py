@@ -39,7 +39,7 @@ from client_app.site_data import data_info_properties, site_declared
 from client_app.state import ContextStore, DiskStore, PersonalStore, RoundStore
 from methods import disclosure_kinds, get_method, method_names, parse_run_config
 from models.roles import DP_PARTICIPANTS
-from pflower.config.schema import RunConfig
+from pflower.config.schema import RESUME_LATEST, RunConfig
 from pflower.data import (
     check_site_data,
     class_fingerprint,
@@ -251,6 +251,9 @@ def resumed_personal_state(cfg: RunConfig) -> Path | None:
     """The personal-state folder of the run ``resume-from`` names, if it kept one."""
     if not cfg.resume_from:
         return None
+    if cfg.resume_from == RESUME_LATEST:  # the run's own folder (strategies/checkpoint.py)
+        folder = Path(cfg.output_dir).expanduser().resolve() / cfg.run_name / PERSONAL_STATE_DIR
+        return folder if cfg.run_name and folder.is_dir() else None
     folder = Path(cfg.resume_from).expanduser().resolve()
     folder = (folder if folder.is_dir() else folder.parent) / PERSONAL_STATE_DIR
     return folder if folder.is_dir() else None

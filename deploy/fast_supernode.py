@@ -11,7 +11,9 @@ round quickly while the federation is busy and costs the SuperLink no more than
 Flower's own pace when it is idle. The waits for a local ClientApp's reply and for
 each of its parts (0.5 s in Flower) become 0.02 s, and a message part not yet on the
 SuperLink is asked for again after 0.05 s (Flower: 1 s), then every 0.1 s. Nothing
-else changes: same flags, same protocol.
+else changes: same flags, same protocol. A restart right after a crash is taken
+back once the SuperLink lets the old session go (``activation-retry``: asked again,
+1-10 s apart, for up to 150 s, where Flower exits 305 at once).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def main() -> None:
     refusal = secagg_refusal(sys.argv[1:])
     if refusal is not None:
         sys.exit(f"supernode: {refusal}")
+    pflower.patches.activation_retry()  # restarted right after a crash: it asks again
     pflower.patches.supernode_backoff()
     pflower.patches.object_retries()
     from flwr.supernode.cli.flower_supernode import flower_supernode

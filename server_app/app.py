@@ -42,6 +42,10 @@ class _NoEvaluateEachRound(logging.Filter):
 def build_server(context: Context, overrides: dict[str, Any] | None = None) -> ServerAppComponents:
     raw = {**context.run_config, **(overrides or {})}
     cfg = parse_run_config(raw)
+    resolved = checkpoint.latest(cfg)  # resume-from="latest": this run's own checkpoint
+    if resolved:
+        raw.update(resolved)
+        cfg = parse_run_config(raw)
     if cfg.eval_in_fit and not any(
         isinstance(f, _NoEvaluateEachRound) for f in logging.getLogger("flwr").filters
     ):
@@ -114,7 +118,11 @@ def _run(grid: Grid, context: Context, overrides: dict[str, Any] | None) -> None
             "deployment trains each client in its own ClientApp ('per-client')"
         )
     declared, answers = site_info.from_sites(grid, parse_run_config(raw))
-    components = build_server(context, {**(overrides or {}), **declared})
+    try:
+        components = build_server(context, {**(overrides or {}), **declared})
+    except checkpoint.RunComplete as done:  # started again after its last checkpoint
+        log.info("resume-from latest: %s", done)
+        return
     strategy = components.strategy
     if answers and not strategy.cfg.class_names.strip():  # their class lists came too
         strategy.class_lists.check(1, answers, before=True)
