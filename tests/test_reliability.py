@@ -228,6 +228,51 @@ def test_a_corrupt_state_file_is_detected_and_reinitialised(
     assert store.load() is not None  # the next save repairs the file
 
 
+def test_a_corrupt_newest_state_falls_back_to_the_one_before_and_the_chain_says_so(
+    tmp_path: Path,
+) -> None:
+    """#93: a deployed site keeps its state before the newest. After two fits a
+    corrupt newest file costs one fit's personal training, not all of it, and what
+    each load and save did is noted with its sha256, parent and generation (the chain
+    the site's ledger carries, deploy/site_guard.py)."""
+    from pflower.store import STATE_EVENTS
+
+    cfg = config(method="fedper")
+    store = DiskStore(tmp_path, "exp", "client-0")
+    client, _ = make_client(cfg)
+    client.store = store
+    payload = parameters_to_ndarrays(make_strategy(cfg).global_payload())
+    STATE_EVENTS.clear()
+    client.fit(payload, {"server-round": 1})
+    after_one = {k: v.copy() for k, v in client.personal_state().items()}
+    client.fit(payload, {"server-round": 2})
+    saves = [e for e in STATE_EVENTS if "saved" in e]
+    assert [e["generation"] for e in saves] == [1, 2]
+    assert saves[1]["parent"] == saves[0]["saved"]  # the chain: each names its parent
+    assert store.previous.exists()
+    raw = bytearray(store.path.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    store.path.write_bytes(bytes(raw))
+    STATE_EVENTS.clear()
+    fresh, _ = make_client(cfg)
+    fresh.store = store
+    fresh.restore_personal()
+    for k, v in after_one.items():  # round 1's state, not the initial one
+        np.testing.assert_array_equal(fresh.personal_state()[k], v)
+    corrupt, restored = list(STATE_EVENTS)
+    assert corrupt["corrupt"] == store.path.name
+    assert restored == {
+        "restored": saves[0]["saved"],
+        "parent": None,
+        "generation": 1,
+        "from": "previous",
+    }
+    fresh.fit(payload, {"server-round": 3})  # repairs the newest, keeps the good one before
+    assert store.load() is not None and store.restored[1] == 2
+    with np.load(store.previous) as before:
+        assert str(before["__sha256__"]) == saves[0]["saved"]
+
+
 # ---- config fuzzing ------------------------------------------------------------------------
 
 # the config keys (params and auto_resolved are filled by the parser, not keys)

@@ -7,7 +7,9 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from collections import deque
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -15,6 +17,11 @@ _CHECKSUM = "__sha256__"
 # a simulated run's clients keep their personal state here, inside the run's directory
 # (beside the server's checkpoint), so that the run can resume with it
 PERSONAL_STATE_DIR = "personal-state"
+# what a site's personal-state store did during this process's current ClientApp task
+# (restored, corrupt, saved: each with its sha256): the site's own SuperExec puts it
+# in that task's ledger line and empties it (deploy/site_guard.py); bounded, as nothing
+# empties it in a simulation
+STATE_EVENTS: deque[dict[str, Any]] = deque(maxlen=32)
 
 
 def _digest(arrays: dict[str, np.ndarray]) -> str:
@@ -42,9 +49,10 @@ def read_checked_npz(path: Path) -> tuple[dict[str, np.ndarray], str]:
     return arrays, stored
 
 
-def write_checked_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+def write_checked_npz(path: Path, arrays: dict[str, np.ndarray]) -> str:
     """Write ``arrays`` with a sha256 of their contents: to a temporary file in the
-    same directory, fsync, then rename (a crash leaves the old file or the new)."""
+    same directory, fsync, then rename (a crash leaves the old file or the new);
+    returns the sha256."""
     path.parent.mkdir(parents=True, exist_ok=True)
     checksum = np.array(_digest(arrays))
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
@@ -57,3 +65,4 @@ def write_checked_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return str(checksum)
