@@ -28,7 +28,6 @@ import hashlib
 import io
 import json
 import logging
-import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -344,14 +343,11 @@ def ledger_line(
 
 
 def append(path: Path, line: dict[str, Any]) -> None:
-    """Append one JSON line (O_APPEND: concurrent tasks never interleave a line)."""
+    """Append one JSON line, whole or not at all (pflower.store.append_line)."""
+    from pflower.store import append_line
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = (json.dumps(line, sort_keys=True) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
+    append_line(path, (json.dumps(line, sort_keys=True) + "\n").encode())
 
 
 def read_ledger(state_dir: str | Path) -> list[dict[str, Any]]:

@@ -21,7 +21,8 @@ from pflower.results import RunRecorder
 from server_app import site_info
 from server_app.grid import PollingGrid
 from server_app.method_strategy import build_method_strategy
-from strategies import checkpoint, outcome
+from strategies import checkpoint, outcome, streaming
+from strategies.reply_log import ReplyLog
 
 log = logging.getLogger("flwr.pflower")
 pflower.patches.linkstate_index()  # simulation: the engine runs in this process (pflower.patches)
@@ -72,6 +73,14 @@ def build_server(context: Context, overrides: dict[str, Any] | None = None) -> S
         recorder.dir,
     )
     strategy = build_method_strategy(method, cfg, model, recorder)
+    if cfg.reply_log:  # strategies/reply_log.py
+        if not streaming.streams(strategy):
+            raise ConfigError(
+                "config key 'reply-log': the log holds streamed rounds (a mean of the "
+                "replies); this run's aggregation is held (SecAgg+, DP, a robust rule, or "
+                "the method's own)"
+            )
+        strategy.reply_log = ReplyLog(recorder.dir, int(context.run_id))
     if cfg.resume_from:
         strategy.resume(cfg.resume_from)
     return ServerAppComponents(

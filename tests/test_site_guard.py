@@ -155,6 +155,22 @@ def test_a_reply_the_ledger_cannot_record_is_not_sent(tmp_path, monkeypatch) -> 
     assert "No space left on device" in sent.error.reason
 
 
+def test_a_line_the_disk_had_no_room_for_is_not_left_half_written(tmp_path, monkeypatch) -> None:
+    """#93 (found by the soak's full disk): a write cut short leaves the log as it was."""
+    import os as os_module
+
+    from pflower.store import append_line
+
+    path = tmp_path / "log.jsonl"
+    append_line(path, b'{"a": 1}\n')
+    write = os_module.write
+    monkeypatch.setattr(os_module, "write", lambda fd, data: write(fd, data[:5]))
+    with pytest.raises(OSError, match="5 of 9 bytes"):
+        append_line(path, b'{"b": 2}\n')
+    monkeypatch.undo()
+    assert path.read_bytes() == b'{"a": 1}\n'
+
+
 def test_the_ledger_of_a_folder_without_one_exits_2(tmp_path, capsys) -> None:
     from deploy.site import main
 

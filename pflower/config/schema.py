@@ -205,6 +205,10 @@ class RunConfig(TaskKeys):
     tensorboard: bool = False  # event files under the run dir (the tensorboard extra)
     # one `pflower-phases {...}` log line per ClientApp message: where its time goes
     log_phases: bool = _field(False, alias="log-phases")
+    # every accepted fit reply as it entered its round's sum, and each aggregate's
+    # digest, under <run dir>/replies/ (strategies/reply_log.py): an audit trail that a
+    # replay checks; streamed rounds only
+    reply_log: bool = _field(False, alias="reply-log")
     # a server-state.npz or its run dir; "latest" (RESUME_LATEST): this run-name's own last
     # checkpoint if there is one, num-server-rounds then counting the whole run
     resume_from: str = _field("", alias="resume-from")

@@ -66,3 +66,22 @@ def write_checked_npz(path: Path, arrays: dict[str, np.ndarray]) -> str:
         Path(tmp).unlink(missing_ok=True)
         raise
     return str(checksum)
+
+
+def append_line(path: Path, data: bytes) -> None:
+    """Append one line whole or not at all (O_APPEND: concurrent appends never
+    interleave): a write cut short (a full disk) is truncated away and raised, so a
+    log read later never holds half a line."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            written = os.write(fd, data)
+        except OSError:
+            os.ftruncate(fd, size)
+            raise
+        if written != len(data):
+            os.ftruncate(fd, size)
+            raise OSError(28, f"{path}: {written} of {len(data)} bytes written (no space left?)")
+    finally:
+        os.close(fd)
