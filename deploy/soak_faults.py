@@ -104,6 +104,11 @@ def schedule(
             "serverapp-kill": 0.0,
         }[kind]
         faults.append(Fault(round(at, 1), kind, target, round(seconds, 1)))
+    restarts = [f for f in faults if f.kind == "superlink-restart"]
+    if long_run and min(f.seconds for f in restarts) >= 10:  # both outages, whatever the draw
+        restarts[0].seconds = 5.0
+    if long_run and max(f.seconds for f in restarts) <= 60:
+        restarts[-1].seconds = 75.0
     return faults
 
 
