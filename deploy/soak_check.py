@@ -166,8 +166,21 @@ def upload_spec(config: dict[str, Any]) -> list[tuple[str, tuple[int, ...]]]:
 
 def check_rounds(rec: Records, events: list[dict[str, Any]], log: list[dict]) -> Check:
     check = Check("every round completed, or recorded as failed with its reason")
+    verdicts = []
     for segment in rec.segments:
-        if segment.get("exit") != 0:
+        ends = [
+            e for e in events if e["event"] == "ended" and e.get("file") == segment.get("events")
+        ]
+        last = ends[-1] if ends else {}
+        if segment.get("exit") == 0:
+            continue
+        if last.get("checkpoint", 0) >= segment["rounds"] and last.get("details"):
+            # it ran to its last round by itself; its ServerApp judged it failed (a round
+            # with no reply), and said why: a verdict, recorded, not a lost round
+            verdicts.append(
+                f"{segment['name']} to round {segment['rounds']}: {last['details'][:120]}"
+            )
+        else:
             check.fail(
                 f"run {segment['name']} (to round {segment['rounds']}) did not finish by itself"
             )
@@ -202,10 +215,11 @@ def check_rounds(rec: Records, events: list[dict[str, Any]], log: list[dict]) ->
         if not e.get("details"):
             check.fail(f"run {e['run']} ended {e['status']} with no reason")
     check.facts.append(
-        f"{len(lost)} interrupted runs, each resumed from its checkpoint with Flower's reason"
+        f"{len(lost)} runs ended failed (a crash, or a verdict), each with Flower's reason"
         if lost
         else "no run interrupted"
     )
+    check.facts += [f"judged failed after its last round: {v}" for v in verdicts]
     return check
 
 
@@ -463,6 +477,8 @@ def check_faults(rec: Records, plan: list[Fault]) -> Check:
             check.fail(f"{fault.kind} at {fault.at:.0f} s never ran")
         elif "error" in fault.log:
             check.fail(f"{fault.kind} on {fault.target}: {fault.log['error']}")
+        elif fault.log.get("killed") == 0 or fault.log.get("corrupted") is False:
+            check.fail(f"{fault.kind} at {fault.log['start']:.0f} s found nothing to hit")
     check.facts.append(
         f"{sum('start' in f.log for f in plan)} of {len(plan)}: "
         + ", ".join(f"{k} {v}" for k, v in sorted(Counter(f.kind for f in plan).items()))

@@ -99,6 +99,30 @@ def test_a_state_rolled_back_or_lost_breaks_the_chain() -> None:
     assert check_state_chain([fault], fell_back).holds
 
 
+def test_a_run_that_stopped_short_breaks_the_rounds_invariant_a_verdict_does_not(
+    tmp_path: Path,
+) -> None:
+    """A run whose supervisor gave up before its last round was lost; one that ran to
+    its last round and was judged failed by its ServerApp (a round with no reply,
+    named) is recorded, not lost."""
+    from deploy.soak_check import check_rounds
+
+    (tmp_path / "soak-fedper").mkdir()
+    rounds = [{"round": 1, "replies": 4}, {"round": 2, "replies": 0, "failed": ["node 1: timeout"]}]
+    (tmp_path / "soak-fedper" / "results.json").write_text(json.dumps({"rounds": rounds}))
+    events = tmp_path / "events.jsonl"
+    segment = {"name": "soak-fedper", "rounds": 2, "exit": 1, "events": str(events)}
+    fields = dict.fromkeys(["t0", "seconds", "seed", "minutes"], 0)
+    rec = Records(**fields, out="", runs_dir=str(tmp_path), sites=[], state_dirs={},
+                  site_logs={}, exits={}, workload={}, samples=[], rounds_seen=[],
+                  segments=[segment], faults=[], errors=[])  # fmt: skip
+    ended = {"event": "ended", "file": str(events), "run": 9, "status": "finished:failed"}
+    verdict = [{**ended, "checkpoint": 2, "details": "round 2: no reply was aggregated"}]
+    held = check_rounds(rec, verdict, [])
+    assert held.holds and "judged failed after its last round" in held.line()
+    assert not check_rounds(rec, [{**verdict[0], "checkpoint": 1}], []).holds
+
+
 @pytest.mark.slow
 def test_a_five_minute_soak_with_every_fault_holds_and_a_replayed_reply_breaks_it(
     tmp_path: Path,
