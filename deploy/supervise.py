@@ -14,8 +14,9 @@ its last round is submitted again with the same command: the ServerApp goes on f
 the run's own last checkpoint (strategies/checkpoint.py), the sites from their own
 personal state. While the SuperLink does not answer, it asks again every ``--poll`` s.
 
-It stops with 0 when the run completes; with 1 when it was stopped (``flwr stop``),
-when it failed after its last round (the ServerApp's own verdict, in results.json),
+It stops with 0 when the run completes (a run that crashed after its last checkpoint
+is submitted again and ends at once); with 1 when it was stopped (``flwr stop``), when
+its ServerApp judged it failed after its last round (its verdict, in results.json),
 or after ``--max-stalls`` failed tries in a row that did not move the checkpoint (a
 run that cannot start: its log says why). Each try is a line on stdout and, with
 ``--events FILE``, a JSON line there.
@@ -41,6 +42,9 @@ import tomli_w
 from pflower.config.schema import RESUME_LATEST
 
 CHECKPOINT = "server-state.npz"  # strategies/checkpoint.py's SERVER_STATE
+# how Flower's status details begin when the ServerApp itself raised (its verdict on the
+# run, e.g. a round with no reply), not when its process died or stopped heartbeating
+VERDICT = "ServerApp failed with exception"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -184,7 +188,7 @@ class Supervisor:
             if status == "finished:stopped":
                 self.note("giving up", why="the run was stopped by an operator")
                 return 1
-            if after >= self.total:
+            if after >= self.total and VERDICT in details:
                 self.note("giving up", why=f"the run failed after its last round ({after})")
                 return 1
             stalls = stalls + 1 if after <= before else 0

@@ -157,6 +157,7 @@ class FakeFlwr:
         self.calls: list[tuple[str, ...]] = []
         self.submitted: list[dict[str, Any]] = []
         self.ends: dict[int, str] = {}
+        self.details = "No heartbeat received from the task"  # Flower's, for a crash
 
     def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
         self.calls.append(args)
@@ -175,7 +176,11 @@ class FakeFlwr:
             out = {"success": True, "run-id": run_id}
         else:
             run_id = int(args[args.index("--run-id") + 1])
-            out = {"success": True, "runs": [{"status": self.ends[run_id]}]}
+            details = self.details if self.ends[run_id] == "finished:failed" else "N/A"
+            out = {
+                "success": True,
+                "runs": [{"status": self.ends[run_id], "status-details": details}],
+            }
         return subprocess.CompletedProcess(args, 0, json.dumps(out), "")
 
 
@@ -222,6 +227,13 @@ def test_the_supervisor_gives_up_on_a_run_that_cannot_start_or_was_stopped(
     stuck = FakeFlwr(tmp_path / "r", [("finished:failed", 0)] * 5)
     assert _supervisor(tmp_path, stuck, "--max-stalls=3").keep_going() == 1
     assert len(stuck.submitted) == 3
+    # a crash after the last checkpoint is submitted again (it ends at once); the
+    # ServerApp's own verdict after its last round is not
+    crashed = FakeFlwr(tmp_path / "r", [("finished:failed", 10), ("finished:completed", 10)])
+    assert _supervisor(tmp_path, crashed).keep_going() == 0 and len(crashed.submitted) == 2
+    judged = FakeFlwr(tmp_path / "r", [("finished:failed", 10)])
+    judged.details = "ServerApp failed with exception: round 9: no reply was aggregated"
+    assert _supervisor(tmp_path, judged).keep_going() == 1 and len(judged.submitted) == 1
     stopped = FakeFlwr(tmp_path / "r", [("finished:stopped", 2)])
     assert _supervisor(tmp_path, stopped).keep_going() == 1
     assert len(stopped.submitted) == 1

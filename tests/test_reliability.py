@@ -5,6 +5,7 @@ The counts printed here feed docs/RELIABILITY.md.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -271,6 +272,23 @@ def test_a_corrupt_newest_state_falls_back_to_the_one_before_and_the_chain_says_
     assert store.load() is not None and store.restored[1] == 2
     with np.load(store.previous) as before:
         assert str(before["__sha256__"]) == saves[0]["saved"]
+
+
+def test_a_round_before_one_with_no_reply_keeps_its_record(tmp_path: Path) -> None:
+    """#93 (found by the soak: a SuperLink killed in a round left it without a reply):
+    with eval-in-fit a round is scored by the next round's fits; when the next round
+    has none, the round is still recorded, unscored, with what it trained (before,
+    results.json lost it). Seed 7 drops client 0 in round 1 and every client in
+    round 2."""
+    from server_app.inprocess import run_inprocess
+    from strategies.outcome import RunFailed
+
+    cfg = {**SMALL, "method": "fedper", "num-server-rounds": 3, "dropout-rate": 0.5, "seed": 7}
+    with pytest.raises(RunFailed, match="round 2: no reply was aggregated"):
+        run_inprocess({**cfg, "output-dir": str(tmp_path), "run-name": "r"}, 3)
+    rounds = json.loads((tmp_path / "r" / "results.json").read_text())["rounds"]
+    assert [(r["round"], r["replies"]) for r in rounds] == [(1, 1), (2, 0), (3, 2)]
+    assert rounds[0]["accuracy_mean"] is None and rounds[1]["failures"] == 3
 
 
 # ---- config fuzzing ------------------------------------------------------------------------
