@@ -63,7 +63,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = args.out.expanduser().resolve() if args.out else None
     args.runs = args.runs or (out / "runs" if out else presets.RUNS)
-    problems = preset.problems(preset.cells(args.seeds, args.rounds, args.runs, args.equal_budget))
+    try:  # a placeholder that cannot resolve (a missing weight file): one line, exit 2
+        cells = preset.cells(args.seeds, args.rounds, args.runs, args.equal_budget)
+    except SystemExit as err:
+        print(f"preset error: {preset.name}: {err.code}", file=sys.stderr)
+        return 2
+    problems = preset.problems(cells)
     if problems:  # every cell checked before any runs
         print("\n".join(f"preset error: {p}" for p in problems), file=sys.stderr)
         return 2

@@ -257,17 +257,23 @@ class PFLClient(NumPyClient):
         """The local objective (cross-entropy by default)."""
         return cross_entropy(model, x, y)
 
+    def local_optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer | None:
+        """The optimizer ``local_train`` steps (None: a fresh one of the run's settings)."""
+        return None
+
     def local_train(self, config: dict[str, Scalar], generator: torch.Generator) -> dict[str, Any]:
         """The local schedule: every parameter for ``local-epochs`` on ``loss``."""
+        params = list(self.model.parameters())
         loss = train_epochs(
             self.model,
-            list(self.model.parameters()),
+            params,
             self.x_train,
             self.y_train,
             self.cfg.local_epochs,
             self.cfg,
             generator,
             loss_fn=self.loss,
+            optimizer=self.local_optimizer(params),
         )
         return {"train-loss": loss}
 

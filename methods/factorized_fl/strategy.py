@@ -17,13 +17,13 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from flwr.common import Parameters
+from flwr.common import Parameters, ndarrays_to_parameters
 from torch import nn
 
 from methods.factorized_fl import FactorizedFLParams
-from methods.factorized_fl.model import FactorizedWire
+from methods.factorized_fl.model import FactorizedWire, encode_sparse
 from pflower.config.schema import RunConfig
-from strategies.base import PFLStrategy, Reply, weighted_mean
+from strategies.base import PFLStrategy, Reply, payload_bytes, weighted_mean
 from strategies.robust import lower_median
 
 
@@ -124,11 +124,31 @@ class FactorizedFLStrategy(PFLStrategy):
             "ffl_similarity": {"clients": keys, "matrix": np.round(sim, 4).tolist()},
             "ffl_mixture": {"clients": keys, "matrix": np.round(mixture, 4).tolist()},
         }
-        if self.wire.sparse:  # beta: the share of mu entries kept (|mu| >= threshold)
+        if self.wire.sparse:  # beta: the share of mu entries sent, and of |mu| >= threshold
             mus = [a for d in dense for n, a in zip(self.wire.shared, d) if n in self.wire.sparse]
-            kept = sum(int(np.count_nonzero(a)) for a in mus)
-            extra["ffl_mu_density"] = kept / max(1, sum(a.size for a in mus))
+            size = max(1, sum(a.size for a in mus))
+            extra["ffl_mu_density"] = sum(int(np.count_nonzero(a)) for a in mus) / size
+            # what evaluation keeps and the paper's cost count counts (client.py:139-159)
+            above = sum(int((np.abs(a) >= p.mu_threshold).sum()) for a in mus)
+            extra["ffl_mu_above_threshold"] = above / size
+            if p.mu_wire == "dense":  # what the round's uploads cost with mu thresholded
+                extra["ffl_bytes_up_thresholded"] = sum(
+                    self.thresholded_bytes(d, m) for d, m in decoded
+                )
         self.note(server_round, **extra)
+
+    def thresholded_bytes(self, dense: list[np.ndarray], match: np.ndarray | None) -> int:
+        """Bytes of one upload had its mu travelled as ``mu-wire='sparse'`` sends it
+        (entries with |mu| >= mu-threshold, the cheapest layout): what the paper's
+        cost count counts (the authors' client.py:139-159) while their code sends it
+        whole."""
+        threshold = FactorizedFLParams.of(self.cfg).mu_threshold
+        arrays: list[np.ndarray] = []
+        for n, a in zip(self.wire.shared, dense, strict=True):
+            arrays += list(encode_sparse(a, threshold)) if n in self.wire.sparse else [a]
+        if self.wire.match_extra and match is not None:
+            arrays.append(match)
+        return payload_bytes(ndarrays_to_parameters(arrays))
 
 
 STRATEGIES = {

@@ -169,6 +169,15 @@ class FedFacStrategy(PFLStrategy):
         """The federation's size and held-out clients are known (NewClients.prepare)."""
         if FedFacParams.of(self.cfg).fa_split != "fa":
             self.set_split(imposed_split(self))
+        elif self.fa_decides_nothing:  # tau infinite: every element of Lambda personal
+            self.set_split(
+                {layer: np.zeros(size, dtype=bool) for layer, size in self.sizes.items()}
+            )
+
+    @property
+    def fa_decides_nothing(self) -> bool:
+        """``fedfac.tau='inf'`` (the authors' scripts): no communality reaches tau."""
+        return FedFacParams.of(self.cfg).tau == "inf"
 
     # ---- aggregation ------------------------------------------------------------------------
 
@@ -176,7 +185,11 @@ class FedFacStrategy(PFLStrategy):
         # this round's uploads carry every Lambda row (dynamic: every round; static:
         # until the split is fixed); FA below changes the wire's split, so read it first
         full_upload = self.wire.full_upload()
-        if full_upload and FedFacParams.of(self.cfg).fa_split == "fa":
+        if (
+            full_upload
+            and FedFacParams.of(self.cfg).fa_split == "fa"
+            and not self.fa_decides_nothing
+        ):
             self.run_fa(server_round, replies)
         assert self.shared is not None
         if self.aggregation == "mean":

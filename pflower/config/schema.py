@@ -86,7 +86,10 @@ class TaskKeys(BaseModel):
     split_column: str = _field("split", alias="split-column")
     feature_columns: str = _field("", alias="feature-columns")
     categorical_columns: str = _field("", alias="categorical-columns")
-    model: Literal["logreg", "mlp", "cnn4", "resnet8", "resnet10", "resnet18"] = "mlp"
+    model: Literal["logreg", "mlp", "cnn4", "resnet8", "resnet9", "resnet10", "resnet18"] = "mlp"
+    # every ``auto`` key as our reading of the method's paper sets it, or as its
+    # authors' code ran it (Factorized-FL, FedFac: docs/factorized_fl.md, docs/fedfac.md)
+    profile: Literal["ours", "authors"] = "ours"
     hidden_dim: int = _field(200, alias="hidden-dim", ge=1)
     pretrained_weights: str = _field("", alias="pretrained-weights")
 
@@ -255,6 +258,17 @@ class RunConfig(TaskKeys):
             raise ValueError(
                 "config key 'aggregation': differential privacy averages the clipped updates "
                 "with equal weights (its noise is calibrated to that); leave it 'default'"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _profile_fits_the_method(self, info: ValidationInfo) -> RunConfig:
+        spec = (info.context or {}).get("spec")
+        profiles = spec.params.profiles if spec is not None else ("ours",)
+        if self.profile not in profiles:
+            raise ValueError(
+                f"config key 'profile': method '{self.method}' has no '{self.profile}' "
+                f"profile (it has {', '.join(repr(p) for p in profiles)})"
             )
         return self
 
