@@ -32,6 +32,19 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--rerun", action="store_true", help="rerun complete cells too")
     run.add_argument("--report-only", action="store_true", help="only rewrite the report")
     run.add_argument("--cell-timeout", type=float, help="seconds per cell")
+    run.add_argument(
+        "--max-minutes",
+        type=float,
+        default=0.0,
+        help="this call's budget: each cell stops cleanly after the round that passes it "
+        "(resumable: the same command goes on from there); no cell starts after it",
+    )
+    run.add_argument(
+        "--estimate",
+        action="store_true",
+        help="print the estimated device time of the cells left (measured img/s) and stop; "
+        "a GPU preset prints it before it starts",
+    )
     run.add_argument("--runs", type=Path, help="where the cells run (default: OUT/runs)")
     run.add_argument(
         "--out",
@@ -94,9 +107,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"unknown settings {sorted(unknown)}; {preset.name} has {list(preset.settings)}"
             )
         todo = [c for c in todo if c.setting in args.settings]
+    if args.estimate or (preset.gpu and not args.report_only):
+        from benchmarks import estimate
+
+        left = [c for c in todo if args.rerun or not runner.is_complete(c)]
+        print(estimate.report(left, args.max_minutes), flush=True)
+        if args.estimate:
+            return 0
     failed = []
     if not args.report_only:
-        failed = runner.run_preset(preset, todo, args.cell_timeout, args.rerun)
+        failed = runner.run_preset(preset, todo, args.cell_timeout, args.rerun, args.max_minutes)
     cells = preset.cells(seeds, args.rounds, args.runs, args.equal_budget)
     path = report.write(preset, cells, manifest.get("commands", []), out, args.equal_budget)
     print(f"report: {path}" + (f"; {len(failed)} failed: {failed}" if failed else ""))

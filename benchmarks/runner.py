@@ -52,6 +52,7 @@ NOT_COMPARED = (
     "personal-state-budget-mb",
     "resume-from",
     "num-server-rounds",
+    "max-minutes",  # when a run stops, not what it computes (a stopped cell resumes)
 )
 
 
@@ -375,13 +376,21 @@ def run_cell(
             reason = f"timed out after {timeout:.0f}s"
     seconds = time.perf_counter() - t0
     after = reference_ms() if reference else 0.0
+    stopped = (load_results(cell) or {}).get("stopped")
     if not reason and not is_complete(cell):
         reason = "no complete results.json"
-    if reason:
+        if stopped:  # max-minutes: stopped cleanly after a round, resumable
+            reason = (
+                f"stopped by {stopped['reason']} after round {stopped['after_round']} of "
+                f"{stopped['of_rounds']}: run the same command again to go on from its checkpoint"
+            )
+    if reason and not stopped:
         lines = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
         errors = [ln for ln in lines if "rror" in ln] or lines or ["empty log"]
         reason += f": {errors[-1].strip()[:300]} (log: {log_path})"
     status = {"ok": not reason, "seconds": seconds, "reason": reason, "peak_rss": peak[0]}
+    if stopped and reason:
+        status["stopped"] = stopped
     status["engine"] = cell.engine
     if reference:
         status["reference_ms"] = [round(before, 3), round(after, 3)]
@@ -396,8 +405,12 @@ def run_preset(
     cells: list[Cell],
     timeout: float | None = None,
     rerun: bool = False,
+    max_minutes: float = 0.0,
 ) -> list[str]:
-    """Run the cells not complete yet, printing progress; returns the failed labels."""
+    """Run the cells not complete yet, printing progress; returns the failed labels.
+    ``max_minutes`` > 0: the whole call's budget; each cell runs with what is left as
+    its ``max-minutes`` (it stops cleanly after a round, resumable), and no cell starts
+    once it is spent (the same command later goes on where this one stopped)."""
     failed: list[str] = []
     started, ran = time.perf_counter(), 0
     reference = bool(preset.report.get("machine-reference", False))
@@ -406,6 +419,12 @@ def run_preset(
         if not rerun and is_complete(cell):
             print(f"{head}: complete, reused", flush=True)
             continue
+        left_minutes = max_minutes - (time.perf_counter() - started) / 60
+        if max_minutes > 0 and left_minutes <= 0:
+            print(f"{head}: not started, --max-minutes {max_minutes:g} spent", flush=True)
+            continue
+        if max_minutes > 0:
+            cell = dataclasses.replace(cell, config={**cell.config, "max-minutes": left_minutes})
         resume_at = 0 if rerun else resume_point(cell)
         start = f", from its checkpoint of round {resume_at}" if resume_at else ""
         print(f"{head}: running ({cell.engine}, {cell.clients} clients{start}) ...", flush=True)
@@ -415,6 +434,8 @@ def run_preset(
         if ok:
             best = (load_results(cell) or {}).get("best_accuracy_mean", 0.0)
             print(f"{head}: ok in {seconds:.0f}s, best acc {best:.4f} (~{left:.0f}s left)")
+        elif reason.startswith("stopped by max-minutes"):
+            print(f"{head}: {reason}", flush=True)
         else:
             failed.append(f"{cell.setting} / {cell.label} / seed {cell.seed}")
             print(f"{head}: FAILED in {seconds:.0f}s: {reason}", flush=True)

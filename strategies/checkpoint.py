@@ -147,12 +147,11 @@ def save_if_due(strategy: Any, server_round: int) -> None:
     run directory (the strategy's recorder)."""
     cfg, recorder, rounds = strategy.cfg, strategy.recorder, strategy.rounds
     done = rounds.offset + server_round  # rounds are counted across resumes
-    if recorder is not None and checkpoint_due(
-        done, cfg.checkpoint_every, rounds.offset + cfg.num_server_rounds
-    ):
+    last = rounds.offset + rounds.num_rounds  # the run's last (max-minutes may end it early)
+    if recorder is not None and checkpoint_due(done, cfg.checkpoint_every, last):
         rounds.settle_checkpoint()  # the one before first: they land in order
         state = strategy.server_state()
-        if done == rounds.offset + cfg.num_server_rounds:  # the last: written at once
+        if done == last:  # the last: written at once
             save_server_state(recorder.dir, cfg.method, done, state)
             rounds.checkpointed = done
         else:  # settled by the next checkpoint (Rounds.settle_checkpoint)

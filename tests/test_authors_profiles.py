@@ -4,7 +4,9 @@ validated before training and shown to take effect."""
 
 from __future__ import annotations
 
+import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -366,3 +368,65 @@ def test_weight_decay_and_twenty_epochs_take_effect_in_local_training() -> None:
     base = ups[(0.0, 1)]
     for other in ((1e-1, 1), (0.0, 3)):
         assert not all(np.allclose(a, b) for a, b in zip(base, ups[other]) if a.dtype.kind == "f")
+
+
+# ---- the presets ----------------------------------------------------------------------------
+
+AUTHORS_PRESETS = ("factorized-fl-alpha-authors", "factorized-fl-beta-authors", "fedfac-authors")
+
+
+def test_a_preset_without_the_imagenet_weights_stops_in_one_line_exit_2(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    from benchmarks import presets
+    from benchmarks.__main__ import main
+
+    monkeypatch.setattr(presets, "RESNET18_IMAGENET", tmp_path / "none.pt")
+    for name in ("fedfac-authors", "fedfac-authors-gpu"):
+        assert main(["run", name, "--out", str(tmp_path / "out")]) == 2
+        lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert len(lines) == 1 and "ImageNet ResNet-18 weights" in lines[0], lines
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        *AUTHORS_PRESETS,
+        "factorized-fl-ablation",
+        "fedfac-ablation",
+        "fedfac-authors-gpu",
+        "factorized-fl-alpha-authors-gpu",
+        "factorized-fl-beta-authors-gpu",
+    ],
+)
+def test_the_presets_validate(name: str, resnet18_file, monkeypatch, tmp_path) -> None:
+    from benchmarks import presets
+
+    monkeypatch.setattr(presets, "RESNET18_IMAGENET", Path(resnet18_file))
+    preset = presets.load(name)
+    cells = preset.cells(runs=tmp_path)
+    assert preset.problems(cells) == []
+    authors = [c for c in cells if c.config.get("profile") == "authors"]
+    assert authors and len(authors) % len(preset.seeds) == 0
+    if name.endswith("-gpu"):
+        assert preset.gpu
+
+
+@pytest.mark.slow
+def test_the_three_authors_presets_run(resnet18_file, monkeypatch, tmp_path, capsys) -> None:
+    """Each preset's authors row, one round, seed 0 (FedFac's from the random-init file)."""
+    from benchmarks import presets
+    from benchmarks.__main__ import main
+
+    monkeypatch.setattr(presets, "RESNET18_IMAGENET", Path(resnet18_file))
+    for name in AUTHORS_PRESETS:
+        row = {"fedfac-authors": "fedfac-dynamic"}.get(name, name.removesuffix("-authors"))
+        args = ["run", name, "--out", str(tmp_path / name), "--rounds", "1", "--seeds", "0"]
+        assert main([*args, "--rows", f"{row} authors"]) == 0, capsys.readouterr()
+        (cell,) = [
+            c
+            for c in presets.load(name).cells([0], 1, tmp_path / name / "runs")
+            if c.label == f"{row} authors"
+        ]
+        res = json.loads((cell.dir / "results.json").read_text())
+        assert res["config"]["profile"] == "authors" and len(res["rounds"]) == 1

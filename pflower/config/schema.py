@@ -200,6 +200,9 @@ class RunConfig(TaskKeys):
     output_dir: str = _field("outputs", alias="output-dir")
     run_name: str = _field("", alias="run-name")
     checkpoint_every: int = _field(1, alias="checkpoint-every", ge=0)  # 0: never
+    # > 0: stop cleanly after the round during which this many minutes have passed since
+    # the run (or its resume) began; its checkpoint is written (strategies/budget.py)
+    max_minutes: float = _field(0.0, alias="max-minutes", ge=0)
     tensorboard: bool = False  # event files under the run dir (the tensorboard extra)
     # one `pflower-phases {...}` log line per ClientApp message: where its time goes
     log_phases: bool = _field(False, alias="log-phases")
