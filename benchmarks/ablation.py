@@ -36,7 +36,11 @@ def rows(preset: presets.Preset, runs: Path = presets.RUNS) -> dict[str, dict[st
         res = load_results(cell) or {}
         row = out.setdefault(
             cell.label,
-            {"method": cell.config["method"], "seeds": [], "final": [], "up": [], "down": []},
+            {
+                "method": cell.config["method"],
+                "authors": cell.config.get("profile") == "authors",
+                **{k: [] for k in ("seeds", "final", "up", "down")},
+            },
         )
         n = len(res["rounds"]) * cell.clients
         row["seeds"].append(cell.seed)
@@ -97,7 +101,9 @@ def plot(preset: presets.Preset, data: dict[str, dict[str, Any]], path: Path) ->
     means = [np.mean(data[k]["final"]) for k in labels]
     sds = [np.std(data[k]["final"], ddof=1) if len(data[k]["final"]) > 1 else 0 for k in labels]
     colours = ["tab:blue" if data[k]["method"] == k else "tab:gray" for k in labels]
-    colours = ["tab:orange" if "authors" in k else c for k, c in zip(labels, colours, strict=True)]
+    colours = [
+        "tab:orange" if data[k]["authors"] else c for k, c in zip(labels, colours, strict=True)
+    ]
     acc.barh(y, means, xerr=sds, color=colours, alpha=0.8)
     for yi, k in zip(y, labels, strict=True):
         acc.plot(data[k]["final"], [yi] * len(data[k]["final"]), "k.", ms=4)
