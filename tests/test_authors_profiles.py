@@ -124,7 +124,7 @@ def test_the_authors_profile_sets_every_key_and_a_key_set_by_hand_wins(resnet18_
     data = ffl.as_dict()
     assert {k: data[f"factorized-fl.{k}"] for k in FFL_AUTHORS} == FFL_AUTHORS
     assert (ffl.optimizer, ffl.lr, ffl.momentum, ffl.weight_decay) == ("sgd", 1e-3, 0.9, 1e-6)
-    ours = cfg_of(method="factorized-fl-beta", model="cnn4").as_dict()
+    ours = cfg_of(method="factorized-fl-beta", model="cnn4").as_dict()  # beta: all ours
     assert all(ours[f"factorized-fl.{k}"] != v for k, v in FFL_AUTHORS.items())
     mine = cfg_of(method="factorized-fl-beta", model="resnet9", profile="authors", l1=1e-3)
     assert mine.as_dict()["factorized-fl.l1"] == 1e-3
@@ -146,6 +146,18 @@ def test_the_authors_profile_sets_every_key_and_a_key_set_by_hand_wins(resnet18_
 
 
 # ---- Factorized-FL ------------------------------------------------------------------------
+
+
+def test_alphas_default_init_is_the_authors_on_conv_backbones_as_the_ablation_measured() -> None:
+    def init(method: str, model: str) -> str:
+        raw = {"method": method, "model": model, **({} if model == "mlp" else IMAGES)}
+        return parse_run_config(raw).as_dict()["factorized-fl.init"]
+
+    assert (
+        init("factorized-fl-alpha", "cnn4") == init("factorized-fl-alpha", "resnet8") == "authors"
+    )
+    assert init("factorized-fl-alpha", "mlp") == "scaled"  # not measured: unchanged
+    assert init("factorized-fl-beta", "cnn4") == "scaled"  # measured: worse for beta
 
 
 def test_l1_zero_leaves_plain_cross_entropy() -> None:

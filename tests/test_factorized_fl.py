@@ -69,7 +69,7 @@ def strategy_of(cfg: RunConfig, info: DataInfo) -> FactorizedFLStrategy:
 def test_factorized_weights_keep_shapes_and_reconstruct(rank: int) -> None:
     plain = get_method("fedavg").build_model(cfg_of(model="cnn4"), CIFAR)
     model = get_method("factorized-fl-alpha").build_model(
-        cfg_of(method="factorized-fl-alpha", model="cnn4", rank=rank), CIFAR
+        cfg_of(method="factorized-fl-alpha", model="cnn4", rank=rank, init="scaled"), CIFAR
     )
     layers = factorized_layers(model)
     assert len(layers) == 4  # 2 conv + fc + head

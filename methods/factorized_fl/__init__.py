@@ -41,6 +41,7 @@ OURS: dict[str, Any] = {
     "match-cap": 2.0,
 }
 AUTHORS_MODEL = "resnet9"  # modules/nets.py:23-62
+FLAT_MODELS = (None, "mlp", "logreg")  # no conv: the ablation did not measure them
 
 
 class FactorizedFLParams(MethodParams):
@@ -77,7 +78,11 @@ class FactorizedFLParams(MethodParams):
 
     @classmethod
     def auto(cls, raw: dict[str, Any]) -> dict[str, Any]:
-        profile = AUTHORS if raw.get("profile") == "authors" else OURS
+        profile = dict(AUTHORS if raw.get("profile") == "authors" else OURS)
+        if raw.get("method") == "factorized-fl-alpha" and raw.get("model") not in FLAT_MODELS:
+            # measured (docs/factorized_fl.md, the ablation): alpha on a conv backbone
+            # gains on every seed with the authors' init (its personal head full rank)
+            profile["init"] = "authors"
         if raw.get("partitioner") == "domain":
             matching = {"sim-threshold": 0.95, "epsilon": 20.0, "min-aggr": 4}
         else:
