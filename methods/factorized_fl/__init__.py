@@ -3,6 +3,11 @@ the rank-1 product u v^T plus a sparse bias mu; both variants share the
 similarity-matched per-client aggregation and differ in the split rule (alpha
 shares u; beta shares u, v and the sparse mu).
 
+``profile = "authors"`` sets every key as the authors' code ran it (``AUTHORS``: no
+L1 in effect, mu dense on the wire, their init, SGD state kept, no match cap); our
+defaults (``OURS``) follow the paper, but for alpha's init on conv backbones, where the
+authors' won our ablation (docs/factorized_fl.md).
+
 The keys' defaults are the reference's single-domain permuted-label values (rank 1,
 l1 = mu threshold = 5e-4, similarity threshold 0, epsilon 1, min-aggr 10); with
 ``partitioner=domain`` the ``auto`` ones take the reference's domain-heterogeneous
