@@ -77,6 +77,24 @@ def misfits(
     ]
 
 
+def train_every_parameter(
+    client: PFLClient, generator: torch.Generator, optimizer: torch.optim.Optimizer | None = None
+) -> float:
+    """The base schedule: every parameter of ``client``'s model for ``local-epochs`` on
+    its ``loss``, with ``optimizer`` (None: a fresh one of the run's settings)."""
+    return train_epochs(
+        client.model,
+        list(client.model.parameters()),
+        client.x_train,
+        client.y_train,
+        client.cfg.local_epochs,
+        client.cfg,
+        generator,
+        loss_fn=client.loss,
+        optimizer=optimizer,
+    )
+
+
 class PFLClient(NumPyClient):
     """Base client: plain local training of every tensor (FedAvg's schedule)."""
 
@@ -257,25 +275,9 @@ class PFLClient(NumPyClient):
         """The local objective (cross-entropy by default)."""
         return cross_entropy(model, x, y)
 
-    def local_optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer | None:
-        """The optimizer ``local_train`` steps (None: a fresh one of the run's settings)."""
-        return None
-
     def local_train(self, config: dict[str, Scalar], generator: torch.Generator) -> dict[str, Any]:
         """The local schedule: every parameter for ``local-epochs`` on ``loss``."""
-        params = list(self.model.parameters())
-        loss = train_epochs(
-            self.model,
-            params,
-            self.x_train,
-            self.y_train,
-            self.cfg.local_epochs,
-            self.cfg,
-            generator,
-            loss_fn=self.loss,
-            optimizer=self.local_optimizer(params),
-        )
-        return {"train-loss": loss}
+        return {"train-loss": train_every_parameter(self, generator)}
 
     def score(self) -> tuple[float, dict[str, Scalar]]:
         """(loss, metrics with at least ``accuracy``) on the local test split."""

@@ -35,7 +35,6 @@ from models.wire import Wire
 from pflower.config.schema import RunConfig
 from pflower.results import RunRecorder
 from strategies import checkpoint, privacy, streaming
-from strategies.budget import TimeBudget, round_done
 from strategies.bystanders import Bystanders
 from strategies.payloads import Payloads
 from strategies.recording import RoundLog, Rounds, evaluations_in_fit
@@ -95,7 +94,6 @@ class PFLStrategy(Strategy):
         self.streamed: StreamedRound | None = None  # this round's if streamed (streaming.py)
         self.spare_sum: tuple[NDArrays, NDArrays] | None = None  # the last one's sum buffers
         self.bystanders = Bystanders()  # clients that do not train (FedFac's new clients)
-        self.budget = TimeBudget(cfg.max_minutes)  # max-minutes (strategies/budget.py)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(method={self.cfg.method})"
@@ -166,11 +164,9 @@ class PFLStrategy(Strategy):
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
-        if self.budget.stopped(server_round):
-            return []  # max-minutes: the run stopped after an earlier round
-        if server_round - 1 in self.rounds:
-            self.rounds[server_round - 1].ended = time.perf_counter()
-        self.rounds[server_round] = rl = RoundLog()
+        rl = self.rounds.begin(server_round)
+        if rl is None:  # max-minutes ended the run after an earlier round
+            return []
         self.bystanders.prepare(client_manager)
         sent = instructions(self, server_round, client_manager, self.cfg.fraction_fit, fit=True)
         if server_round == 1 and not self.cfg.class_names.strip():  # ids from each site's data
@@ -211,7 +207,6 @@ class PFLStrategy(Strategy):
             return self.global_payload(), {}
         if streamed is not None:
             streaming.finish_round(self, streamed)
-            round_done(self, server_round)
             checkpoint.save_if_due(self, server_round)
             rl.marks["aggregate"] = time.perf_counter()
             return self.global_payload(), {}
@@ -225,7 +220,6 @@ class PFLStrategy(Strategy):
             if not accepted:
                 return self.global_payload(), {}
         self.dp.aggregate(accepted, self, lambda: self.aggregate(server_round, accepted), rl.extra)
-        round_done(self, server_round)
         checkpoint.save_if_due(self, server_round)
         rl.marks["aggregate"] = time.perf_counter()
         return self.global_payload(), {}  # no History metrics: results.json has them
@@ -238,8 +232,6 @@ class PFLStrategy(Strategy):
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
-        if self.budget.stopped(server_round):
-            return []
         if not self.rounds.evaluates(server_round, self.cfg.eval_in_fit):
             return []  # eval-in-fit: the next round's fits score it; or evaluate-every
         if self.cfg.eval_in_fit and server_round in self.rounds:  # the closing evaluation

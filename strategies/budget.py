@@ -28,10 +28,6 @@ class TimeBudget:
         self.deadline = time.monotonic() + 60 * minutes if minutes > 0 else None
         self.stopped_after: int | None = None  # the round the run stopped after
 
-    def stopped(self, server_round: int) -> bool:
-        """Whether ``server_round`` comes after the round the run stopped at."""
-        return self.stopped_after is not None and server_round > self.stopped_after
-
     def spent(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
 
@@ -46,8 +42,8 @@ class _NoClientsAfterTheStop(logging.Filter):
 def round_done(strategy: Any, server_round: int) -> None:
     """After ``server_round`` aggregated: if the budget is spent and rounds remain,
     make it the run's last (its closing evaluation and checkpoint follow)."""
-    budget: TimeBudget = strategy.budget
     rounds = strategy.rounds
+    budget: TimeBudget = rounds.budget
     if budget.stopped_after is not None or not budget.spent():
         return
     if server_round >= rounds.num_rounds:

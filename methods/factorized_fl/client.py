@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from flwr.common import Scalar
 from torch import nn
 
-from client_app.base import PFLClient
+from client_app.base import PFLClient, train_every_parameter
 from client_app.train import make_optimizer
 from methods.factorized_fl import FactorizedFLParams
 from methods.factorized_fl.model import mu_l1
@@ -87,28 +87,28 @@ class FactorizedFLClient(PFLClient):
         kept = {k[len(OPTIMIZER) :]: v for k, v in state.items() if k.startswith(OPTIMIZER)}
         self.kept_optimizer = kept or None
 
-    def local_optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer | None:
-        """SGD with this client's kept state (optimizer-state 'kept'), else None."""
-        if not self.keeps_optimizer:
-            return None
+    def kept_optimizer_for(self) -> torch.optim.Optimizer:
+        """SGD of the run's settings with this client's kept state, if it fits."""
         named = dict(self.model.named_parameters())
-        self.optimizer = make_optimizer(params, self.cfg)
+        opt = make_optimizer(list(self.model.parameters()), self.cfg)
         if self.kept_optimizer:
-            misfit = load_optimizer_arrays(self.optimizer, named, self.kept_optimizer)
+            misfit = load_optimizer_arrays(opt, named, self.kept_optimizer)
             if misfit:
                 log.warning(
                     "client %s: kept optimizer state does not fit this model (%s): a fresh one",
                     self.client_key,
                     ", ".join(misfit[:3]),
                 )
-        return self.optimizer
+        return opt
 
     def local_train(self, config: dict[str, Scalar], generator: torch.Generator) -> dict[str, Any]:
-        metrics = super().local_train(config, generator)
-        if self.keeps_optimizer:
-            names = {id(p): n for n, p in self.model.named_parameters()}
-            self.kept_optimizer = optimizer_arrays(self.optimizer, names)
-        return metrics
+        if not self.keeps_optimizer:
+            return super().local_train(config, generator)
+        opt = self.kept_optimizer_for()
+        loss = train_every_parameter(self, generator, opt)
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        self.kept_optimizer = optimizer_arrays(opt, names)
+        return {"train-loss": loss}
 
 
 CLIENTS = {"factorized-fl-alpha": FactorizedFLClient, "factorized-fl-beta": FactorizedFLClient}
