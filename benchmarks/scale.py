@@ -6,13 +6,21 @@ run, the peak memory (summed RSS of every process of the run), the start-up (rou
 start after the launch), and the memory model MB = a + b x clients fitted by least
 squares on the 10k, 100k and 1M runs. Writes ``scale-1m-model.md`` and ``.png`` beside
 the preset's report (docs/results by default).
+
+``--partitions``: the partitioners alone (IID, Dirichlet, pathological, natural) on a
+synthetic label array of 10k, 100k and 1M clients: the seconds to build every client's
+rows and the bytes held, beside flwr-datasets' partitioners through ``load_partition``
+(the path before compact partitions) at the sizes ``--flower-up-to`` allows; writes
+``scale-1m-partitions.md``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -132,13 +140,160 @@ def plot(rows: dict[str, list[dict[str, Any]]], path: Path) -> None:
     plt.close(fig)
 
 
+# ----------------------------------------------------------------------------- partitions
+
+PARTITIONERS = ("iid", "dirichlet", "pathological", "natural")
+ALPHA, CLASSES, CLASSES_PER_CLIENT = 0.5, 10, 2
+
+
+def synthetic_rows(clients: int, rows_per_client: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Labels (10 classes) and writer ids (``rows_per_client`` rows each, in a shuffled
+    order) of ``clients x rows_per_client`` rows."""
+    rng = np.random.default_rng(seed)
+    n = clients * rows_per_client
+    labels = rng.integers(0, CLASSES, n)
+    writers = rng.permutation(np.repeat(np.arange(clients), rows_per_client))
+    return labels, writers
+
+
+def flower_partitioner(kind: str, clients: int, seed: int, min_size: int = 0) -> Any:
+    """flwr-datasets' partitioner of ``kind`` with the arguments compact.py reproduces
+    (an IidPartitioner goes with ``Dataset.shuffle(seed)``: ``flower_partitions``)."""
+    from flwr_datasets import partitioner as fp
+
+    if kind == "iid":
+        return fp.IidPartitioner(clients)
+    if kind == "dirichlet":
+        return fp.DirichletPartitioner(clients, "label", ALPHA, min_size, seed=seed)
+    if kind == "pathological":
+        return fp.PathologicalPartitioner(
+            clients, "label", CLASSES_PER_CLIENT, "first-deterministic", seed=seed
+        )
+    return fp.NaturalIdPartitioner(partition_by="writer")
+
+
+def flower_partitions(
+    partitioner: Any, labels: np.ndarray, writers: np.ndarray | None = None, shuffle: int = -1
+) -> list[np.ndarray]:
+    """Every partition's rows through flwr-datasets' ``partitioner`` and
+    ``load_partition``, the path library_partitions took before compact partitions
+    (``shuffle``: ``Dataset.shuffle``'s seed first, as before IidPartitioner)."""
+    import datasets
+
+    columns = {"label": labels, "__row__": np.arange(len(labels))}
+    if writers is not None:
+        columns["writer"] = writers
+    ds = datasets.Dataset.from_dict(columns)
+    partitioner.dataset = ds.shuffle(seed=shuffle) if shuffle >= 0 else ds
+    return [
+        np.asarray(partitioner.load_partition(i)["__row__"], dtype=np.int64)
+        for i in range(partitioner.num_partitions)
+    ]
+
+
+def compact_partitions(
+    kind: str, labels: np.ndarray, writers: np.ndarray, clients: int, seed: int
+) -> Any:
+    from pflower.data import compact
+
+    if kind == "iid":
+        return compact.iid(len(labels), clients, seed)
+    if kind == "dirichlet":
+        return compact.dirichlet(labels, clients, ALPHA, 0, seed)
+    if kind == "pathological":
+        return compact.pathological(labels, clients, CLASSES_PER_CLIENT, seed)
+    return compact.natural(writers)
+
+
+def time_partitions(
+    sizes: list[int], rows_per_client: int, flower_up_to: int, seed: int = 0
+) -> list[dict[str, Any]]:
+    """Per size and partitioner: seconds and bytes held, compact and (up to
+    ``flower_up_to`` clients) flwr-datasets'; whether they gave the same rows."""
+    import flwr_datasets.partitioner  # noqa: F401  imported before the clock starts
+
+    import pflower.data.compact  # noqa: F401
+
+    out = []
+    for clients in sizes:
+        labels, writers = synthetic_rows(clients, rows_per_client, seed)
+        for kind in PARTITIONERS:
+            t0 = time.perf_counter()
+            parts = compact_partitions(kind, labels, writers, clients, seed)
+            row = {"kind": kind, "clients": clients, "rows": len(labels)}
+            row["seconds"] = time.perf_counter() - t0
+            row["bytes"] = parts.nbytes
+            row["smallest"] = int(parts.sizes().min())
+            if clients <= flower_up_to:
+                t0 = time.perf_counter()
+                theirs = flower_partitions(
+                    flower_partitioner(kind, clients, seed),
+                    labels,
+                    writers if kind == "natural" else None,
+                    seed if kind == "iid" else -1,
+                )
+                row["flower_seconds"] = time.perf_counter() - t0
+                # what library_partitions held before: a tuple of arrays
+                row["flower_bytes"] = sys.getsizeof(theirs) + sum(sys.getsizeof(a) for a in theirs)
+                row["same"] = len(theirs) == len(parts) and all(
+                    np.array_equal(a, parts.indices(i)) for i, a in enumerate(theirs)
+                )
+            print(json.dumps(row), flush=True)
+            out.append(row)
+            del parts
+    return out
+
+
+def partitions_report(rows: list[dict[str, Any]], command: str) -> list[str]:
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    lines = [
+        "# Partitions of a million clients",
+        "",
+        f"Synthetic labels ({CLASSES} classes) and writer ids, {rows[0]['rows'] // rows[0]['clients']} "
+        f"rows a client; Dirichlet alpha {ALPHA} with no minimum size (the smallest client's "
+        f"rows are shown: a run's own rule asks 2 to 10), pathological "
+        f"{CLASSES_PER_CLIENT} classes a client (first-deterministic), natural one writer a "
+        "client. compact: pflower/data/compact.py (an int64 offset a client, an int32 row "
+        "index a row); flwr-datasets: its partitioner through `load_partition`, every "
+        "client, as the product did before (bytes: the tuple of arrays it held). "
+        f"Load average when written: {load} on {os.cpu_count()} cores.",
+        "",
+        "| partitioner | clients | rows | compact (s) | bytes a client | smallest client "
+        "| flwr-datasets (s) | its bytes a client | flwr-datasets / compact | same rows |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        theirs = r.get("flower_seconds")
+        lines.append(
+            f"| {r['kind']} | {r['clients']:,} | {r['rows']:,} | {r['seconds']:.2f} | "
+            f"{r['bytes'] / r['clients']:.1f} | {r['smallest']} | "
+            + (
+                f"{theirs:.2f} | {r['flower_bytes'] / r['clients']:.1f} | "
+                f"{theirs / r['seconds']:.0f}x | {'yes' if r['same'] else 'NO'} |"
+                if theirs is not None
+                else "| | | |"
+            )
+        )
+    return [*lines, "", "Made with:", "", f"    {command}", ""]
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks scale", description=__doc__)
     parser.add_argument("--settings", nargs="+", help="only these settings of scale-1m")
     parser.add_argument("--rows", nargs="+", help="only these rows ('flwr run', 'in-process')")
     parser.add_argument("--out", type=Path, help="runs under OUT/runs, the report in OUT")
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument(
+        "--partitions", action="store_true", help="time the partitioners alone (no runs)"
+    )
+    parser.add_argument("--clients", nargs="+", type=int, default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--rows-per-client", type=int, default=40)
+    parser.add_argument(
+        "--flower-up-to", type=int, default=10_000, help="flwr-datasets' path up to this size"
+    )
     args = parser.parse_args(argv)
+    if args.partitions:
+        return partitions_main(args, argv)
     from benchmarks.__main__ import main as run
 
     passed = ["run", PRESET]
@@ -161,6 +316,16 @@ def main(argv: list[str]) -> int:
         plot(rows, out / f"{PRESET}-model.png")
     print(f"model: {out / f'{PRESET}-model.md'}")
     return code
+
+
+def partitions_main(args: argparse.Namespace, argv: list[str]) -> int:
+    rows = time_partitions(args.clients, args.rows_per_client, args.flower_up_to)
+    out = args.out.resolve() if args.out else presets.REPO / "docs" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    text = partitions_report(rows, " ".join(["python -m benchmarks scale", *argv]))
+    (out / f"{PRESET}-partitions.md").write_text("\n".join(text))
+    print(f"partitions: {out / f'{PRESET}-partitions.md'}")
+    return 0 if all(r.get("same", True) for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -7,25 +7,17 @@ import datasets
 import numpy as np
 import pytest
 
+from benchmarks.scale import flower_partitions
 from pflower.config.schema import ConfigError
 from pflower.data import compact
 from pflower.data.hf import source_from_dataset
 from pflower.data.partitions import library_partitions
 
-ROW = "__row__"
 
-
-def _flower(labels: np.ndarray, partitioner, shuffle_seed: int | None = None) -> list[np.ndarray]:
+def _flower(labels: np.ndarray, partitioner, shuffle_seed: int = -1) -> list[np.ndarray]:
     """Every partition's rows as flwr-datasets' ``partitioner`` gives them through
     ``load_partition`` (the code path library_partitions took before #94)."""
-    ds = datasets.Dataset.from_dict({"label": labels, ROW: np.arange(len(labels))})
-    if shuffle_seed is not None:
-        ds = ds.shuffle(seed=shuffle_seed)
-    partitioner.dataset = ds
-    return [
-        np.asarray(partitioner.load_partition(i)[ROW], dtype=np.int64)
-        for i in range(partitioner.num_partitions)
-    ]
+    return flower_partitions(partitioner, labels, shuffle=shuffle_seed)
 
 
 def _same(ours: compact.Partitions, theirs: list[np.ndarray]) -> None:
@@ -162,10 +154,8 @@ def test_a_partition_that_cannot_be_made_is_a_config_error_naming_its_key() -> N
 def test_natural_is_flowers_natural_id_partition(column) -> None:
     from flwr_datasets.partitioner import NaturalIdPartitioner
 
-    ds = datasets.Dataset.from_dict({"writer": column, ROW: np.arange(len(column))})
-    part = NaturalIdPartitioner(partition_by="writer")
-    part.dataset = ds
-    theirs = [np.asarray(part.load_partition(i)[ROW]) for i in range(part.num_partitions)]
+    labels = np.zeros(len(column), dtype=np.int64)
+    theirs = flower_partitions(NaturalIdPartitioner(partition_by="writer"), labels, column)
     ours = compact.natural(column)
     _same(ours, theirs)
     assert ours.values.tolist() == sorted(set(column.tolist()))
@@ -208,3 +198,42 @@ def test_a_million_clients_are_two_arrays_every_row_once(kind) -> None:
         assert sizes.max() > 10 and (sizes == 0).any()
     for c in (0, 123_456, clients - 1):
         assert np.array_equal(parts.indices(c), parts.rows[parts.offsets[c] : parts.offsets[c + 1]])
+
+
+@pytest.mark.parametrize("bound", [2, 10, 62, 2**31 + 5])  # the last rejects half its draws
+@pytest.mark.parametrize("held", [False, True])
+def test_draws_in_blocks_are_numpys_single_draws_and_leave_its_generator_alike(bound, held):
+    """``_Draws`` gives what ``rng.integers(0, bound, size=1)[0]`` gives call after call
+    (blocks smaller than the draws, so several are made) and leaves the generator as
+    those calls do: its next draws, 32-bit ones included, are the same."""
+    for count in (0, 1, 2, 7, 300):
+        ours, theirs = np.random.default_rng(count), np.random.default_rng(count)
+        if held:  # a 32-bit half waiting in both generators
+            ours.integers(0, 5, size=1), theirs.integers(0, 5, size=1)
+        draws = compact._Draws(ours, bound, block=10)
+        got = [draws() for _ in range(count)]
+        draws.close()
+        assert got == [int(theirs.integers(0, bound, size=1)[0]) for _ in range(count)]
+        assert ours.integers(0, 7, size=3).tolist() == theirs.integers(0, 7, size=3).tolist()
+        a, b = np.arange(50), np.arange(50)
+        ours.shuffle(a), theirs.shuffle(b)
+        assert np.array_equal(a, b) and ours.random() == theirs.random()
+
+
+def test_the_partition_benchmark_tables_both_paths_and_their_agreement(tmp_path, capsys):
+    """``python -m benchmarks scale --partitions`` at a small size: every partitioner,
+    compact and flwr-datasets' side by side, the same rows (its exit code says so)."""
+    from benchmarks.scale import main as scale
+
+    args = ["--partitions", "--clients", "60", "--rows-per-client", "5", "--flower-up-to", "60"]
+    assert scale([*args, "--out", str(tmp_path)]) == 0
+    table = (tmp_path / "scale-1m-partitions.md").read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "| 60 |" in line]
+    assert [r.split("|")[1].strip() for r in rows] == [
+        "iid",
+        "dirichlet",
+        "pathological",
+        "natural",
+    ]
+    assert all(r.rstrip().endswith("| yes |") for r in rows)
+    assert "python -m benchmarks scale --partitions --clients 60" in table

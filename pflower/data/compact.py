@@ -16,6 +16,7 @@ the same calls (numpy's shuffle makes the same draws for a list and an array).
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -196,6 +197,61 @@ def dirichlet(
     return parts
 
 
+class _Draws:
+    """What successive ``rng.integers(0, bound, size=1)[0]`` calls give, made in blocks.
+    numpy draws each from the bit generator's 32-bit halves (a 64-bit word's low half
+    first, the high half kept for the next draw) by Lemire's method, taking the next
+    half when one is rejected (about bound / 2**32 of them); ``close`` leaves the
+    generator where those calls would have. A million single draws cost seconds in
+    numpy's per-call overhead; a block is one ``random_raw`` (tests compare the two)."""
+
+    def __init__(self, rng: np.random.Generator, bound: int, block: int) -> None:
+        assert sys.byteorder == "little" and 1 < bound < 2**32
+        self.bits, self.bound, self.block = rng.bit_generator, bound, max(block, 64)
+        self.start = self.bits.state
+        self.halves = np.zeros(0, dtype=np.uint32)  # the stream drawn so far
+        self.values: list[int] = []  # the accepted draws
+        self.ends: list[int] = []  # each one's last half, + 1
+        self.taken = 0
+
+    def _more(self) -> None:
+        fresh = self.bits.random_raw(self.block).view(np.uint32)
+        if not len(self.halves) and self.start["has_uint32"]:  # the half held comes first
+            fresh = np.concatenate([np.array([self.start["uinteger"]], np.uint32), fresh])
+        offset = len(self.halves)
+        self.halves = np.concatenate([self.halves, fresh])
+        scaled = fresh.astype(np.uint64) * np.uint64(self.bound)
+        threshold = (2**32 - self.bound) % self.bound
+        accepted = np.flatnonzero((scaled & np.uint64(0xFFFFFFFF)) >= threshold)
+        self.values += (scaled[accepted] >> np.uint64(32)).astype(np.int64).tolist()
+        self.ends += (accepted + offset + 1).tolist()
+
+    def __call__(self) -> int:
+        while self.taken >= len(self.values):
+            self._more()
+        self.taken += 1
+        return self.values[self.taken - 1]
+
+    def close(self) -> None:
+        """Put the generator where ``taken`` single draws leave it."""
+        used = self.ends[self.taken - 1] if self.taken else 0
+        held = int(self.start["has_uint32"])
+        self.bits.state = self.start
+        if used == 0:
+            return
+        if held:  # the half the generator held was taken first
+            state = self.bits.state
+            state["has_uint32"] = 0
+            self.bits.state = state
+        words, odd = divmod(used - held, 2)
+        self.bits.advance(words)
+        if odd:  # the word's high half waits for the next 32-bit draw
+            self.bits.random_raw(1)
+            state = self.bits.state
+            state["has_uint32"], state["uinteger"] = 1, int(self.halves[used])
+            self.bits.state = state
+
+
 def _first_deterministic_classes(
     rng: np.random.Generator, num_partitions: int, num_classes: int, per_partition: int
 ) -> np.ndarray:
@@ -207,14 +263,15 @@ def _first_deterministic_classes(
     chosen[:, 0] = np.arange(num_partitions) % num_classes
     if per_partition == 1:
         return chosen
-    draw = rng.integers
+    draw = _Draws(rng, num_classes, 2 * num_partitions * (per_partition - 1))
     for p in range(num_partitions):
         have = [p % num_classes]
         while len(have) < per_partition:
-            c = int(draw(0, num_classes, size=1)[0])
+            c = draw()
             if c not in have:
                 have.append(c)
         chosen[p] = have
+    draw.close()
     return chosen
 
 
@@ -282,13 +339,17 @@ class NaturalPartitions(Partitions):
 
 
 def natural(column: np.ndarray) -> NaturalPartitions:
-    """NaturalIdPartitioner(partition_by=column)'s partitions: one a distinct value."""
-    values, codes = np.unique(np.asarray(column), return_inverse=True)
-    codes = codes.reshape(-1)
-    rows = np.argsort(codes, kind="stable").astype(_row_type(len(codes)))
-    sizes = np.bincount(codes, minlength=len(values))
-    parts = Partitions.from_sizes(sizes, rows)
-    return NaturalPartitions(parts.offsets, parts.rows, values)
+    """NaturalIdPartitioner(partition_by=column)'s partitions: one a distinct value
+    (one stable sort: each value's rows stay in row order)."""
+    column = np.asarray(column)
+    order = np.argsort(column, kind="stable")
+    ordered = column[order]
+    first = np.ones(len(column), dtype=bool)
+    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
+    starts = np.flatnonzero(first)
+    sizes = np.diff(np.append(starts, len(column)))
+    parts = Partitions.from_sizes(sizes, order.astype(_row_type(len(column))))
+    return NaturalPartitions(parts.offsets, parts.rows, ordered[starts])
 
 
 _NATURAL: dict[int, tuple[Any, NaturalPartitions]] = {}
