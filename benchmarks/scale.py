@@ -12,6 +12,11 @@ synthetic label array of 10k, 100k and 1M clients: the seconds to build every cl
 rows and the bytes held, beside flwr-datasets' partitioners through ``load_partition``
 (the path before compact partitions) at the sizes ``--flower-up-to`` allows; writes
 ``scale-1m-partitions.md``.
+
+``--ray-cluster``: the small settings (1k, 10k, 100k clients, 100 a round) through
+``flwr run`` on this machine, then on a two-node Ray cluster started here
+(server_app/ray_cluster.py: two network namespaces; root), side by side; writes
+``scale-1m-cluster.md``.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,6 +37,9 @@ from benchmarks.runner import is_complete, load_results
 
 PRESET = "scale-1m"
 FITTED = (10_000, 100_000, 1_000_000)  # the sizes the memory model is fitted on
+MAIN = ("1000-clients", "10000-clients", "100000-clients", "1000000-clients")
+SMALL = ("1000-clients-100", "10000-clients-100", "100000-clients-100")  # --ray-cluster's
+ENGINE = "flwr run"  # the row a Ray cluster runs
 
 
 def cell_figures(cell: presets.Cell) -> dict[str, Any] | None:
@@ -67,7 +76,7 @@ def collect(runs: Path) -> dict[str, list[dict[str, Any]]]:
     preset = presets.load(PRESET)
     out: dict[str, list[dict[str, Any]]] = {}
     for cell in preset.cells(runs=runs):
-        if cell.setting.startswith("ci"):
+        if cell.setting not in MAIN:
             continue
         figures = cell_figures(cell)
         if figures is not None:
@@ -277,6 +286,108 @@ def partitions_report(rows: list[dict[str, Any]], command: str) -> list[str]:
     return [*lines, "", "Made with:", "", f"    {command}", ""]
 
 
+# ----------------------------------------------------------------------------- Ray cluster
+
+
+def cluster_cells(cluster: Any, settings: list[str], runs: Path) -> dict[str, dict[str, int]]:
+    """The ``flwr run`` cells of ``settings`` (under ``runs``) run inside the head's
+    namespace of ``cluster`` (server_app.ray_cluster.Cluster), joining it; each cell's
+    peak counts the cluster's processes too. Per setting: the ClientApp actors seen on
+    each node while it ran, and the exit code. Kept in ``runs``/cluster.json."""
+    from benchmarks.runner import CLUSTER_PIDS
+
+    seen_path = runs / "cluster.json"
+    seen = json.loads(seen_path.read_text()) if seen_path.exists() else {}
+    env = cluster.env(**{CLUSTER_PIDS: ",".join(map(str, cluster.node_pids()))})
+    for setting in settings:
+        command = [sys.executable, "-m", "benchmarks", "run", PRESET, "--settings", setting]
+        command += ["--rows", ENGINE, "--runs", str(runs), "--out", str(runs.parent)]
+        proc = subprocess.Popen(cluster.exec(*command), cwd=presets.REPO, env=env)
+        head: set[int] = set()
+        worker: set[int] = set()
+        while proc.poll() is None:
+            on_head, on_worker = cluster.actors()
+            head.update(on_head)
+            worker.update(on_worker)
+            time.sleep(0.5)
+        seen[setting] = {"head": len(head), "worker": len(worker), "exit": proc.returncode}
+        runs.mkdir(parents=True, exist_ok=True)
+        seen_path.write_text(json.dumps(seen, indent=1))
+    return seen
+
+
+def _figure(figures: dict[str, Any] | None, key: str, fmt: str) -> str:
+    return format(figures[key], fmt) if figures and figures.get(key) is not None else "-"
+
+
+def cluster_report(one: Path, two: Path, settings: list[str], commands: list[str]) -> list[str]:
+    """One machine's cells (under ``one``) beside the cluster's (under ``two``)."""
+    preset = presets.load(PRESET)
+    figures: dict[tuple[str, str], dict[str, Any]] = {}
+    for where, runs in (("one", one), ("two", two)):
+        for cell in preset.cells(runs=runs):
+            if cell.setting in settings and cell.label == ENGINE:
+                got = cell_figures(cell)
+                if got is not None:
+                    figures[(where, cell.setting)] = got
+    actors_path = two / "cluster.json"
+    actors = json.loads(actors_path.read_text()) if actors_path.exists() else {}
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    lines = [
+        "# The scale cells on a two-node Ray cluster",
+        "",
+        "FedPer through `flwr run` (benchmarks/presets/scale-1m.toml, 100 clients a round, "
+        "3 rounds) on this machine's own Ray (2 CPUs) and on a Ray cluster of two nodes "
+        "of 1 CPU each, a head and a worker in two network namespaces joined by a veth "
+        "pair (server_app/ray_cluster.py), the run joining it from the head's namespace "
+        "(`RAY_ADDRESS`). Both on this one machine: the cluster's cost is Ray's across an "
+        "address, not a second machine's power. s/client-round: the median of rounds "
+        "2-3; peak: every process of the run (the cluster's Ray nodes and their workers "
+        f"included). Load average when written: {load} on {os.cpu_count()} cores.",
+        "",
+        "| clients | a round | one machine: s/client-round | cluster: s/client-round | "
+        "cluster / one | peak one / cluster (MB) | start-up one / cluster (s) | "
+        "actors on head, worker |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for setting in settings:
+        a, b = figures.get(("one", setting)), figures.get(("two", setting))
+        if a is None and b is None:
+            continue
+        ref, seen, cell = a or b, actors.get(setting, {}), _figure
+        ratio = f"{b['s_client_round'] / a['s_client_round']:.2f}" if a and b else "-"
+        lines.append(
+            f"| {ref['clients']:,} | {ref['per_round']} | {cell(a, 's_client_round', '.4f')} | "
+            f"{cell(b, 's_client_round', '.4f')} | {ratio} | {cell(a, 'peak_mb', ',.0f')} / "
+            f"{cell(b, 'peak_mb', ',.0f')} | {cell(a, 'startup_s', '.0f')} / "
+            f"{cell(b, 'startup_s', '.0f')} | {seen.get('head', '-')}, {seen.get('worker', '-')} |"
+        )
+    return [*lines, "", "Made with (as root):", "", *[f"    {c}" for c in commands], ""]
+
+
+def cluster_main(args: argparse.Namespace, argv: list[str]) -> int:
+    from benchmarks.__main__ import main as run
+    from server_app.ray_cluster import two_node_cluster
+
+    settings = args.settings or list(SMALL)
+    out = args.out.resolve() if args.out else presets.REPO / "docs" / "results"
+    one = args.out.resolve() / "runs" if args.out else presets.RUNS
+    two = one / "ray-cluster"
+    code = 0
+    if not args.report_only:
+        passed = ["run", PRESET, "--settings", *settings, "--rows", ENGINE, "--runs", str(one)]
+        code = run([*passed, "--out", str(one.parent)])
+        with two_node_cluster(args.cluster_prefix) as cluster:
+            seen = cluster_cells(cluster, settings, two)
+        code = code or max(s["exit"] for s in seen.values())
+    commands = [" ".join(["python -m benchmarks scale", *argv])]
+    text = cluster_report(one, two, settings, commands)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{PRESET}-cluster.md").write_text("\n".join(text))
+    print(f"cluster: {out / f'{PRESET}-cluster.md'}")
+    return code
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks scale", description=__doc__)
     parser.add_argument("--settings", nargs="+", help="only these settings of scale-1m")
@@ -291,15 +402,22 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--flower-up-to", type=int, default=10_000, help="flwr-datasets' path up to this size"
     )
+    parser.add_argument(
+        "--ray-cluster",
+        action="store_true",
+        help="the small settings on this machine and on a two-node Ray cluster (root)",
+    )
+    parser.add_argument("--cluster-prefix", default="pfl", help="its namespaces' prefix")
     args = parser.parse_args(argv)
     if args.partitions:
         return partitions_main(args, argv)
+    if args.ray_cluster:
+        return cluster_main(args, argv)
     from benchmarks.__main__ import main as run
 
-    passed = ["run", PRESET]
-    for flag in ("settings", "rows"):
-        if getattr(args, flag):
-            passed += [f"--{flag}", *getattr(args, flag)]
+    passed = ["run", PRESET, "--settings", *(args.settings or MAIN)]
+    if args.rows:
+        passed += ["--rows", *args.rows]
     if args.out:
         passed += ["--out", str(args.out)]
     if args.report_only:

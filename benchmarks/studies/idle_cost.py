@@ -187,6 +187,18 @@ def _inprocess_now(n: int) -> Any:
     return measure(lambda: build_inprocess(INPROCESS, n))
 
 
+def _partitions(n: int) -> Any:
+    """A partitioned data set's partitions (Dirichlet 0.5 over 10 classes, 40 rows a
+    client; pflower/data/compact.py), built as each process that serves clients
+    builds them; the labels are the data set's, made before measuring."""
+    import numpy as np
+
+    from pflower.data import compact
+
+    labels = np.random.default_rng(0).integers(0, 10, 40 * n)
+    return measure(lambda: compact.dirichlet(labels, n, 0.5, 0, seed=0))
+
+
 RAY, BOTH, LOCAL = "Ray (flwr run)", "both (each process that draws data)", "in-process"
 # (engine, what is held, how it is measured, whether the project still builds it)
 PIECES: list[tuple[str, str, Callable[[int], Any], bool]] = [
@@ -202,6 +214,8 @@ PIECES: list[tuple[str, str, Callable[[int], Any], bool]] = [
     (RAY, "the sampler's registration order, a dict", _registration_order, False),
     (BOTH, "the study's one stream: where each client's draws begin", _one_stream, False),
     (BOTH, "sim-client-streams: the last client drawn alone", _client_streams, True),
+    (BOTH, "a partitioned set's partitions: an offset a client, a row index a row (40)",
+     _partitions, True),
     (LOCAL, "a proxy, a Context and a ClientApp a client", _inprocess_before, False),
     (LOCAL, "build_inprocess now: the strategy and a count", _inprocess_now, True),
 ]  # fmt: skip
