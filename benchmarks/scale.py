@@ -14,9 +14,9 @@ rows and the bytes held, beside flwr-datasets' partitioners through ``load_parti
 ``scale-1m-partitions.md``.
 
 ``--ray-cluster``: the small settings (1k, 10k, 100k clients, 100 a round) through
-``flwr run`` on this machine, then on a two-node Ray cluster started here
-(server_app/ray_cluster.py: two network namespaces; root), side by side; writes
-``scale-1m-cluster.md``.
+``flwr run``, setting by setting on this machine's own Ray and then on a two-node Ray
+cluster started here for it (server_app/ray_cluster.py: two network namespaces; root);
+writes ``scale-1m-cluster.md``, the two side by side.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ def cell_figures(cell: presets.Cell) -> dict[str, Any] | None:
         "peak_mb": status["peak_rss"] / 2**20,
         "startup_s": start - status["launched_at"] if start and "launched_at" in status else None,
         "personal_state": res.get("personal_state", {}),
+        "final_accuracy": res.get("final_accuracy_mean"),
     }
 
 
@@ -289,20 +290,36 @@ def partitions_report(rows: list[dict[str, Any]], command: str) -> list[str]:
 # ----------------------------------------------------------------------------- Ray cluster
 
 
-def cluster_cells(cluster: Any, settings: list[str], runs: Path) -> dict[str, dict[str, int]]:
-    """The ``flwr run`` cells of ``settings`` (under ``runs``) run inside the head's
-    namespace of ``cluster`` (server_app.ray_cluster.Cluster), joining it; each cell's
-    peak counts the cluster's processes too. Per setting: the ClientApp actors seen on
-    each node while it ran, and the exit code. Kept in ``runs``/cluster.json."""
+def _cell(runs: Path, setting: str) -> presets.Cell:
+    (cell,) = [
+        c
+        for c in presets.load(PRESET).cells(runs=runs)
+        if c.setting == setting and c.label == ENGINE
+    ]
+    return cell
+
+
+def cluster_cells(
+    cluster: Any, settings: list[str], runs: Path, rerun: bool = False
+) -> dict[str, dict[str, int]]:
+    """The ``flwr run`` cells of ``settings`` (under ``runs``; a complete one again only
+    with ``rerun``) run inside the head's namespace of ``cluster``
+    (server_app.ray_cluster.Cluster), joining it; each cell's peak counts the cluster's
+    processes too. Per setting: the ClientApp actors seen on each node while it ran,
+    and the exit code. Kept in ``runs``/cluster.json."""
     from benchmarks.runner import CLUSTER_PIDS
 
     seen_path = runs / "cluster.json"
     seen = json.loads(seen_path.read_text()) if seen_path.exists() else {}
     env = cluster.env(**{CLUSTER_PIDS: ",".join(map(str, cluster.node_pids()))})
     for setting in settings:
+        if not rerun and setting in seen and is_complete(_cell(runs, setting)):
+            continue
         command = [sys.executable, "-m", "benchmarks", "run", PRESET, "--settings", setting]
         command += ["--rows", ENGINE, "--runs", str(runs), "--out", str(runs.parent)]
-        proc = subprocess.Popen(cluster.exec(*command), cwd=presets.REPO, env=env)
+        proc = subprocess.Popen(
+            cluster.exec(*command, *(["--rerun"] if rerun else [])), cwd=presets.REPO, env=env
+        )
         head: set[int] = set()
         worker: set[int] = set()
         while proc.poll() is None:
@@ -347,8 +364,8 @@ def cluster_report(one: Path, two: Path, settings: list[str], commands: list[str
         "",
         "| clients | a round | one machine: s/client-round | cluster: s/client-round | "
         "cluster / one | peak one / cluster (MB) | start-up one / cluster (s) | "
-        "actors on head, worker |",
-        "|---|---|---|---|---|---|---|---|",
+        "final accuracy one / cluster | actors on head, worker |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for setting in settings:
         a, b = figures.get(("one", setting)), figures.get(("two", setting))
@@ -360,7 +377,9 @@ def cluster_report(one: Path, two: Path, settings: list[str], commands: list[str
             f"| {ref['clients']:,} | {ref['per_round']} | {cell(a, 's_client_round', '.4f')} | "
             f"{cell(b, 's_client_round', '.4f')} | {ratio} | {cell(a, 'peak_mb', ',.0f')} / "
             f"{cell(b, 'peak_mb', ',.0f')} | {cell(a, 'startup_s', '.0f')} / "
-            f"{cell(b, 'startup_s', '.0f')} | {seen.get('head', '-')}, {seen.get('worker', '-')} |"
+            f"{cell(b, 'startup_s', '.0f')} | {cell(a, 'final_accuracy', '.4f')} / "
+            f"{cell(b, 'final_accuracy', '.4f')} | {seen.get('head', '-')}, "
+            f"{seen.get('worker', '-')} |"
         )
     return [*lines, "", "Made with (as root):", "", *[f"    {c}" for c in commands], ""]
 
@@ -374,13 +393,16 @@ def cluster_main(args: argparse.Namespace, argv: list[str]) -> int:
     one = args.out.resolve() / "runs" if args.out else presets.RUNS
     two = one / "ray-cluster"
     code = 0
-    if not args.report_only:
-        passed = ["run", PRESET, "--settings", *settings, "--rows", ENGINE, "--runs", str(one)]
-        code = run([*passed, "--out", str(one.parent)])
+    for setting in [] if args.report_only else settings:
+        # side by side, setting by setting: this machine's cell (no cluster up), then
+        # the cluster's (a cluster started for it)
+        passed = ["run", PRESET, "--settings", setting, "--rows", ENGINE, "--runs", str(one)]
+        code = run([*passed, "--out", str(one.parent), *(["--rerun"] if args.rerun else [])])
         with two_node_cluster(args.cluster_prefix) as cluster:
-            seen = cluster_cells(cluster, settings, two)
-        code = code or max(s["exit"] for s in seen.values())
-    commands = [" ".join(["python -m benchmarks scale", *argv])]
+            seen = cluster_cells(cluster, [setting], two, args.rerun)
+        code = code or seen[setting]["exit"]
+    shown = [a for a in argv if a not in ("--report-only", "--rerun")]
+    commands = [" ".join(["python -m benchmarks scale", *shown])]
     text = cluster_report(one, two, settings, commands)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{PRESET}-cluster.md").write_text("\n".join(text))
@@ -394,6 +416,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rows", nargs="+", help="only these rows ('flwr run', 'in-process')")
     parser.add_argument("--out", type=Path, help="runs under OUT/runs, the report in OUT")
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--rerun", action="store_true", help="rerun complete cells too")
     parser.add_argument(
         "--partitions", action="store_true", help="time the partitioners alone (no runs)"
     )
@@ -420,8 +443,9 @@ def main(argv: list[str]) -> int:
         passed += ["--rows", *args.rows]
     if args.out:
         passed += ["--out", str(args.out)]
-    if args.report_only:
-        passed.append("--report-only")
+    passed += [
+        f"--{flag}" for flag in ("report-only", "rerun") if getattr(args, flag.replace("-", "_"))
+    ]
     code = run(passed)
     out = args.out.resolve() if args.out else presets.REPO / "docs" / "results"
     runs = args.out.resolve() / "runs" if args.out else presets.RUNS
