@@ -360,7 +360,8 @@ def cluster_report(one: Path, two: Path, settings: list[str], commands: list[str
         "(`RAY_ADDRESS`). Both on this one machine: the cluster's cost is Ray's across an "
         "address, not a second machine's power. s/client-round: the median of rounds "
         "2-3; peak: every process of the run (the cluster's Ray nodes and their workers "
-        f"included). Load average when written: {load} on {os.cpu_count()} cores.",
+        "included); start-up: round 1's start after the launch (on the cluster Ray is "
+        f"up already). Load average when written: {load} on {os.cpu_count()} cores.",
         "",
         "| clients | a round | one machine: s/client-round | cluster: s/client-round | "
         "cluster / one | peak one / cluster (MB) | start-up one / cluster (s) | "
@@ -401,8 +402,7 @@ def cluster_main(args: argparse.Namespace, argv: list[str]) -> int:
         with two_node_cluster(args.cluster_prefix) as cluster:
             seen = cluster_cells(cluster, [setting], two, args.rerun)
         code = code or seen[setting]["exit"]
-    shown = [a for a in argv if a not in ("--report-only", "--rerun")]
-    commands = [" ".join(["python -m benchmarks scale", *shown])]
+    commands = [shown_command(argv)]
     text = cluster_report(one, two, settings, commands)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{PRESET}-cluster.md").write_text("\n".join(text))
@@ -460,11 +460,20 @@ def main(argv: list[str]) -> int:
     return code
 
 
+def shown_command(argv: list[str]) -> str:
+    """The command a report names: without where it was written or how often run."""
+    shown = [a for a in argv if a not in ("--report-only", "--rerun")]
+    if "--out" in shown:
+        at = shown.index("--out")
+        del shown[at : at + 2]
+    return " ".join(["python -m benchmarks scale", *shown])
+
+
 def partitions_main(args: argparse.Namespace, argv: list[str]) -> int:
     rows = time_partitions(args.clients, args.rows_per_client, args.flower_up_to)
     out = args.out.resolve() if args.out else presets.REPO / "docs" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    text = partitions_report(rows, " ".join(["python -m benchmarks scale", *argv]))
+    text = partitions_report(rows, shown_command(argv))
     (out / f"{PRESET}-partitions.md").write_text("\n".join(text))
     print(f"partitions: {out / f'{PRESET}-partitions.md'}")
     return 0 if all(r.get("same", True) for r in rows) else 1
