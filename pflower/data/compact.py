@@ -18,7 +18,6 @@ for a list and an array).
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -208,7 +207,7 @@ class _Draws:
     numpy's per-call overhead; a block is one ``random_raw`` (tests compare the two)."""
 
     def __init__(self, rng: np.random.Generator, bound: int, block: int) -> None:
-        assert sys.byteorder == "little" and 1 < bound < 2**32
+        assert 1 < bound < 2**32
         self.bits, self.bound, self.block = rng.bit_generator, bound, max(block, 64)
         self.start = self.bits.state
         self.halves = np.zeros(0, dtype=np.uint32)  # the stream drawn so far
@@ -217,7 +216,9 @@ class _Draws:
         self.taken = 0
 
     def _more(self) -> None:
-        fresh = self.bits.random_raw(self.block).view(np.uint32)
+        words = self.bits.random_raw(self.block)
+        fresh = np.empty(2 * self.block, dtype=np.uint32)
+        fresh[0::2], fresh[1::2] = words & 0xFFFFFFFF, words >> np.uint64(32)
         if not len(self.halves) and self.start["has_uint32"]:  # the half held comes first
             fresh = np.concatenate([np.array([self.start["uinteger"]], np.uint32), fresh])
         offset = len(self.halves)
