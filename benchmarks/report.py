@@ -22,6 +22,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ import numpy as np
 from benchmarks import machine
 from benchmarks.presets import REPO, RESERVED, Cell, Preset
 from benchmarks.runner import is_complete, load_results
+from pflower.results import git_commit, scored_rounds
+from pflower.results.reference import REFERENCE_FILE
 
 AGGREGATES = {"final": lambda v: v[-1], "mean": np.mean, "sum": np.sum, "max": np.max}
 
@@ -544,3 +547,54 @@ def write(
     path = out / f"{preset.name}.md"
     path.write_text("\n".join(lines).rstrip() + "\n")
     return path
+
+
+REFERENCE_MATCH = ("dataset", "model", "hidden-dim", "sim-samples", "sim-dim", "sim-shared-neurons")
+REFERENCE_MATCH += ("sim-shared-covariates", "sim-noise", "sim-client-streams")
+# the committed figures (reference.json): method -> the label a summary and a plot show
+REFERENCE_ROWS = {"fedfac-static": "FedFac (static)", "fedavg": "FedAvg", "local": "Local"}
+
+
+def write_reference(preset: Preset, setting: str, runs: Path, command: str) -> int:
+    """pflower/results/reference.json: FedAvg's, Local's and FedFac (static)'s final mean
+    accuracy (mean, sample std and each seed) and each seed's accuracy per round, in one
+    setting of a preset, from its complete runs under ``runs``. A run on the same data and
+    budget shows them: its summary prints the committed figures beside its own, its plot
+    the committed curves beside its own (pflower/results/reference.py). ``command``: what
+    made it, recorded in the file."""
+    cells = [
+        c for c in preset.cells(runs=runs) if c.setting == setting and c.label in REFERENCE_ROWS
+    ]
+    rows, match, clients, rounds, commits = {}, {}, 0, 0, set()
+    for label in REFERENCE_ROWS:
+        done = [c for c in cells if c.label == label and is_complete(c)]
+        if len(done) < 2:
+            print(f"{label}: {len(done)} complete seeds in {setting}; run the preset first")
+            return 1
+        results = [load_results(c) for c in done]
+        finals = [r["final_accuracy_mean"] for r in results]
+        rows[label] = {
+            "label": REFERENCE_ROWS[label],
+            "mean": float(np.mean(finals)),
+            "std": float(np.std(finals, ddof=1)),
+            "seeds": {str(c.seed): f for c, f in zip(done, finals)},
+            "curves": {
+                str(c.seed): [r["accuracy_mean"] for r in scored_rounds(res["rounds"])]
+                for c, res in zip(done, results)
+            },
+        }
+        commits.update(r.get("provenance", {}).get("git_commit", "?") for r in results)
+        stored = results[0]["config"]
+        match = {k: stored[k] for k in REFERENCE_MATCH if k in stored}
+        clients, rounds = done[0].clients, done[0].rounds
+    entry = {"preset": preset.name, "setting": setting, "clients": clients, "rounds": rounds}
+    entry.update(match=match, rows=rows)
+    made = {
+        "command": command,
+        "runs_commit": sorted(commits),  # what ran the cells
+        "written_at": git_commit(REPO),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    REFERENCE_FILE.write_text(json.dumps({"made": made, "settings": [entry]}, indent=1) + "\n")
+    print(f"wrote {REFERENCE_FILE}")
+    return 0

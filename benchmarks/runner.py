@@ -4,7 +4,7 @@ Engines (what one cell runs; the first three through the real Strategy and Clien
 * ``inprocess``: server_app/inprocess.py (Flower's round loop, real Messages, no Ray);
 * ``simulation``: ``flwr``'s Ray simulation (server_app/simulate.py);
 * ``flwr-run``: the same through ``bash scripts/dev.sh run`` (``flwr run``, its local
-  SuperLink and ``flwr-simulation`` process: benchmarks/flwr_run.py);
+  SuperLink and ``flwr-simulation`` process: ``run_flwr`` below);
 * ``deployment``: a loopback SuperLink + one SuperNode per client (server_app/loopback.py),
   the run submitted with ``flwr run``; the wire bytes counted by a TCP relay;
 * ``plain``: the same clients' local training and evaluation in a plain PyTorch loop,
@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
 from benchmarks.machine import RoundCpuWatcher, process_tree, reference_ms
 from benchmarks.presets import REPO, Cell, Preset
@@ -129,8 +130,6 @@ def run_cell_here(spec_json: str) -> None:
 
         simulate(cell.config, cell.clients, num_cpus=cell.num_cpus, num_gpus=cell.num_gpus)
     elif cell.engine == "flwr-run":
-        from benchmarks.flwr_run import run_flwr
-
         run_flwr(cell)
     elif cell.engine.startswith("deployment"):
         _deployment(cell, warm=cell.engine == "deployment-warm")
@@ -384,8 +383,6 @@ CLUSTER_PIDS = "PFLOWER_BENCH_CLUSTER_PIDS"  # comma-separated: counted in a cel
 def _tree_rss(pid: int, others: list[int] | None = None) -> int:
     """Resident memory of a process and all its descendants (Ray workers included),
     and of ``others`` (processes of the run that are not its children) and theirs."""
-    import psutil
-
     total = 0
     seen = {q.pid: q for root in (pid, *(others or [])) for q in process_tree(root)}
     for p in seen.values():  # a process once, if it is also a descendant
@@ -449,9 +446,7 @@ def run_cell(
             cluster = [int(p) for p in os.environ.get(CLUSTER_PIDS, "").split(",") if p]
             while proc.poll() is None:
                 if cell.engine == "flwr-run" and not detached:
-                    from benchmarks.flwr_run import home, run_processes
-
-                    detached = [p.pid for p in run_processes(home(cell))]
+                    detached = [p.pid for p in run_processes(flwr_home(cell))]
                 peak[0] = max(peak[0], _tree_rss(proc.pid, detached + cluster))
                 time.sleep(0.2)
 
@@ -511,3 +506,96 @@ def run_preset(
             failed.append(f"{cell.setting} / {cell.label} / seed {cell.seed}")
             print(f"{head}: FAILED in {seconds:.0f}s: {reason}", flush=True)
     return failed
+
+
+# The ``flwr-run`` engine: a cell run as a user runs the project, ``bash scripts/dev.sh
+# run`` (the pre-flight, then ``flwr run . --stream`` on the local SuperLink flwr starts,
+# which runs Flower's Ray simulation in a ``flwr-simulation`` process of its own). The
+# cell gets its own FLWR_HOME (``<cell dir>/flwr-home``) and free ports, never Flower's
+# default ones; flwr 1.39 starts the local SuperLink detached, so its processes are not
+# the cell's children: ``run_processes`` finds them by that FLWR_HOME in their command
+# line (for the memory samples), and they are stopped by pid when the cell ends.
+
+FLWR_HOME = "flwr-home"
+
+
+def flwr_home(cell: Cell) -> Path:
+    return cell.dir / FLWR_HOME
+
+
+def toml_value(value: Any) -> str:
+    """A run-config value as ``--run-config`` takes it (TOML)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))
+
+
+def flwr_command(cell: Cell) -> list[str]:
+    """``dev.sh run`` with the cell's whole config and its federation."""
+    run_config = " ".join(f"{k}={toml_value(v)}" for k, v in sorted(cell.config.items()))
+    cpus = int(cell.num_cpus) if float(cell.num_cpus).is_integer() else cell.num_cpus  # flwr's type
+    federation = f"num-supernodes={cell.clients} client-resources-num-cpus={cpus}"
+    federation += f" client-resources-num-gpus={cell.num_gpus}"
+    return ["bash", "scripts/dev.sh", "run", "--run-config", run_config, "--federation-config"] + [
+        federation
+    ]
+
+
+def flwr_environment(cell: Cell) -> dict[str, str]:
+    from server_app.loopback import free_ports
+
+    http, control = free_ports(2)
+    return {
+        **os.environ,
+        "FLWR_HOME": str(flwr_home(cell)),
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(control),
+        "VENV": str(Path(sys.executable).parent.parent),
+        "PFLOWER_SKIP_SETUP": "1",  # this environment is the project's
+    }
+
+
+def run_processes(home: Path) -> list[psutil.Process]:
+    """The local SuperLink's processes of the cell whose FLWR_HOME is ``home``
+    (flwr 1.39 starts it detached: it is no child of the cell's process)."""
+    marker = str(home)
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmdline = p.info.get("cmdline") or []
+        if any(marker in a for a in cmdline) and any("flower-superlink" in a for a in cmdline):
+            out.append(p)
+    return out
+
+
+def stop_flwr(home: Path) -> None:
+    """Stop the cell's local SuperLink (and what it started) by pid."""
+    procs = []
+    for root in run_processes(home):
+        try:
+            procs += [*root.children(recursive=True), root]
+        except psutil.Error:
+            continue
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            continue
+    _, alive = psutil.wait_procs(procs, timeout=20)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            continue
+
+
+def run_flwr(cell: Cell) -> None:
+    """The cell through ``dev.sh run``; RuntimeError with its exit code if it failed."""
+    flwr_home(cell).mkdir(parents=True, exist_ok=True)
+    try:
+        proc = subprocess.run(flwr_command(cell), cwd=REPO, env=flwr_environment(cell))
+    finally:
+        stop_flwr(flwr_home(cell))
+    if proc.returncode != 0:
+        raise RuntimeError(f"dev.sh run exited with {proc.returncode}")

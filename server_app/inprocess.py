@@ -49,8 +49,10 @@ from pflower.config.schema import ConfigError
 from server_app.app import build_server
 from server_app.cohort import COHORT, Cohort
 from server_app.cohort import check as cohort_check
+from server_app.heap import keep_freed_memory
 from server_app.nodes import LocalNodes
 from strategies import outcome
+from strategies.device_fold import fold_device
 
 Recorder = Callable[[str, str, Any, Any], None]  # (kind, client, instruction, reply)
 
@@ -155,9 +157,13 @@ def build_inprocess(
     # measured faster than one client on every thread (docs/PERFORMANCE.md). Each
     # client's numbers are its own either way: its own generator, single-threaded ops
     # the same at any parallelism, and a round's sum does not depend on arrival order.
+    keep_freed_memory()  # a round's large buffers reused, not faulted in again
     parallel = max(1, parallel or torch.get_num_threads())
     threads_each = max(1, torch.get_num_threads() // parallel)
     components = build_server(Context(0, 0, {}, RecordDict(), {}), config)
+    nodes = node_configs or [{}] * num_clients
+    # clients on one GPU: the server's streamed sum and bounds run there too
+    components.strategy.fold_device = fold_device([str(n.get("device", "")) for n in nodes])
     cohort = None
     if components.strategy.cfg.local_training == COHORT:
         cohort_check(config)

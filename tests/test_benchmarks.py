@@ -855,7 +855,7 @@ def test_scale_1m_ci_variant_runs_flwr_run_and_in_process_alike(tmp_path):
     train the same 20 clients a round to the same numbers; Flower's engine ran with
     sparse node stores and compact nodes; the run reports its personal state (in
     memory: at most 40 clients can train); the model report is written."""
-    from benchmarks.flwr_run import run_processes
+    from benchmarks.runner import run_processes
     from benchmarks.scale import main as scale
 
     assert scale(["--settings", "ci-2000", "--out", str(tmp_path)]) == 0

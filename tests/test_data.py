@@ -179,6 +179,34 @@ def test_natural_partitioner_with_split_column(tmp_path):
         load_client_arrays(cfg, 3, 4)
 
 
+@pytest.mark.parametrize(
+    "ids", [["va", "cleveland", "hungary", "switzerland"], [12, 3, 7], ["b", "a b", "a"]]
+)
+def test_natural_partition_is_flwr_datasets_natural_id_partitioner(tmp_path, ids, capfd):
+    """The rows and their order are the library's, for text and integer columns
+    (pflower.data.partitions computes them itself: the library prints a progress bar)."""
+    from flwr_datasets.partitioner import NaturalIdPartitioner
+
+    from benchmarks.scale import flower_partitions
+    from pflower.data.tables import Tabular
+
+    rng = np.random.default_rng(0)
+    column = [ids[i] for i in rng.integers(0, len(ids), 90)]
+    path = tmp_path / "nat.parquet"
+    _tabular(90, 3, site=column).to_parquet(str(path))
+    src = load_source(str(path), Tabular(exclude=("site",)))  # an id column, not a feature
+    capfd.readouterr()
+    library = flower_partitions(
+        NaturalIdPartitioner(partition_by="writer"), src.labels, src.columns["site"]
+    )
+    assert len(library) == len(ids)
+    for pid in range(len(ids)):
+        assert natural_partition(src, "site", pid).tolist() == library[pid].tolist()
+    assert "partition_id_to_indices" in capfd.readouterr().err  # the library's bar, ours none
+    natural_partition(src, "site", 0)
+    assert capfd.readouterr().err == ""
+
+
 # ------------------------------------------------------------------ scenarios
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -66,8 +67,18 @@ def _cached_library_partitions(
     return library_partitions(src, partitioner, num_partitions, seed, alpha, cpc)
 
 
+def natural_ids(column: np.ndarray) -> tuple[Any, ...]:
+    """The distinct values of a natural partition's column, in partition order: sorted,
+    as flwr-datasets' NaturalIdPartitioner numbers them."""
+    return tuple(compact.natural_partitions(column).values.tolist())
+
+
 def natural_partition(src: _Source, partition_by: str, partition_id: int) -> np.ndarray:
-    """Rows of the ``partition_id``-th id (sorted) of column ``partition_by``."""
+    """Rows of the ``partition_id``-th id (sorted) of column ``partition_by``: what
+    flwr-datasets' NaturalIdPartitioner gives (tests/test_partitions.py compares them),
+    from every client's rows computed once per column a process holds
+    (pflower/data/compact.py; the library's prints a progress bar each time it is
+    built, and a simulated client asks at every message)."""
     if partition_by not in src.columns:
         raise ConfigError(
             f"config key 'partition-by': column {partition_by!r} is not in the data set "
@@ -257,7 +268,7 @@ def _split(
             raise ConfigError(
                 f"config key 'split-column': column {column!r} of {src.name} must mark this "
                 f"client's rows 'train' or 'test', with at least one of each; it has "
-                f"{sorted(set(values))[:5]}"
+                f"{sorted(map(str, set(values)))[:5]}"
             )
     _, tr, _, te = split_train_test(rows, rows, cfg.test_fraction, cfg.seed + partition_id)
     return tr, te
