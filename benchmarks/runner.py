@@ -377,6 +377,9 @@ PROBES: dict[str, Callable[[dict[str, Any], int], dict[str, float]]] = {
 # ----------------------------------------------------------------------------- the runner
 
 
+CLUSTER_PIDS = "PFLOWER_BENCH_CLUSTER_PIDS"  # comma-separated: counted in a cell's peak
+
+
 def _tree_rss(pid: int, others: list[int] | None = None) -> int:
     """Resident memory of a process and all its descendants (Ray workers included),
     and of ``others`` (processes of the run that are not its children) and theirs."""
@@ -439,10 +442,12 @@ def run_cell(
 
         def sample() -> None:
             detached: list[int] = []  # flwr-run: the local SuperLink flwr starts detached
+            # and the processes of a Ray cluster the run joins (benchmarks/scale.py)
+            cluster = [int(p) for p in os.environ.get(CLUSTER_PIDS, "").split(",") if p]
             while proc.poll() is None:
                 if cell.engine == "flwr-run" and not detached:
                     detached = [p.pid for p in run_processes(flwr_home(cell))]
-                peak[0] = max(peak[0], _tree_rss(proc.pid, detached))
+                peak[0] = max(peak[0], _tree_rss(proc.pid, detached + cluster))
                 time.sleep(0.2)
 
         threading.Thread(target=sample, daemon=True).start()

@@ -33,7 +33,6 @@ log = logging.getLogger(__name__)
 
 IMAGE_COLUMNS = ("img", "image")
 LABEL_COLUMNS = ("label", "fine_label", "labels")
-ROW_COLUMN = "__row__"
 DOMAIN_SHIFTS = ("identity", "grayscale", "rotate90", "colour-shift", "blur", "invert")
 _STATS_ROWS = 2048  # rows used to compute per-channel normalisation statistics
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)  # torchvision's weights
