@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["scale"]:  # the scale-1m preset, then its memory model (benchmarks/scale.py)
         from benchmarks.scale import main as scale
 
-        return scale(argv[1:])
+        return scale(argv[1:], run=main)
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="the presets and what each runs")

@@ -30,8 +30,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import machine
-from benchmarks.presets import REPO, RESERVED, Cell, Preset
-from benchmarks.runner import is_complete, load_results
+from benchmarks.presets import REPO, RESERVED, Cell, Preset, is_complete, load_results
 from pflower.results import git_commit, scored_rounds
 from pflower.results.reference import REFERENCE_FILE
 

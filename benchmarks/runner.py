@@ -38,55 +38,10 @@ import numpy as np
 import psutil
 
 from benchmarks.machine import RoundCpuWatcher, process_tree, reference_ms
-from benchmarks.presets import REPO, Cell, Preset
+from benchmarks.presets import REPO, Cell, Preset, is_complete, load_results, same_experiment
 from pflower.store import PERSONAL_STATE_DIR
 
 # ----------------------------------------------------------------------------- resume
-
-
-def load_results(cell: Cell) -> dict[str, Any] | None:
-    try:
-        return json.loads((cell.dir / "results.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-# where and how a run keeps its files, not what it computes; and the rounds, which a
-# resumed run asks only the rest of (the rounds recorded are compared instead)
-NOT_COMPARED = (
-    "output-dir",
-    "personal-state",
-    "personal-state-budget-mb",
-    "resume-from",
-    "num-server-rounds",
-)
-
-
-def same_experiment(cell: Cell, stored: dict[str, Any]) -> bool:
-    """Whether a run's stored config is this cell's experiment."""
-    given = {k: v for k, v in cell.config.items() if k not in NOT_COMPARED and v != "auto"}
-    if any(stored.get(k) != v for k, v in given.items()):
-        return False
-    # an ``auto`` key (left out, or set to "auto" as a setting may) must still resolve to
-    # what the run used, so a run made before a default changed is redone (a key the run
-    # predates is not compared)
-    from methods import parse_run_config
-
-    wanted = parse_run_config(cell.config)
-    now = wanted.as_dict()
-    return all(stored[k] == now[k] for k in wanted.auto_resolved if k in stored)
-
-
-def is_complete(cell: Cell) -> bool:
-    """results.json reached the last round, for exactly this cell's config. (A round
-    none of whose clients could evaluate has no record: DP noise can do that.)"""
-    res = load_results(cell)
-    rounds = (res or {}).get("rounds", [])
-    if not rounds or max(len(rounds), rounds[-1].get("round", 0)) < cell.rounds:
-        return False
-    if res.get("federation_size", cell.clients) != cell.clients:  # not in the config
-        return False
-    return same_experiment(cell, res.get("config", {}))
 
 
 def resume_point(cell: Cell) -> int:

@@ -15,7 +15,7 @@ rows and the bytes held, beside flwr-datasets' partitioners through ``load_parti
 
 ``--ray-cluster``: the small settings (1k, 10k, 100k clients, 100 a round) through
 ``flwr run``, setting by setting on this machine's own Ray and then on a two-node Ray
-cluster started here for it (server_app/ray_cluster.py: two network namespaces; root);
+cluster started here for it (deploy/ray_cluster.py: two network namespaces; root);
 writes ``scale-1m-cluster.md``, the two side by side.
 """
 
@@ -27,14 +27,16 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from benchmarks import presets
-from benchmarks.runner import is_complete, load_results
+from benchmarks.presets import is_complete, load_results
 
+Runner = Callable[[list[str]], int]  # python -m benchmarks's main
 PRESET = "scale-1m"
 FITTED = (10_000, 100_000, 1_000_000)  # the sizes the memory model is fitted on
 MAIN = ("1000-clients", "10000-clients", "100000-clients", "1000000-clients")
@@ -304,7 +306,7 @@ def cluster_cells(
 ) -> dict[str, dict[str, int]]:
     """The ``flwr run`` cells of ``settings`` (under ``runs``; a complete one again only
     with ``rerun``) run inside the head's namespace of ``cluster``
-    (server_app.ray_cluster.Cluster), joining it; each cell's peak counts the cluster's
+    (deploy.ray_cluster.Cluster), joining it; each cell's peak counts the cluster's
     processes too. Per setting: the ClientApp actors seen on each node while it ran,
     and the exit code. Kept in ``runs``/cluster.json."""
     from benchmarks.runner import CLUSTER_PIDS
@@ -356,7 +358,7 @@ def cluster_report(one: Path, two: Path, settings: list[str], commands: list[str
         "FedPer through `flwr run` (benchmarks/presets/scale-1m.toml, 100 clients a round, "
         "3 rounds) on this machine's own Ray (2 CPUs) and on a Ray cluster of two nodes "
         "of 1 CPU each, a head and a worker in two network namespaces joined by a veth "
-        "pair (server_app/ray_cluster.py), the run joining it from the head's namespace "
+        "pair (deploy/ray_cluster.py), the run joining it from the head's namespace "
         "(`RAY_ADDRESS`). Both on this one machine: the cluster's cost is Ray's across an "
         "address, not a second machine's power. s/client-round: the median of rounds "
         "2-3; peak: every process of the run (the cluster's Ray nodes and their workers "
@@ -385,9 +387,8 @@ def cluster_report(one: Path, two: Path, settings: list[str], commands: list[str
     return [*lines, "", "Made with (as root):", "", *[f"    {c}" for c in commands], ""]
 
 
-def cluster_main(args: argparse.Namespace, argv: list[str]) -> int:
-    from benchmarks.__main__ import main as run
-    from server_app.ray_cluster import two_node_cluster
+def cluster_main(args: argparse.Namespace, argv: list[str], run: Runner) -> int:
+    from deploy.ray_cluster import two_node_cluster
 
     settings = args.settings or list(SMALL)
     out = args.out.resolve() if args.out else presets.REPO / "docs" / "results"
@@ -410,7 +411,9 @@ def cluster_main(args: argparse.Namespace, argv: list[str]) -> int:
     return code
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], run: Runner) -> int:
+    """``python -m benchmarks scale``; ``run`` is that command line's ``main`` (the
+    preset's cells run and reported as ``python -m benchmarks run`` does)."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks scale", description=__doc__)
     parser.add_argument("--settings", nargs="+", help="only these settings of scale-1m")
     parser.add_argument("--rows", nargs="+", help="only these rows ('flwr run', 'in-process')")
@@ -435,8 +438,7 @@ def main(argv: list[str]) -> int:
     if args.partitions:
         return partitions_main(args, argv)
     if args.ray_cluster:
-        return cluster_main(args, argv)
-    from benchmarks.__main__ import main as run
+        return cluster_main(args, argv, run)
 
     passed = ["run", PRESET, "--settings", *(args.settings or MAIN)]
     if args.rows:
@@ -477,7 +479,3 @@ def partitions_main(args: argparse.Namespace, argv: list[str]) -> int:
     (out / f"{PRESET}-partitions.md").write_text("\n".join(text))
     print(f"partitions: {out / f'{PRESET}-partitions.md'}")
     return 0 if all(r.get("same", True) for r in rows) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

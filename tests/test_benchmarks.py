@@ -855,10 +855,10 @@ def test_scale_1m_ci_variant_runs_flwr_run_and_in_process_alike(tmp_path):
     train the same 20 clients a round to the same numbers; Flower's engine ran with
     sparse node stores and compact nodes; the run reports its personal state (in
     memory: at most 40 clients can train); the model report is written."""
+    from benchmarks.__main__ import main
     from benchmarks.runner import run_processes
-    from benchmarks.scale import main as scale
 
-    assert scale(["--settings", "ci-2000", "--out", str(tmp_path)]) == 0
+    assert main(["scale", "--settings", "ci-2000", "--out", str(tmp_path)]) == 0
     cells = {p.parent.name: p.parent for p in (tmp_path / "runs").glob("*/ci-2000/*/results.json")}
     ray, local = (json.loads((cells[n] / "results.json").read_text()) for n in
                   ("flwr_run-seed0", "in-process-seed0"))  # fmt: skip

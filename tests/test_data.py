@@ -15,13 +15,13 @@ from PIL import Image
 from methods import parse_run_config
 from pflower.config.schema import ConfigError, RunConfig
 from pflower.data import data_info, load_client_data
+from pflower.data.client_arrays import load_client_arrays
 from pflower.data.hf import (
     DOMAIN_SHIFTS,
     NO_TABLE_KEYS,
     apply_domain_shift,
     hf_data_info,
     label_permutation,
-    load_client_arrays,
     load_source,
     source_from_dataset,
 )

@@ -223,10 +223,19 @@ def test_draws_in_blocks_are_numpys_single_draws_and_leave_its_generator_alike(b
 def test_the_partition_benchmark_tables_both_paths_and_their_agreement(tmp_path, capsys):
     """``python -m benchmarks scale --partitions`` at a small size: every partitioner,
     compact and flwr-datasets' side by side, the same rows (its exit code says so)."""
-    from benchmarks.scale import main as scale
+    from benchmarks.__main__ import main
 
-    args = ["--partitions", "--clients", "60", "--rows-per-client", "5", "--flower-up-to", "60"]
-    assert scale([*args, "--out", str(tmp_path)]) == 0
+    args = [
+        "scale",
+        "--partitions",
+        "--clients",
+        "60",
+        "--rows-per-client",
+        "5",
+        "--flower-up-to",
+        "60",
+    ]
+    assert main([*args, "--out", str(tmp_path)]) == 0
     table = (tmp_path / "scale-1m-partitions.md").read_text()
     rows = [line for line in table.splitlines() if line.startswith("| ") and "| 60 |" in line]
     assert [r.split("|")[1].strip() for r in rows] == [

@@ -50,7 +50,7 @@ from pflower.patches.node_stores import sparse_node_stores
 from pflower.patches.npy import npy_headers, read_only_arrays
 from pflower.patches.optim import optimizers
 from pflower.patches.ray_app import ray_app_once
-from pflower.patches.ray_app import when_the_engine_starts as ray_when_the_engine_starts
+from pflower.patches.ray_engine import when_the_engine_starts as ray_when_the_engine_starts
 from pflower.patches.ray_pipeline import IN_FLIGHT, ray_two_in_flight
 from pflower.patches.ray_weights import ray_weights_once
 from pflower.patches.retries import object_retries
