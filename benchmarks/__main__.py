@@ -1,4 +1,4 @@
-"""``python -m benchmarks list | run PRESET [...]``: run a preset's missing cells,
+"""``python -m benchmarks list | run PRESET [...] | scale [...] | reference PRESET SETTING | ablation PRESET``: run a preset's missing cells,
 then write its report (docs/results/<preset>.md, .csv and plots by default; with
 ``--out DIR`` the runs go to DIR/runs and the report to DIR). docs/PRESETS.md."""
 
@@ -20,9 +20,29 @@ def main(argv: list[str] | None = None) -> int:
 
         run_cell_here(argv[1])
         return 0
+    if argv[:1] == ["scale"]:  # the scale-1m preset, then its memory model (benchmarks/scale.py)
+        from benchmarks.scale import main as scale
+
+        return scale(argv[1:], run=main)
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="the presets and what each runs")
+    ref = sub.add_parser(
+        "reference",
+        help="write pflower/results/reference.json (the committed FedAvg, Local and FedFac "
+        "figures a run's summary and plot show) from a preset setting's complete runs",
+    )
+    ref.add_argument("preset")
+    ref.add_argument("setting")
+    ref.add_argument("--runs", type=Path, default=presets.RUNS, help="where the cells ran")
+    abl = sub.add_parser(
+        "ablation",
+        help="write docs/results/<preset>-ablation.md and .png: each row against its "
+        "method's default row, paired by seed (run the preset first)",
+    )
+    abl.add_argument("preset")
+    abl.add_argument("--runs", type=Path, default=presets.RUNS, help="where the cells ran")
+    abl.add_argument("--out", type=Path, default=presets.REPO / "docs" / "results")
     run = sub.add_parser("run", help="run a preset's missing cells, then report")
     run.add_argument("preset", help="a name under benchmarks/presets, or a .toml path")
     run.add_argument("--seeds", nargs="+", type=int, help="default: the preset's")
@@ -66,6 +86,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}{' [GPU]' if p.gpu else ''}: {p.description}\n    rows: {rows}")
         return 0
     from benchmarks import report, runner
+
+    if args.command == "reference":
+        made = "python -m benchmarks " + shlex.join(argv)
+        runs = args.runs.expanduser().resolve()
+        return report.write_reference(presets.load(args.preset), args.setting, runs, made)
+    if args.command == "ablation":
+        runs = args.runs.expanduser().resolve()
+        return report.write_ablation(presets.load(args.preset), runs, args.out)
 
     try:
         preset = presets.load(args.preset)

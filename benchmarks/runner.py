@@ -3,6 +3,8 @@
 Engines (what one cell runs; the first three through the real Strategy and ClientApp):
 * ``inprocess``: server_app/inprocess.py (Flower's round loop, real Messages, no Ray);
 * ``simulation``: ``flwr``'s Ray simulation (server_app/simulate.py);
+* ``flwr-run``: the same through ``bash scripts/dev.sh run`` (``flwr run``, its local
+  SuperLink and ``flwr-simulation`` process: ``run_flwr`` below);
 * ``deployment``: a loopback SuperLink + one SuperNode per client (server_app/loopback.py),
   the run submitted with ``flwr run``; the wire bytes counted by a TCP relay;
 * ``plain``: the same clients' local training and evaluation in a plain PyTorch loop,
@@ -11,8 +13,10 @@ Engines (what one cell runs; the first three through the real Strategy and Clien
 * ``floor``: FedAvg's local training on every core and nothing else, one process and
   one torch thread a core (benchmarks/floor.py): the least a round can cost here;
 * ``pfl``: FedAvg on the same clients' data and initial weights in pfl-research, in
-  its own environment (benchmarks/pfl_peer.py, benchmarks/pfl_env.py).
-A cell is complete when its results.json holds every round for the same config.
+  its own environment (benchmarks/pfl_peer.py).
+A cell is complete when its results.json holds every round for the same config. A
+preset's ``probe`` (below: FedFac's index recovery, DualFed's linear probe) adds numbers
+computed from the finished run.
 """
 
 from __future__ import annotations
@@ -26,61 +30,18 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cpu_roles import RoundCpuWatcher, process_tree
-from benchmarks.machine import reference_ms
-from benchmarks.presets import REPO, Cell, Preset
+import numpy as np
+import psutil
+
+from benchmarks.machine import RoundCpuWatcher, process_tree, reference_ms
+from benchmarks.presets import REPO, Cell, Preset, is_complete, load_results, same_experiment
 from pflower.store import PERSONAL_STATE_DIR
 
 # ----------------------------------------------------------------------------- resume
-
-
-def load_results(cell: Cell) -> dict[str, Any] | None:
-    try:
-        return json.loads((cell.dir / "results.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-# where and how a run keeps its files, not what it computes; and the rounds, which a
-# resumed run asks only the rest of (the rounds recorded are compared instead)
-NOT_COMPARED = (
-    "output-dir",
-    "personal-state",
-    "personal-state-budget-mb",
-    "resume-from",
-    "num-server-rounds",
-    "max-minutes",  # when a run stops, not what it computes (a stopped cell resumes)
-)
-
-
-def same_experiment(cell: Cell, stored: dict[str, Any]) -> bool:
-    """Whether a run's stored config is this cell's experiment."""
-    given = {k: v for k, v in cell.config.items() if k not in NOT_COMPARED and v != "auto"}
-    if any(stored.get(k) != v for k, v in given.items()):
-        return False
-    # an ``auto`` key (left out, or set to "auto" as a setting may) must still resolve to
-    # what the run used, so a run made before a default changed is redone (a key the run
-    # predates is not compared)
-    from methods import parse_run_config
-
-    wanted = parse_run_config(cell.config)
-    now = wanted.as_dict()
-    return all(stored[k] == now[k] for k in wanted.auto_resolved if k in stored)
-
-
-def is_complete(cell: Cell) -> bool:
-    """results.json reached the last round, for exactly this cell's config. (A round
-    none of whose clients could evaluate has no record: DP noise can do that.)"""
-    res = load_results(cell)
-    rounds = (res or {}).get("rounds", [])
-    if not rounds or max(len(rounds), rounds[-1].get("round", 0)) < cell.rounds:
-        return False
-    if res.get("federation_size", cell.clients) != cell.clients:  # not in the config
-        return False
-    return same_experiment(cell, res.get("config", {}))
 
 
 def resume_point(cell: Cell) -> int:
@@ -123,6 +84,8 @@ def run_cell_here(spec_json: str) -> None:
         from server_app.simulate import simulate
 
         simulate(cell.config, cell.clients, num_cpus=cell.num_cpus, num_gpus=cell.num_gpus)
+    elif cell.engine == "flwr-run":
+        run_flwr(cell)
     elif cell.engine.startswith("deployment"):
         _deployment(cell, warm=cell.engine == "deployment-warm")
     elif cell.engine == "pfl":
@@ -135,8 +98,6 @@ def run_cell_here(spec_json: str) -> None:
         _plain_loop(cell)
     failed_run(cell.dir / "results.json")
     if cell.probe:
-        from benchmarks.probes import PROBES
-
         res = json.loads((cell.dir / "results.json").read_text())
         res["probe"] = PROBES[cell.probe](res, cell.clients)
         (cell.dir / "results.json").write_text(json.dumps(res, indent=1))
@@ -215,7 +176,7 @@ def _pfl_research(cell: Cell) -> None:
     import numpy as np
     import torch
 
-    from benchmarks.pfl_env import PFL_VERSION, pfl_python
+    from benchmarks.pfl_peer import PFL_VERSION, pfl_python
     from methods import get_method, parse_run_config
     from pflower.data import data_info, load_client_data
 
@@ -298,15 +259,88 @@ def _deployment(cell: Cell, warm: bool) -> None:
     (cell.dir / "results.json").write_text(json.dumps(res, indent=1))
 
 
+# ----------------------------------------------------------------------------- probes
+# Numbers computed from a finished run's results.json and what the run's config implies
+# (never by reaching into a strategy). Each returns a flat dict that the cell stores as
+# ``results["probe"]`` and the report can tabulate (a preset's ``probe`` key names one).
+
+
+def fedfac_recovery(results: dict[str, Any], clients: int) -> dict[str, float]:
+    """FedFac's simulation study (paper Sec. 4.3): the share of hidden neurons whose
+    final shared/personal label equals the generating teacher's."""
+    from methods import parse_run_config
+    from pflower.data import simulation_study
+
+    masks = results["rounds"][-1].get("fa_shared_mask") or {}
+    if len(masks) != 1:
+        raise ValueError(f"the recovery probe needs one split layer, got {list(masks)}")
+    (mask,) = masks.values()
+    truth = simulation_study(parse_run_config(results["config"]), clients).shared_neurons
+    return {"index_recovery": float((np.asarray(mask, bool) == truth).mean())}
+
+
+def linear_probe(results: dict[str, Any], clients: int) -> dict[str, float]:
+    """How much a linear head can read from the final shared encoder: per client, a
+    fresh linear head on z = features(x) (frozen, eval mode) trained on the client's
+    training data (20 epochs, SGD lr 0.1, momentum 0.9, batch 64), scored on its test
+    data; the mean over clients. For DualFed: what h_s could reach (docs/dualfed.md)."""
+    import torch
+
+    from client_app.train import evaluate, train_epochs
+    from methods import get_method, parse_run_config
+    from pflower.data import data_info, load_client_data
+    from strategies.checkpoint import SERVER_STATE, load_server_state
+
+    cfg = parse_run_config(results["config"])
+    info = data_info(cfg)
+    model = get_method(cfg.method).build_model(cfg, info)
+    _, arrays = load_server_state(Path(cfg.output_dir) / cfg.run_name / SERVER_STATE, cfg.method)
+    encoder = {
+        k.removeprefix("global/"): torch.from_numpy(v)
+        for k, v in arrays.items()
+        if k.startswith("global/features.")
+    }
+    model.load_state_dict({**model.state_dict(), **encoder})
+    model.eval()
+    probe_cfg = cfg.model_copy(
+        update={
+            "lr": 0.1,
+            "momentum": 0.9,
+            "weight_decay": 0.0,
+            "batch_size": 64,
+            "optimizer": "sgd",
+        }
+    )
+    generator = torch.Generator().manual_seed(cfg.seed)
+    accuracies = []
+    for pid in range(clients):
+        data = load_client_data(cfg, pid, clients)
+        with torch.no_grad():
+            z, z_test = model.features(data.x_train), model.features(data.x_test)
+        head = torch.nn.Linear(z.shape[1], info.num_classes)
+        train_epochs(head, list(head.parameters()), z, data.y_train, 20, probe_cfg, generator)
+        accuracies.append(evaluate(head, z_test, data.y_test)[1])
+    return {"linear_probe_accuracy": float(np.mean(accuracies))}
+
+
+PROBES: dict[str, Callable[[dict[str, Any], int], dict[str, float]]] = {
+    "fedfac-recovery": fedfac_recovery,
+    "linear-probe": linear_probe,
+}
+
+
 # ----------------------------------------------------------------------------- the runner
 
 
-def _tree_rss(pid: int) -> int:
-    """Resident memory of a process and all its descendants (Ray workers included)."""
-    import psutil
+CLUSTER_PIDS = "PFLOWER_BENCH_CLUSTER_PIDS"  # comma-separated: counted in a cell's peak
 
+
+def _tree_rss(pid: int, others: list[int] | None = None) -> int:
+    """Resident memory of a process and all its descendants (Ray workers included),
+    and of ``others`` (processes of the run that are not its children) and theirs."""
     total = 0
-    for p in process_tree(pid):
+    seen = {q.pid: q for root in (pid, *(others or [])) for q in process_tree(root)}
+    for p in seen.values():  # a process once, if it is also a descendant
         try:
             total += p.memory_info().rss
         except psutil.Error:
@@ -350,6 +384,7 @@ def run_cell(
         (cell.dir / "results.json").unlink(missing_ok=True)  # a partial run from before
     log_path = cell.dir / "cell.log"
     peak, t0, reason = [0], time.perf_counter(), ""
+    launched = time.time()  # startup: from here to round 1's start (its started_at)
     # a resumed cell's log goes on after its earlier part
     with open(log_path, "a" if resume_at else "w") as log:
         proc = subprocess.Popen(
@@ -361,8 +396,13 @@ def run_cell(
         )
 
         def sample() -> None:
+            detached: list[int] = []  # flwr-run: the local SuperLink flwr starts detached
+            # and the processes of a Ray cluster the run joins (benchmarks/scale.py)
+            cluster = [int(p) for p in os.environ.get(CLUSTER_PIDS, "").split(",") if p]
             while proc.poll() is None:
-                peak[0] = max(peak[0], _tree_rss(proc.pid))
+                if cell.engine == "flwr-run" and not detached:
+                    detached = [p.pid for p in run_processes(flwr_home(cell))]
+                peak[0] = max(peak[0], _tree_rss(proc.pid, detached + cluster))
                 time.sleep(0.2)
 
         threading.Thread(target=sample, daemon=True).start()
@@ -392,6 +432,7 @@ def run_cell(
     if stopped and reason:
         status["stopped"] = stopped
     status["engine"] = cell.engine
+    status["launched_at"] = launched
     if reference:
         status["reference_ms"] = [round(before, 3), round(after, 3)]
     if not reason:
@@ -440,3 +481,96 @@ def run_preset(
             failed.append(f"{cell.setting} / {cell.label} / seed {cell.seed}")
             print(f"{head}: FAILED in {seconds:.0f}s: {reason}", flush=True)
     return failed
+
+
+# The ``flwr-run`` engine: a cell run as a user runs the project, ``bash scripts/dev.sh
+# run`` (the pre-flight, then ``flwr run . --stream`` on the local SuperLink flwr starts,
+# which runs Flower's Ray simulation in a ``flwr-simulation`` process of its own). The
+# cell gets its own FLWR_HOME (``<cell dir>/flwr-home``) and free ports, never Flower's
+# default ones; flwr 1.39 starts the local SuperLink detached, so its processes are not
+# the cell's children: ``run_processes`` finds them by that FLWR_HOME in their command
+# line (for the memory samples), and they are stopped by pid when the cell ends.
+
+FLWR_HOME = "flwr-home"
+
+
+def flwr_home(cell: Cell) -> Path:
+    return cell.dir / FLWR_HOME
+
+
+def toml_value(value: Any) -> str:
+    """A run-config value as ``--run-config`` takes it (TOML)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))
+
+
+def flwr_command(cell: Cell) -> list[str]:
+    """``dev.sh run`` with the cell's whole config and its federation."""
+    run_config = " ".join(f"{k}={toml_value(v)}" for k, v in sorted(cell.config.items()))
+    cpus = int(cell.num_cpus) if float(cell.num_cpus).is_integer() else cell.num_cpus  # flwr's type
+    federation = f"num-supernodes={cell.clients} client-resources-num-cpus={cpus}"
+    federation += f" client-resources-num-gpus={cell.num_gpus}"
+    return ["bash", "scripts/dev.sh", "run", "--run-config", run_config, "--federation-config"] + [
+        federation
+    ]
+
+
+def flwr_environment(cell: Cell) -> dict[str, str]:
+    from server_app.loopback import free_ports
+
+    http, control = free_ports(2)
+    return {
+        **os.environ,
+        "FLWR_HOME": str(flwr_home(cell)),
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(control),
+        "VENV": str(Path(sys.executable).parent.parent),
+        "PFLOWER_SKIP_SETUP": "1",  # this environment is the project's
+    }
+
+
+def run_processes(home: Path) -> list[psutil.Process]:
+    """The local SuperLink's processes of the cell whose FLWR_HOME is ``home``
+    (flwr 1.39 starts it detached: it is no child of the cell's process)."""
+    marker = str(home)
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmdline = p.info.get("cmdline") or []
+        if any(marker in a for a in cmdline) and any("flower-superlink" in a for a in cmdline):
+            out.append(p)
+    return out
+
+
+def stop_flwr(home: Path) -> None:
+    """Stop the cell's local SuperLink (and what it started) by pid."""
+    procs = []
+    for root in run_processes(home):
+        try:
+            procs += [*root.children(recursive=True), root]
+        except psutil.Error:
+            continue
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            continue
+    _, alive = psutil.wait_procs(procs, timeout=20)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            continue
+
+
+def run_flwr(cell: Cell) -> None:
+    """The cell through ``dev.sh run``; RuntimeError with its exit code if it failed."""
+    flwr_home(cell).mkdir(parents=True, exist_ok=True)
+    try:
+        proc = subprocess.run(flwr_command(cell), cwd=REPO, env=flwr_environment(cell))
+    finally:
+        stop_flwr(flwr_home(cell))
+    if proc.returncode != 0:
+        raise RuntimeError(f"dev.sh run exited with {proc.returncode}")

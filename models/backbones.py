@@ -30,7 +30,7 @@ class Backbone(nn.Module):
 class ChannelsLastOnCPU(nn.Sequential):
     """A Sequential that takes an image batch in channels-last memory on a CPU: the
     same layers and numbers up to float rounding, faster where oneDNN's pooling and
-    convolutions vectorize over channels. Measured (python -m benchmarks.channels_last,
+    convolutions vectorize over channels. Measured (python -m benchmarks.studies.channels_last,
     one thread, batches of 16): CNN4 1.45x a training step and 2.3x evaluation; the
     ResNets train no faster (0.89x, 0.98x), so only CNN4 uses it. On a GPU the input
     is left as it is."""

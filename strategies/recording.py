@@ -24,6 +24,7 @@ from models.roles import (
 )
 from pflower.config.schema import RunConfig
 from pflower.results import RunRecorder
+from pflower.store import clients_that_train, state_on_disk
 from strategies.budget import TimeBudget
 from strategies.outcome import Participation
 from strategies.replies import Evaluation, Reply, failure_reason
@@ -48,6 +49,7 @@ class RoundLog:
     """What the strategy measured in one round, before evaluation completes it."""
 
     started: float = field(default_factory=time.perf_counter)
+    started_at: float = field(default_factory=time.time)  # the same moment, wall clock
     ended: float | None = None  # eval-in-fit: when the next round began
     # eval-in-fit: when the closing evaluation began (the last round ends there, as
     # every other ends where the next round begins; the evaluation is timed apart)
@@ -142,6 +144,7 @@ class Rounds(dict[int, RoundLog]):
         # evaluate-every, and this run's rounds (its last is always scored)
         self.every = cfg.evaluate_every if cfg is not None else 1
         self.num_rounds = cfg.num_server_rounds if cfg is not None else 0
+        self.cfg = cfg
         self.offset = 0  # rounds done before this run (resume-from)
         self.checkpointed = 0  # the newest server checkpoint known written
         self.writing: CheckpointWrite | None = None  # the next, being written
@@ -294,6 +297,7 @@ class Rounds(dict[int, RoundLog]):
             "bytes_up": rl.bytes_up,
             "bytes_down_eval": rl.bytes_down_eval,
             "seconds": (rl.ended or rl.closing or time.perf_counter()) - rl.started,
+            "started_at": rl.started_at,
             "server_seconds": rl.server_seconds(),
             "replies": rl.replies,
             "rejected": rl.rejected,
@@ -306,4 +310,22 @@ class Rounds(dict[int, RoundLog]):
         record.update(rl.extra)
         if self.recorder is not None:
             self.recorder.extra.update(self.facts.summary())
+            if self.cfg is not None and not getattr(self.recorder, "data_at_sites", False):
+                self.recorder.extra["personal_state"] = self.personal_state()
             self.recorder.add_round(record)
+
+    def personal_state(self) -> dict[str, Any]:
+        """Where a simulated run's clients keep their personal state: the budget, the
+        most clients the run can train (only they hold state), and what is on disk."""
+        assert self.cfg is not None and self.recorder is not None
+        size = self.facts.federation_size
+        clients, nbytes = state_on_disk(self.recorder.dir)
+        return {
+            "mode": self.cfg.personal_state,
+            "budget_mb": self.cfg.personal_state_budget_mb,
+            "clients_that_can_train": clients_that_train(
+                size, self.cfg.num_server_rounds, self.cfg.fraction_fit
+            ),
+            "clients_on_disk": clients,
+            "mb_on_disk": round(nbytes / 2**20, 3),
+        }

@@ -129,8 +129,6 @@ def test_the_runner_stops_at_max_minutes_and_the_same_command_goes_on(toy: Path,
     assert main(["run", str(toy), "--out", str(out)]) == 0
     assert "complete, reused" in capsys.readouterr().out
     # the ablation's table and plot from the same runs (one row: no default to pair with)
-    from benchmarks import ablation
-
-    assert ablation.main([str(toy), "--runs", str(out / "runs"), "--out", str(out)]) == 0
+    assert main(["ablation", str(toy), "--runs", str(out / "runs"), "--out", str(out)]) == 0
     text = (out / "toy-gpu-ablation.md").read_text()
     assert "| `fedper` | 1 |" in text and (out / "toy-gpu-ablation.png").stat().st_size > 0

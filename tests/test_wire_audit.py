@@ -25,8 +25,8 @@ from flwr.common import EvaluateRes, FitRes, parameters_to_ndarrays
 
 from client_app.method_client import client_class
 from methods import get_method, parse_run_config
+from pflower.cli.disclosures import MODES as TABLE_MODES
 from pflower.privacy.audit import recover
-from pflower.privacy.table import MODES as TABLE_MODES
 from server_app.inprocess import build_inprocess
 from tests.helpers import image_folder
 

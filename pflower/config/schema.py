@@ -227,6 +227,9 @@ class RunConfig(TaskKeys):
     sim_shared_neurons: float = _field(0.8, alias="sim-shared-neurons", ge=0, le=1)
     sim_shared_covariates: float = _field(0.8, alias="sim-shared-covariates", ge=0, le=1)
     sim_noise: float = _field(0.1, alias="sim-noise", ge=0)
+    # each client's data from its own random stream, seeded by (seed, client): any client
+    # drawn alone at once (a million clients); false: the study's one stream (the default)
+    sim_client_streams: bool = _field(False, alias="sim-client-streams")
 
     @model_validator(mode="after")
     def _secure_aggregation_fits_the_method(self, info: ValidationInfo) -> RunConfig:
