@@ -136,10 +136,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         todo = [c for c in todo if c.setting in args.settings]
     if args.estimate or (preset.gpu and not args.report_only):
-        from benchmarks import estimate
-
         left = [c for c in todo if args.rerun or not runner.is_complete(c)]
-        print(estimate.report(left, args.max_minutes), flush=True)
+        print(runner.estimate_report(left, args.max_minutes), flush=True)
         if args.estimate:
             return 0
     failed = []

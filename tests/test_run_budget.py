@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import estimate, presets
+from benchmarks import presets, runner
 from benchmarks.__main__ import main
 from server_app.inprocess import run_inprocess
 from strategies.checkpoint import SERVER_STATE, load_server_state
@@ -95,10 +95,10 @@ def toy(tmp_path: Path) -> Path:
 
 def test_the_work_is_counted_from_the_partitions(toy: Path) -> None:
     (cell,) = presets.load(str(toy)).cells(runs=toy.parent / "runs")
-    work = estimate.cell_work(cell)
+    work = runner.cell_work(cell)
     assert work.trained == 3 * 3 * 2 * 20  # rounds x clients x epochs x images
     assert work.scored == 3 * 3 * 6
-    assert estimate.measure_rate(cell.config, seconds=0.2) > 0
+    assert runner.measure_rate(cell.config, seconds=0.2) > 0
 
 
 def test_a_gpu_preset_prints_its_estimated_device_time_first(toy: Path, capsys) -> None:
