@@ -335,17 +335,57 @@ def resolve(value: Any) -> Any:
         return value
     if value == "{fed-heart-disease}":
         return heart_parquet()
+    if value in WEIGHT_FILES:
+        return WEIGHT_FILES[value]()
     match = re.fullmatch(r"\{(dev|fashion|dev-domains)(?::(\d+))?\}", value)
     if not match:
         raise SystemExit(
             f"unknown data placeholder {value!r}: {{dev}}, {{dev:N}}, {{fashion}}, "
-            "{dev-domains:K}, {fed-heart-disease}"
+            "{dev-domains:K}, {fed-heart-disease}, " + ", ".join(WEIGHT_FILES)
         )
     if match[1] == "fashion":
         return fashion_parquet()
     if match[1] == "dev-domains":
         return ",".join(domain_folders(int(match[2] or 4)))
     return subset_parquet(int(match[2] or 0), seed=0)
+
+
+RESNET18_IMAGENET = Path(
+    os.environ.get("PFLOWER_RESNET18_WEIGHTS") or SHARED_DATA / "resnet18-imagenet.pt"
+)
+
+
+def imagenet_resnet18() -> str:
+    """``{resnet18-imagenet}``: the ImageNet-pretrained ResNet-18 the FedFac authors
+    start from ($PFLOWER_RESNET18_WEIGHTS, else resnet18-imagenet.pt beside the dev
+    set); none can be fetched here, so a missing file stops the preset in one line."""
+    if not RESNET18_IMAGENET.is_file():
+        raise SystemExit(
+            f"{{resnet18-imagenet}}: no ImageNet ResNet-18 weights at {RESNET18_IMAGENET} "
+            "(torchvision's resnet18 IMAGENET1K_V1 state_dict saved with torch.save; set "
+            "PFLOWER_RESNET18_WEIGHTS to its file)"
+        )
+    return str(RESNET18_IMAGENET)
+
+
+def random_resnet18(out_dir: Path = DATA_CACHE) -> str:
+    """``{resnet18-random-init}``: a seeded random-init ResNet-18 state_dict (made once),
+    to run a profile that needs a weight file where ImageNet's cannot be had: the
+    rows that use it train from random init, as their labels say."""
+    path = out_dir / "resnet18-random-init-seed0.pt"
+    if not path.exists():
+        import torch
+        from torchvision.models import resnet18
+
+        torch.manual_seed(0)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save(resnet18().state_dict(), tmp)
+        tmp.replace(path)
+    return str(path)
+
+
+WEIGHT_FILES = {"{resnet18-imagenet}": imagenet_resnet18, "{resnet18-random-init}": random_resnet18}
 
 
 def require_shared_data() -> None:
@@ -464,6 +504,7 @@ NOT_COMPARED = (
     "personal-state-budget-mb",
     "resume-from",
     "num-server-rounds",
+    "max-minutes",  # when a run stops, not what it computes (a stopped cell resumes)
 )
 
 

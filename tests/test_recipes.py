@@ -87,7 +87,13 @@ def test_cifar10_dev_and_check_files_are_disjoint_and_balanced(tmp_path, capsys)
     [
         ("cifar100", {"img": "image", "fine_label": 100, "coarse_label": 20}, 32, 3, 4),
         # femnist's sites are its writers (10 here): one SuperNode each
-        ("femnist", {"image": "image", "character": 62, "writer_id": "w", "hsf_id": "h"}, 28, 1, 10),
+        (
+            "femnist",
+            {"image": "image", "character": 62, "writer_id": "w", "hsf_id": "h"},
+            28,
+            1,
+            10,
+        ),
         ("tiny-imagenet", {"image": "image", "label": 200}, 64, 3, 4),
     ],
 )
