@@ -68,10 +68,13 @@ def load_row(folder: Path, slug: str) -> list[dict[str, Any]]:
 
 def row_cells(finals: list[dict[str, Any]]) -> dict[str, Any]:
     """Per centre and mean over centres: accuracy (%) and AUC, each over seeds."""
-    keys = [f"client-{i}" for i in range(len(CENTRES))]
     cells: dict[str, Any] = {}
-    for (centre, _), key in zip(CENTRES, keys):
-        cells[centre] = interval([100 * f["per_client_accuracy"][key] for f in finals])
+    for i, (centre, _) in enumerate(CENTRES):
+        # a site is named by its centre (pflower/data/sites.py); runs before that, client-i
+        at = [f["per_client_accuracy"] for f in finals]
+        cells[centre] = interval(
+            [100 * (a[centre] if centre in a else a[f"client-{i}"]) for a in at]
+        )
     cells["mean"] = interval(
         [100 * np.mean(list(f["per_client_accuracy"].values())) for f in finals]
     )

@@ -87,7 +87,7 @@ def _worker(conn: Connection, config: dict[str, Any], clients: int) -> None:
 def run_floor(config: dict[str, Any], clients: int, out_dir: Path, cores: int = 0) -> None:
     """FedAvg of ``config`` over ``clients`` on ``cores`` processes (0: every core this
     process may use); writes ``out_dir/results.json`` after every round, as a run does
-    (benchmarks/cpu_roles.py times the rounds between those writes)."""
+    (benchmarks/machine.py times the rounds between those writes)."""
     import torch
 
     from methods import get_method, parse_run_config

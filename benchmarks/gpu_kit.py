@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import presets
+from benchmarks import gpu_efficiency, presets
 from benchmarks.presets import REPO, Cell
 
 log = logging.getLogger("gpu-kit")
@@ -265,7 +265,7 @@ def truncated(res: dict[str, Any], last_round: int) -> dict[str, Any]:
 
 
 def rounds_reached(cell: Cell) -> int:
-    from benchmarks.runner import load_results, same_experiment
+    from benchmarks.presets import load_results, same_experiment
 
     res = load_results(cell)
     if not res or not res.get("rounds") or not same_experiment(cell, res.get("config", {})):
@@ -276,7 +276,7 @@ def rounds_reached(cell: Cell) -> int:
 def common_view(preset: presets.Preset, cells: list[Cell], view: Path) -> tuple[int, list[Cell]]:
     """The last round every cell with a record reached, and the cells re-pointed at
     copies of their runs truncated to it (under ``view``), for the reporter."""
-    from benchmarks.runner import load_results
+    from benchmarks.presets import load_results
 
     reached = [rounds_reached(c) for c in cells]
     common = min((r for r in reached if r > 0), default=0)
@@ -334,7 +334,7 @@ def summary_lines(preset: presets.Preset, cells: list[Cell], common: int) -> lis
     round and the mean of its last LAST_K records (with partial participation each
     record scores only the clients sampled next round), beside the paper's figure;
     then every cell that did not complete, and why."""
-    from benchmarks.runner import load_results
+    from benchmarks.presets import load_results
 
     lines = [f"## {preset.name}", ""]
     lines += [f"Compared at round {common}, the last round every cell reached.", ""]
@@ -469,6 +469,12 @@ def device(args: argparse.Namespace) -> int:
     smoke = flower_smoke("cuda" if info["cuda"] else "cpu", work)
     log.info("Flower path: %s", json.dumps(smoke))
     names = args.presets or list(PRESETS)
+    if gpu_efficiency.STEP in names:  # the engines beside a plain loop (its own report)
+        names = [n for n in names if n != gpu_efficiency.STEP]
+        path = gpu_efficiency.run(out, work / gpu_efficiency.STEP, args.dry_run, info)
+        log.info("%s: %s in %.0f s", gpu_efficiency.STEP, path, time.time() - start)
+        if not names:
+            return 0
     loaded = [presets.load(n) for n in names]
     seeds, rounds = ([0], 1) if args.dry_run else (None, None)
     runs = work / "runs"
@@ -551,7 +557,12 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--out", type=Path, default=REPO / "docs" / "results")
     for name in ("device", "dry-run"):
         run = sub.add_parser(name, help="run the presets (dry-run: one round on CPU)")
-        run.add_argument("presets", nargs="*", help=f"default: {' '.join(PRESETS)}")
+        run.add_argument(
+            "presets",
+            nargs="*",
+            help=f"default: {' '.join(PRESETS)}; {gpu_efficiency.STEP}: the engines beside "
+            "a plain loop (benchmarks/gpu_efficiency.py)",
+        )
         run.add_argument("--seconds", type=float, default=540, help="the whole step's budget")
         run.add_argument("--jobs", type=int, default=0, help="cells at a time (default: all)")
         run.add_argument("--out", default=os.environ.get("OUT", "outputs/gpu-kit/out"))

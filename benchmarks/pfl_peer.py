@@ -1,5 +1,5 @@
 """pfl-research (Apple's ``pfl``) running the workload of one benchmark cell, in its
-own virtual environment (benchmarks/pfl_env.py makes it): ``.venv-pfl/bin/python -m
+own virtual environment (``pfl_python`` below makes it): ``.venv-pfl/bin/python -m
 benchmarks.pfl_peer CELL_DIR``.
 
 The cell's process wrote ``pfl-input.npz`` (every client's train and test arrays, as
@@ -9,17 +9,56 @@ This script trains FedAvg with pfl's simulated backend on exactly that, then sco
 the final model on every client's test split with a plain loop (outside pfl's
 timing), and writes ``results.json`` in the shape of a run's, so the report tables
 it beside our engines. Nothing of the product runs here but the backbone's class.
+
+The environment (``.venv-pfl``, beside ``.venv``): pfl's pins differ from ours, so it
+is its own, made on first use. It sees the product's environment underneath (a
+``.pth`` file): pfl and its own dependencies are installed into ``.venv-pfl`` and win;
+torch and numpy come from ours, so both frameworks run the very same torch build.
+``pip`` needs the package index once (offline: a clear error, and the rows of
+pfl-research are marked failed).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import site
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+PFL_VERSION = "0.6.0"
+# this module also runs inside pfl's environment, so it imports nothing of ours here
+VENV = Path(__file__).resolve().parents[1] / ".venv-pfl"
+
+
+def pfl_python() -> Path:
+    """The environment's interpreter, made (venv, ``.pth``, ``pip install``) if missing."""
+    python = VENV / "bin" / "python"
+    ready = VENV / ".installed"
+    if ready.exists():
+        return python
+    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    target = subprocess.run(
+        [str(python), "-c", "import site; print(site.getsitepackages()[0])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    (Path(target) / "_product_venv.pth").write_text(site.getsitepackages()[0] + "\n")
+    pip = [str(python), "-m", "pip", "install", "-q", f"pfl[pytorch]=={PFL_VERSION}"]
+    done = subprocess.run(pip, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(
+            f"installing pfl-research {PFL_VERSION} into {VENV} failed (it needs the package "
+            f"index once): {done.stderr.strip()[-400:]}"
+        )
+    ready.touch()
+    return python
 
 
 def main(cell_dir: Path) -> None:
@@ -100,7 +139,7 @@ def main(cell_dir: Path) -> None:
             self, aggregate_metrics: Any, model: Any, *, central_iteration: int
         ) -> Any:
             self.marks.append(time.perf_counter())
-            # a round's mark, as our runs write one (benchmarks/cpu_roles.py watches it);
+            # a round's mark, as our runs write one (benchmarks/machine.py watches it);
             # the last round's results.json below replaces it
             done = {"rounds": [{} for _ in self.marks[1:]]}
             (cell_dir / "results.json").write_text(json.dumps(done))
@@ -166,4 +205,6 @@ def main(cell_dir: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.pfl_peer", description=__doc__)
+    parser.add_argument("cell_dir", type=Path, help="the cell's folder (the runner's)")
+    main(parser.parse_args().cell_dir)

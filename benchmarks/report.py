@@ -12,7 +12,9 @@ matrix, e.g. Factorized-FL's ``ffl_mixture``, drawn for the last round of seed 0
 ``ratio-to`` (a row label: s/round divided by that row's), ``per-client-round`` (a
 column of seconds per client per round: each round's seconds over its replies),
 ``machine-reference`` (the machine's reference step timed around each cell and
-tabulated: benchmarks/machine.py).
+tabulated: benchmarks/machine.py), ``cost-plot`` (``<preset>-cost.png``: seconds per
+client-round and peak memory against the number of clients, one line per row: the
+scale presets).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -27,8 +30,9 @@ from typing import Any
 import numpy as np
 
 from benchmarks import machine
-from benchmarks.presets import REPO, RESERVED, Cell, Preset
-from benchmarks.runner import is_complete, load_results
+from benchmarks.presets import REPO, RESERVED, Cell, Preset, is_complete, load_results
+from pflower.results import git_commit, scored_rounds
+from pflower.results.reference import REFERENCE_FILE
 
 AGGREGATES = {"final": lambda v: v[-1], "mean": np.mean, "sum": np.sum, "max": np.max}
 
@@ -83,7 +87,7 @@ def summarise(cells: list[Cell]) -> dict[str, Any]:
         # the closing evaluation is timed apart, strategies/recording.py)
         "s_round": float(np.mean([np.median(s[1:] if len(s) > 1 else s) for s in secs])),
         "peak_mb": float(np.mean(peaks)) if peaks else float("nan"),
-        "cpu": cpu,  # CPU by process over the timed rounds (benchmarks/cpu_roles.py)
+        "cpu": cpu,  # CPU by process over the timed rounds (benchmarks/machine.py)
         "reference_ms": reference,  # the machine's step before and after (machine.py)
         # per client that trained: each round's seconds over its replies, the median after round 1
         "s_client_round": float(
@@ -232,15 +236,13 @@ def table(preset: Preset, setting: str, rows: dict[str, dict[str, Any]]) -> list
 
 
 def cpu_table(rows: dict[str, dict[str, Any]]) -> list[str]:
-    """CPU a client-round by process over rounds 2 to N-1 (seed 0; benchmarks/cpu_roles.py),
+    """CPU a client-round by process over rounds 2 to N-1 (seed 0; benchmarks/machine.py),
     and the cores that kept busy: their CPU seconds over the rounds' wall seconds."""
-    from benchmarks.cpu_roles import ROLES
-
     kept = {k: v["cpu"][0] for k, v in rows.items() if v["n"] and v.get("cpu")}
     kept = {k: c for k, c in kept.items() if c["client_rounds"] and c["wall_seconds"] > 0}
     if not kept:
         return []
-    roles = [r for r in ROLES if any(c["cpu_seconds"].get(r, 0) > 0 for c in kept.values())]
+    roles = [r for r in machine.ROLES if any(c["cpu_seconds"].get(r, 0) > 0 for c in kept.values())]
     head = ["row", "rounds", *(f"{r} (ms)" for r in roles), "all (ms)", "cores busy"]
     lines = ["", "CPU a client-round, by process, over the rounds named (seed 0):", ""]
     lines += ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
@@ -373,6 +375,58 @@ def plot(preset: Preset, setting: str, rows: dict[str, dict[str, Any]], path: Pa
     plt.close(fig)
 
 
+def cost_points(preset: Preset, cells: list[Cell]) -> dict[str, list[tuple[int, float, float]]]:
+    """row -> [(clients, s/client-round, peak GB)] of each setting's complete cell of the
+    lowest seed: each round's seconds over its replies, the median after round 1 (as the
+    report's column), and the peak of the run's process tree."""
+    out: dict[str, list[tuple[int, float, float]]] = {}
+    for label, _, _ in preset.rows():
+        mine = sorted(
+            (c for c in cells if c.label == label and is_complete(c)), key=lambda c: c.seed
+        )
+        first: dict[str, Cell] = {}
+        for c in mine:
+            first.setdefault(c.setting, c)
+        for c in first.values():
+            rounds = load_results(c)["rounds"]
+            per = np.median([r["seconds"] / max(r.get("replies", 1), 1) for r in rounds[1:]])
+            status = c.dir / "cell.json"
+            peak = json.loads(status.read_text()).get("peak_rss", 0) if status.exists() else 0
+            out.setdefault(label, []).append((c.clients, float(per), peak / 1e9))
+    return {label: sorted(pts) for label, pts in out.items()}
+
+
+def cost_plot(preset: Preset, cells: list[Cell], path: Path) -> bool:
+    """``[report] cost-plot``: the cost against the number of clients (cost_points), one
+    line per row; False (nothing drawn) without a complete cell."""
+    data = cost_points(preset, cells)
+    if not data:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for label, pts in data.items():
+        xs = [p[0] for p in pts]
+        ax1.plot(xs, [p[1] for p in pts], marker="o", label=label)
+        ax2.plot(xs, [p[2] for p in pts], marker="o", label=label)
+    for ax, title in ((ax1, "seconds per client-round"), (ax2, "peak memory (GB, process tree)")):
+        ax.set_xscale("log")
+        ax.set_xlabel("simulated clients")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=0)
+    ax1.legend()
+    fig.suptitle(f"{preset.name} (python -m benchmarks run {preset.name})")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def _shown(value: Any) -> Any:
     """A path inside the repository relative to it (the report is committed); one
     outside it (a user's own data or runs) as given."""
@@ -481,6 +535,9 @@ def write(
         image = out / f"{preset.name}-{setting}.png"
         plot(preset, setting, rows, image)
         lines += ["", f"![{setting}]({image.name})", ""]
+    cost_image = out / f"{preset.name}-cost.png"
+    if preset.report.get("cost-plot") and cost_plot(preset, cells, cost_image):
+        lines += ["## Cost against the number of clients", "", f"![cost]({cost_image.name})", ""]
     out.mkdir(parents=True, exist_ok=True)
     with open(out / f"{preset.name}.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
@@ -489,3 +546,181 @@ def write(
     path = out / f"{preset.name}.md"
     path.write_text("\n".join(lines).rstrip() + "\n")
     return path
+
+
+REFERENCE_MATCH = ("dataset", "model", "hidden-dim", "sim-samples", "sim-dim", "sim-shared-neurons")
+REFERENCE_MATCH += ("sim-shared-covariates", "sim-noise", "sim-client-streams")
+# the committed figures (reference.json): method -> the label a summary and a plot show
+REFERENCE_ROWS = {"fedfac-static": "FedFac (static)", "fedavg": "FedAvg", "local": "Local"}
+
+
+def write_reference(preset: Preset, setting: str, runs: Path, command: str) -> int:
+    """pflower/results/reference.json: FedAvg's, Local's and FedFac (static)'s final mean
+    accuracy (mean, sample std and each seed) and each seed's accuracy per round, in one
+    setting of a preset, from its complete runs under ``runs``. A run on the same data and
+    budget shows them: its summary prints the committed figures beside its own, its plot
+    the committed curves beside its own (pflower/results/reference.py). ``command``: what
+    made it, recorded in the file."""
+    cells = [
+        c for c in preset.cells(runs=runs) if c.setting == setting and c.label in REFERENCE_ROWS
+    ]
+    rows, match, clients, rounds, commits = {}, {}, 0, 0, set()
+    for label in REFERENCE_ROWS:
+        done = [c for c in cells if c.label == label and is_complete(c)]
+        if len(done) < 2:
+            print(f"{label}: {len(done)} complete seeds in {setting}; run the preset first")
+            return 1
+        results = [load_results(c) for c in done]
+        finals = [r["final_accuracy_mean"] for r in results]
+        rows[label] = {
+            "label": REFERENCE_ROWS[label],
+            "mean": float(np.mean(finals)),
+            "std": float(np.std(finals, ddof=1)),
+            "seeds": {str(c.seed): f for c, f in zip(done, finals)},
+            "curves": {
+                str(c.seed): [r["accuracy_mean"] for r in scored_rounds(res["rounds"])]
+                for c, res in zip(done, results)
+            },
+        }
+        commits.update(r.get("provenance", {}).get("git_commit", "?") for r in results)
+        stored = results[0]["config"]
+        match = {k: stored[k] for k in REFERENCE_MATCH if k in stored}
+        clients, rounds = done[0].clients, done[0].rounds
+    entry = {"preset": preset.name, "setting": setting, "clients": clients, "rounds": rounds}
+    entry.update(match=match, rows=rows)
+    made = {
+        "command": command,
+        "runs_commit": sorted(commits),  # what ran the cells
+        "written_at": git_commit(REPO),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    REFERENCE_FILE.write_text(json.dumps({"made": made, "settings": [entry]}, indent=1) + "\n")
+    print(f"wrote {REFERENCE_FILE}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- ablations
+
+
+def ablation_rows(preset: Preset, runs: Path) -> dict[str, dict[str, Any]]:
+    """label -> {method, seeds, final (per seed, %), up, down (MB a client-round), extras}."""
+    out: dict[str, dict[str, Any]] = {}
+    for cell in preset.cells(runs=runs):
+        if not is_complete(cell):
+            continue
+        res = load_results(cell) or {}
+        row = out.setdefault(
+            cell.label,
+            {
+                "method": cell.config["method"],
+                "authors": cell.config.get("profile") == "authors",
+                **{k: [] for k in ("seeds", "final", "up", "down")},
+            },
+        )
+        n = len(res["rounds"]) * cell.clients
+        row["seeds"].append(cell.seed)
+        row["final"].append(100 * res["final_accuracy_mean"])
+        row["up"].append(sum(r.get("bytes_up", 0) for r in res["rounds"]) / n / 1e6)
+        row["down"].append(sum(r.get("bytes_down", 0) for r in res["rounds"]) / n / 1e6)
+        for spec in preset.report.get("extras", []):
+            value = extra_value(res, spec)
+            if value is not None:  # a byte count: as MB a client and round, as the others
+                value = value / n / 1e6 if "bytes" in spec else value
+                row.setdefault(spec, []).append(value)
+    return out
+
+
+def _paired(row: dict[str, Any], base: dict[str, Any]) -> list[float]:
+    """The row's final accuracy minus its default's, seed by seed (common seeds)."""
+    mine = dict(zip(row["seeds"], row["final"], strict=True))
+    theirs = dict(zip(base["seeds"], base["final"], strict=True))
+    return [mine[s] - theirs[s] for s in sorted(mine) if s in theirs]
+
+
+def _mean_sd(values: list[float], digits: int = 1) -> str:
+    if not values:
+        return ""
+    sd = f" ± {np.std(values, ddof=1):.{digits}f}" if len(values) > 1 else ""
+    return f"{np.mean(values):.{digits}f}{sd}"
+
+
+def ablation_table(preset: Preset, data: dict[str, dict[str, Any]]) -> list[str]:
+    extras = [e for e in preset.report.get("extras", []) if not e.startswith("total_bytes")]
+    head = ["row", "seeds", "final acc (%)", "each seed", "Δ vs default (paired)"]
+    head += ["MB up / client-round", "MB down / client-round"]
+    head += [f"{e} (MB / client-round)" if "bytes" in e else e for e in extras]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for label, row in data.items():
+        base = data.get(row["method"]) if label != row["method"] else None
+        diff = _paired(row, base) if base else []
+        cells = [f"`{label}`", str(len(row["seeds"])), _mean_sd(row["final"])]
+        cells.append(" / ".join(f"{v:.1f}" for v in row["final"]))
+        cells.append(("+" if np.mean(diff) >= 0 else "") + _mean_sd(diff) if diff else "")
+        cells += [f"{np.mean(row['up']):.4g}", f"{np.mean(row['down']):.4g}"]
+        cells += [f"{np.mean(row[e]):.4g}" if row.get(e) else "" for e in extras]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def ablation_plot(preset: Preset, data: dict[str, dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = list(data)
+    fig, (acc, up) = plt.subplots(
+        1, 2, figsize=(11, 0.42 * len(labels) + 1.5), sharey=True, width_ratios=(3, 2)
+    )
+    y = np.arange(len(labels))[::-1]
+    means = [np.mean(data[k]["final"]) for k in labels]
+    sds = [np.std(data[k]["final"], ddof=1) if len(data[k]["final"]) > 1 else 0 for k in labels]
+    colours = ["tab:blue" if data[k]["method"] == k else "tab:gray" for k in labels]
+    colours = [
+        "tab:orange" if data[k]["authors"] else c for k, c in zip(labels, colours, strict=True)
+    ]
+    acc.barh(y, means, xerr=sds, color=colours, alpha=0.8)
+    for yi, k in zip(y, labels, strict=True):
+        acc.plot(data[k]["final"], [yi] * len(data[k]["final"]), "k.", ms=4)
+    acc.set_yticks(y, labels, fontsize=8)
+    acc.set_xlabel("final mean client accuracy (%): mean ± std over seeds, dots: seeds")
+    up.barh(y, [np.mean(data[k]["up"]) for k in labels], color=colours, alpha=0.8)
+    up.set_xscale("log")
+    up.set_xlabel("MB up a client and round (log)")
+    fig.suptitle(f"{preset.name}: blue our default, orange the authors' profile", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_ablation(preset: Preset, runs: Path, out: Path) -> int:
+    """An ablation's table and plot (out/<preset>-ablation.md and .png) from a preset's
+    runs: each row against its method's default row (the row named as the method alone),
+    seed by seed on the same seeds, data and budget; MB up and down a client and round,
+    and the preset's ``[report] extras``."""
+    data = ablation_rows(preset, runs)
+    if not data:
+        print(f"no complete runs of {preset.name}: python -m benchmarks run {preset.name}")
+        return 1
+    out.mkdir(parents=True, exist_ok=True)
+    png = out / f"{preset.name}-ablation.png"
+    ablation_plot(preset, data, png)
+    text = [
+        f"# {preset.name}: the ablation",
+        "",
+        preset.description,
+        "",
+        f"Made with `python -m benchmarks run {preset.name}` then "
+        f"`python -m benchmarks ablation {preset.name}` (generated: do not edit by hand). "
+        "Final mean client accuracy after the last round; Δ: the row minus its method's "
+        "default row (the method alone), seed by seed, mean ± std of those differences; "
+        "MB: serialized fit payloads a client and round.",
+        "",
+        *ablation_table(preset, data),
+        "",
+        f"![ablation]({png.name})",
+        "",
+    ]
+    (out / f"{preset.name}-ablation.md").write_text("\n".join(text))
+    print(f"ablation: {out / f'{preset.name}-ablation.md'}")
+    return 0

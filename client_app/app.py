@@ -33,12 +33,15 @@ from torch import nn
 import pflower.patches
 from client_app import timing
 from client_app.attacks import Attacker, flip_labels
-from client_app.errors import PublicError, errors_mod, site_name
+from client_app.base import PFLClient, personal_nbytes
+from client_app.codec import FastClient
+from client_app.devices import before_ray_starts, pick_device
+from client_app.errors import PublicError, errors_mod, name_site, site_name
 from client_app.method_client import build_method_client
 from client_app.site_data import data_info_properties, site_declared
 from client_app.state import ContextStore, DiskStore, PersonalStore, RoundStore
 from methods import disclosure_kinds, get_method, method_names, parse_run_config
-from models.roles import DP_PARTICIPANTS
+from models.roles import DP_PARTICIPANTS, reset_entries
 from pflower.config.schema import RESUME_LATEST, RunConfig
 from pflower.data import (
     check_site_data,
@@ -49,6 +52,7 @@ from pflower.data import (
     run_class_names,
     site_class_names,
 )
+from pflower.data.sites import site_name as natural_site
 from pflower.packing import is_packed, pack, unpack
 from pflower.privacy.policy import (
     DEFAULT_MIN_SECAGG_SITES,
@@ -58,12 +62,14 @@ from pflower.privacy.policy import (
     roster_refusal,
 )
 from pflower.privacy.secagg import ROSTER_KEY, sign_setup_reply, stage_refusal
-from pflower.store import PERSONAL_STATE_DIR
+from pflower.store import PERSONAL_STATE_DIR, clients_that_train
 
 log = logging.getLogger("flwr.pflower")
+before_ray_starts()  # Ray's GPU variables as Ray will set them (client_app/devices.py)
 if "flwr.server.superlink.fleet.vce.vce_api" in sys.modules:  # Flower's simulation engine:
     # it loads the ClientApp before it starts (the ServerApp's import may come later)
     pflower.patches.ray_when_the_engine_starts()
+    pflower.patches.sparse_node_stores()  # its stores so far turned sparse when it starts
 
 
 _TEMPLATE_LOCK = threading.Lock()
@@ -90,6 +96,28 @@ def _built_template(cfg: RunConfig, data_path: str, cache_dir: str) -> nn.Module
 # numbers either way.
 REUSE_MODELS = True
 _resident = threading.local()
+# resident copies whose thread has ended (Flower's round loop and the cohort start a
+# thread pool each round): a new worker adopts one instead of a deep copy of its own
+# (0.4 s of CPU each on ResNet-18, two a round; docs/results/client-cpu.md)
+_orphans: list[tuple[threading.Thread, tuple[nn.Module, nn.Module, Any]]] = []
+_orphans_lock = threading.Lock()
+MOST_RESIDENT = 32  # resident copies kept for adoption (one a worker thread)
+
+
+def _held() -> tuple[nn.Module, nn.Module, Any] | None:
+    """This thread's resident (template, model, structure), or one a thread that has
+    ended left behind."""
+    held = getattr(_resident, "held", None)
+    if held is not None:
+        return held
+    with _orphans_lock:
+        for i, (owner, left) in enumerate(_orphans):
+            if not owner.is_alive():
+                del _orphans[i]
+                _resident.held = left
+                _orphans.append((threading.current_thread(), left))
+                return left
+    return None
 
 
 def _structure(model: nn.Module) -> tuple[list[str], list[str]]:
@@ -104,41 +132,65 @@ def _hooked(model: nn.Module) -> bool:
     )
 
 
-def client_model(template: nn.Module, reuse: bool) -> nn.Module:
-    """The model a client trains, with the template's values: a deep copy of it, or
-    (``reuse``) this thread's resident copy with the template's values, gradient
-    flags and modes put back; a resident copy whose structure changed or that carries
-    a hook is replaced by a fresh deep copy."""
-    held = getattr(_resident, "held", None) if reuse else None
+def client_model(
+    template: nn.Module, reuse: bool, keep: frozenset[str] = frozenset()
+) -> tuple[nn.Module, bool]:
+    """The model a client trains, with the template's values, and whether it is the
+    resident copy: a deep copy of the template, or (``reuse``) this thread's resident
+    copy with the template's values, gradient flags and modes put back, but for the
+    entries ``keep`` names (the client overwrites them before it reads them: its
+    ``settle`` puts them back if it did not); a resident copy whose structure changed
+    or that carries a hook is replaced by a fresh deep copy."""
+    held = _held() if reuse else None
     if held is None or held[0] is not template or _structure(held[1]) != held[2]:
-        return _fresh(template, reuse)
+        return _fresh(template, reuse), False
     model = held[1]
     if _hooked(model):
-        return _fresh(template, reuse)
+        return _fresh(template, reuse), False
+    reset_entries(model, template, keep)
     with torch.no_grad():
         for mine, theirs in zip(model.parameters(), template.parameters(), strict=True):
-            mine.copy_(theirs)
             mine.requires_grad_(theirs.requires_grad)
             mine.grad = None
-        for mine, theirs in zip(model.buffers(), template.buffers(), strict=True):
-            mine.copy_(theirs)
     for mine, theirs in zip(model.modules(), template.modules(), strict=True):
         mine.training = theirs.training
-    return model
+    return model, True
+
+
+_received: dict[tuple[int, str], tuple[nn.Module, frozenset[str]]] = {}
+
+
+def received_entries(template: nn.Module, cfg: RunConfig) -> frozenset[str]:
+    """The entries a client of ``cfg``'s method overwrites with what it receives
+    before it reads them (its shared tensors, on the base ``receive`` and wire; none
+    for a method that receives otherwise): a resident model need not be put back to
+    the template's values there first (a 45 MB copy a message on ResNet-18)."""
+    key = (id(template), cfg.method)
+    if _received.get(key, (None,))[0] is not template:
+        from client_app.base import PFLClient
+        from client_app.method_client import client_class
+        from models.wire import Wire
+
+        method = get_method(cfg.method)
+        roles = method.roles(template)
+        wire = method.build_wire(template, roles, cfg)
+        plain = client_class(method).receive is PFLClient.receive
+        plain = plain and type(wire).decode_down is Wire.decode_down
+        if len(_received) >= 16:  # templates are few (_built_template keeps 4)
+            _received.clear()
+        _received[key] = (template, frozenset(roles.shared) if plain else frozenset())
+    return _received[key][1]
 
 
 def _fresh(template: nn.Module, reuse: bool) -> nn.Module:
     model = copy.deepcopy(template)
     if reuse:
-        _resident.held = (template, model, _structure(template))
+        held = _resident.held = (template, model, _structure(template))
+        with _orphans_lock:  # adopted by a later thread once this one has ended
+            me = threading.current_thread()
+            _orphans[:] = [(t, h) for t, h in _orphans if t is not me][-MOST_RESIDENT:]
+            _orphans.append((me, held))
     return model
-
-
-def pick_device(requested: str = "") -> torch.device:
-    """The node's device: ``requested`` if given, else CUDA when available."""
-    if requested:
-        return torch.device(requested)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def experiment_id(cfg: RunConfig, model: nn.Module) -> str:
@@ -162,7 +214,10 @@ def data_cache_dir(node: dict[str, Any] | Any) -> str:
 
 
 def build_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
-    return build_numpy_client(context, overrides).to_client()
+    """Flower's Client of the node's NumPyClient: a method's client with the fewest
+    copies (client_app/codec.py), another (the simulated attacker) as Flower wraps it."""
+    client = build_numpy_client(context, overrides)
+    return FastClient(client) if isinstance(client, PFLClient) else client.to_client()
 
 
 def build_numpy_client(context: Context, overrides: dict[str, Any] | None = None) -> Any:
@@ -174,8 +229,10 @@ def build_numpy_client(context: Context, overrides: dict[str, Any] | None = None
     timing.mark("config")
     partition_id = int(node.get("partition-id", 0))
     num_partitions = int(node.get("num-partitions", 1))
-    site = str(node.get("site", "") or f"client-{partition_id}")
     data_path = str(node.get("data-path", ""))
+    # a natural partition's client is named by its column's value (pflower/data/sites.py)
+    site = str(node.get("site", "") or natural_site(cfg, partition_id, data_path))
+    name_site(site)
     device = pick_device(str(node.get("device", "")))
     threads = int(node.get("torch-threads", 0))  # the in-process engine: one client at a time
     if device.type == "cpu" and threads > 0:
@@ -187,7 +244,9 @@ def build_numpy_client(context: Context, overrides: dict[str, Any] | None = None
     cache_dir = data_cache_dir(node)
     simulated = "site" not in node and not state_dir
     reuse = REUSE_MODELS and simulated
-    model = client_model(_template(cfg, data_path, cache_dir), reuse)
+    template = _template(cfg, data_path, cache_dir)
+    keep = received_entries(template, cfg) if reuse else frozenset()
+    model, resident = client_model(template, reuse, keep)
     timing.mark("model")
     if simulated and not data_path:  # clients of one shared set: decoded whole, once
         decode_shared_data(cfg)
@@ -203,6 +262,8 @@ def build_numpy_client(context: Context, overrides: dict[str, Any] | None = None
     if attacker and cfg.attack == "label-flip":
         data = flip_labels(data, data_info(cfg, data_path, cache_dir).num_classes)
     client = build_method_client(method, model, data, cfg, store, device, site)
+    if resident and keep:  # put back from the template unless received (PFLClient.settle)
+        client.stale = (template, keep)
     client.report_data_digest = "site" not in node  # simulated, never a deployed site
     if "site" in node:  # a deployed site answers the shape its data give (site_data.py)
         client.data_info = data_info_properties(data_info(cfg, data_path, cache_dir))
@@ -224,18 +285,20 @@ def simulation_store(
     cfg: RunConfig, context: Context, client: Any, num_partitions: int
 ) -> PersonalStore:
     """Where a simulated client keeps its personal state: in its node's context (the
-    engine holds every node's context in memory), or, when all clients' state would
-    exceed ``personal-state-budget-mb`` (``personal-state=budget``) or always
-    (``disk``), on disk, one checked file per round, in the run's directory
+    engine holds the contexts of the nodes that hold state, in memory), or, when the
+    state of every client the run can train (``clients_that_train``: at most rounds x
+    the clients a round asks) would exceed ``personal-state-budget-mb``
+    (``personal-state=budget``) or always (``disk``), on disk, one checked file per
+    round, in the run's directory
     (``<output-dir>/<run-name>/personal-state/``) so memory stays bounded whatever
     the number of clients, and the run can resume from its checkpoint with it. A run
     resumed from a checkpoint whose personal state is on disk reads it from there."""
     resumed = resumed_personal_state(cfg)
     if resumed is None and cfg.personal_state != "disk":
-        state = client.personal_state()
-        total = num_partitions * sum(a.nbytes for a in state.values())
+        holders = clients_that_train(num_partitions, cfg.num_server_rounds, cfg.fraction_fit)
+        total = holders * personal_nbytes(client)
         if cfg.personal_state == "memory" or total <= cfg.personal_state_budget_mb * 2**20:
-            if cfg.resume_from and state:
+            if cfg.resume_from and total:
                 _warn_once(
                     f"resume-from {cfg.resume_from}: that run kept its clients' personal "
                     "state in memory, so the personal parts start afresh "

@@ -35,6 +35,7 @@ from models.roles import (
     EVALUATE_FIRST,
     Roles,
     get_arrays,
+    reset_entries,
     set_arrays,
 )
 from models.wire import Wire
@@ -51,11 +52,18 @@ def message_round(config: dict[str, Scalar]) -> int | None:
 
 
 def privatize(
-    upload: NDArrays, received: NDArrays, cfg: RunConfig, config: dict[str, Scalar]
+    upload: NDArrays,
+    received: NDArrays,
+    cfg: RunConfig,
+    config: dict[str, Scalar],
+    views: bool = False,
 ) -> NDArrays:
     """The upload under the run's DP mode: clipped to the clipping norm around what
     was received (client, distributed), plus this client's share of the noise
-    (distributed), drawn from OS entropy."""
+    (distributed), drawn from OS entropy. ``views``: the upload is the model's own
+    memory, copied before it is clipped in place."""
+    if views and cfg.dp_mode != "off":
+        upload = [np.array(a) for a in upload]
     if cfg.dp_mode in ("client", "distributed"):
         clip_update(upload, received, cfg.dp_clipping_norm)
     if cfg.dp_mode == "distributed":
@@ -75,6 +83,57 @@ def misfits(
     return missing + [
         n for n in names if n in state and tuple(state[n].shape) != tuple(model[n].shape)
     ]
+
+
+def train_every_parameter(
+    client: PFLClient, generator: torch.Generator, optimizer: torch.optim.Optimizer | None = None
+) -> float:
+    """The base schedule: every parameter of ``client``'s model for ``local-epochs`` on
+    its ``loss``, with ``optimizer`` (None: a fresh one of the run's settings)."""
+    return train_epochs(
+        client.model,
+        list(client.model.parameters()),
+        client.x_train,
+        client.y_train,
+        client.cfg.local_epochs,
+        client.cfg,
+        generator,
+        loss_fn=client.loss,
+        optimizer=optimizer,
+    )
+
+
+def settle(client: PFLClient, received: bool) -> None:
+    """A resident model's entries left as the last client had them for ``receive`` to
+    overwrite (``client.stale``: the template and those entries; client_app/app.py):
+    ``received``, they were; else they get the template's values (no tensors came)."""
+    stale = getattr(client, "stale", None)
+    if stale is not None and not received:
+        template, keep = stale
+        reset_entries(client.model, template, frozenset(client.model.state_dict()) - keep)
+    client.stale = None
+
+
+def reply_metrics(client: PFLClient, metrics: dict, evaluation: dict) -> dict[str, Scalar]:
+    """A fit reply's metrics: its client key and class digest, and (unless the site's
+    policy withholds them) its training metrics, its evaluation and its facts."""
+    facts = {DEVICE_KEY: client.device.type}
+    if client.report_data_digest:
+        facts[DATA_KEY] = client.data.digest
+    sent = {CLIENT_KEY: client.client_key}
+    if not client.withhold_metrics:
+        sent.update({**metrics, **evaluation, **facts})
+    if client.class_fingerprint:  # the server stops a run whose sites' labels differ
+        sent[CLASSES_KEY] = client.class_fingerprint
+    return sent
+
+
+def personal_nbytes(client: PFLClient) -> int:
+    """The bytes ``personal_state`` holds (read off the model, without a copy)."""
+    if type(client).personal_state is not PFLClient.personal_state:
+        return sum(a.nbytes for a in client.personal_state().values())
+    state = client.model.state_dict()
+    return sum(state[n].numel() * state[n].element_size() for n in client.roles.personal)
 
 
 class PFLClient(NumPyClient):
@@ -132,6 +191,7 @@ class PFLClient(NumPyClient):
         return props
 
     def get_parameters(self, config: dict[str, Scalar]) -> NDArrays:
+        settle(self, received=False)
         return self.upload(config)
 
     def fit(
@@ -161,18 +221,10 @@ class PFLClient(NumPyClient):
     ) -> tuple[NDArrays, int, dict[str, Scalar]]:
         """A fit after its local training: the personal state stored, the reply."""
         self.store_personal(config)
-        upload = privatize(self.upload(config), parameters, self.cfg, config)
+        upload = privatize(self.upload(config), parameters, self.cfg, config, self.wire.views)
         timing.mark("store + upload")
-        facts = {DEVICE_KEY: self.device.type}
-        if self.report_data_digest:
-            facts[DATA_KEY] = self.data.digest
-        sent = {CLIENT_KEY: self.client_key}
-        if not self.withhold_metrics:
-            sent.update({**metrics, **evaluation, **facts})
-        if self.class_fingerprint:  # the server stops a run whose sites' labels differ
-            sent[CLASSES_KEY] = self.class_fingerprint
         weight = int(self.y_train.shape[0]) if self.weight_by_samples else 1
-        return upload, weight, sent
+        return upload, weight, reply_metrics(self, metrics, evaluation)
 
     def evaluate(
         self, parameters: NDArrays, config: dict[str, Scalar]
@@ -248,6 +300,7 @@ class PFLClient(NumPyClient):
         if parameters:
             dense = self.wire.decode_down(parameters, self.model)
             set_arrays(self.model, self.roles.shared, dense)
+        settle(self, received=bool(parameters))
 
     def upload(self, config: dict[str, Scalar]) -> NDArrays:
         """What leaves the client: exactly the shared tensors, as the wire carries them."""
@@ -259,17 +312,7 @@ class PFLClient(NumPyClient):
 
     def local_train(self, config: dict[str, Scalar], generator: torch.Generator) -> dict[str, Any]:
         """The local schedule: every parameter for ``local-epochs`` on ``loss``."""
-        loss = train_epochs(
-            self.model,
-            list(self.model.parameters()),
-            self.x_train,
-            self.y_train,
-            self.cfg.local_epochs,
-            self.cfg,
-            generator,
-            loss_fn=self.loss,
-        )
-        return {"train-loss": loss}
+        return {"train-loss": train_every_parameter(self, generator)}
 
     def score(self) -> tuple[float, dict[str, Scalar]]:
         """(loss, metrics with at least ``accuracy``) on the local test split."""

@@ -11,12 +11,24 @@ site's ledger lists the error reply as sent (deploy/site_guard.py).
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from flwr.clientapp.typing import ClientAppCallable
-from flwr.common import Context, Message
+from flwr.common import Context, Error, Message
+from flwr.common.constant import ErrorCode
+
+from pflower.config.refusal import refusal_text
+from pflower.config.schema import ConfigError
 
 log = logging.getLogger("flwr.pflower")
+_named = threading.local()  # the site name the ClientApp gave this message's client
+
+
+def name_site(name: str) -> None:
+    """This message's client is site ``name`` (a natural partition's, by its value):
+    its error reply says so. The ClientApp calls it once it knows the name."""
+    _named.site = name
 
 
 class PublicError(RuntimeError):
@@ -33,6 +45,12 @@ def site_name(node: dict[str, Any]) -> str:
     return str(node.get("site", "") or f"client-{node.get('partition-id', 0)}")
 
 
+def simulated(node: dict[str, Any]) -> bool:
+    """Whether this node is a simulated client (Flower's simulation numbers its
+    partitions), not a deployed site (which names itself)."""
+    return "num-partitions" in node and not node.get("site")
+
+
 def error_reply_text(node: dict[str, Any], message_type: str, err: BaseException) -> str:
     """The one line a site sends for ``err`` raised while handling ``message_type``."""
     name = type(err).__name__
@@ -42,11 +60,18 @@ def error_reply_text(node: dict[str, Any], message_type: str, err: BaseException
 def errors_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
     """Raise ``SiteError`` with ``error_reply_text`` for whatever the app raises (the
     full traceback logged here, on the site)."""
+    _named.site = None
     try:
         return call_next(msg, context)
     except Exception as err:
         if isinstance(err, (PublicError, SiteError)):
             raise
         node = dict(context.node_config)
+        if isinstance(err, ConfigError) and simulated(node):
+            # the run's config, refused by a simulated client: its line as the reply (the
+            # server shares this machine and data), not raised (a traceback per client
+            # from Ray and Flower); the server stops the run (pflower/config/refusal.py)
+            reason = refusal_text(getattr(_named, "site", None) or site_name(node), err)
+            return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason), reply_to=msg)
         log.exception("%s failed in %s", site_name(node), msg.metadata.message_type)
         raise SiteError(error_reply_text(node, msg.metadata.message_type, err)) from None

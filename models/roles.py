@@ -37,8 +37,9 @@ class TensorSpec:
     shape: tuple[int, ...]
     dtype: str
 
-    def matches(self, array: np.ndarray) -> str | None:
-        """None if ``array`` fits this spec, else what is wrong."""
+    def matches(self, array: np.ndarray, values: bool = True) -> str | None:
+        """None if ``array`` fits this spec, else what is wrong (``values``: its
+        values finite too; the caller checks them otherwise)."""
         if str(array.dtype) != self.dtype:
             return f"'{self.name}' has dtype {array.dtype}, expected {self.dtype}"
         shape_ok = len(array.shape) == len(self.shape) and all(
@@ -46,7 +47,7 @@ class TensorSpec:
         )
         if not shape_ok:
             return f"'{self.name}' has shape {tuple(array.shape)}, expected {self.shape}"
-        if array.dtype.kind == "f" and not np.isfinite(array).all():
+        if values and array.dtype.kind == "f" and not np.isfinite(array).all():
             return f"'{self.name}' has non-finite values"
         return None
 
@@ -71,13 +72,16 @@ class Roles:
         )
 
 
+def numpy_dtype(dtype: torch.dtype) -> str:
+    """The numpy name of a torch dtype, without moving a tensor (a GPU tensor's
+    ``.cpu()`` for its dtype alone cost 10 ms a call on ResNet-18)."""
+    return str(torch.empty((), dtype=dtype).numpy().dtype)
+
+
 def wire_spec(model: nn.Module, names: Iterable[str]) -> list[TensorSpec]:
     """The ordered specs of ``names`` in ``model``'s state_dict."""
     state = model.state_dict()
-    return [
-        TensorSpec(n, tuple(state[n].shape), str(state[n].detach().cpu().numpy().dtype))
-        for n in names
-    ]
+    return [TensorSpec(n, tuple(state[n].shape), numpy_dtype(state[n].dtype)) for n in names]
 
 
 def get_arrays(model: nn.Module, names: Iterable[str]) -> list[np.ndarray]:
@@ -86,12 +90,37 @@ def get_arrays(model: nn.Module, names: Iterable[str]) -> list[np.ndarray]:
     return [state[n].detach().cpu().numpy().copy() for n in names]
 
 
+def view_arrays(model: nn.Module, names: Iterable[str]) -> list[np.ndarray]:
+    """The named state_dict entries as numpy arrays: views on a CPU model's own
+    memory (they change as the model does), copies from another device."""
+    state = model.state_dict()
+    return [state[n].detach().cpu().numpy() for n in names]
+
+
 def set_arrays(model: nn.Module, names: Iterable[str], arrays: Iterable[np.ndarray]) -> None:
-    """Write arrays into the named state_dict entries (in place, no re-allocation)."""
+    """Write arrays into the named state_dict entries (in place, no re-allocation);
+    a read-only array (a view on a received message) is read, never written."""
     state = model.state_dict()
     with torch.no_grad():
         for name, array in zip(names, arrays, strict=True):
-            state[name].copy_(torch.as_tensor(array))
+            entry = state[name]
+            if entry.device.type == "cpu":  # numpy's copy: no tensor around a read-only array
+                np.copyto(entry.numpy(), array, casting="unsafe")
+            else:
+                entry.copy_(torch.from_numpy(np.require(array, requirements="W")))
+
+
+def reset_entries(
+    model: nn.Module, template: nn.Module, keep: frozenset[str] = frozenset()
+) -> None:
+    """The template's values in every parameter and buffer of ``model`` (of the same
+    structure) that ``keep`` does not name."""
+    with torch.no_grad():
+        for named in ("named_parameters", "named_buffers"):
+            pairs = zip(getattr(model, named)(), getattr(template, named)(), strict=True)
+            for (name, mine), (_, theirs) in pairs:
+                if name not in keep:
+                    mine.copy_(theirs)
 
 
 # ---- split rules shared by several methods -------------------------------------------------

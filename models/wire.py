@@ -15,12 +15,15 @@ it does not carry from the model as it stands) and ``encode_up`` (model -> uploa
 
 from __future__ import annotations
 
+import io
+import threading
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from flwr.common import Parameters
 from torch import nn
 
-from models.roles import TensorSpec, get_arrays, wire_spec
+from models.roles import TensorSpec, get_arrays, view_arrays, wire_spec
 
 if TYPE_CHECKING:
     from models.roles import Roles
@@ -30,6 +33,10 @@ NDArrays = list[np.ndarray]
 
 class Wire:
     """The shared tensors, as they are, in the roles' order."""
+
+    # the upload as views on a CPU model's memory, for a caller that serializes it before
+    # the model changes (client_app/codec.py FastClient, the cohort); a copy otherwise
+    views = False
 
     def __init__(self, model: nn.Module, roles: Roles, cfg: Any) -> None:
         self.names = tuple(roles.shared)
@@ -67,7 +74,7 @@ class Wire:
 
     def encode_up(self, model: nn.Module) -> NDArrays:
         """Client: what leaves it, from its trained model."""
-        return get_arrays(model, self.names)
+        return (view_arrays if self.views else get_arrays)(model, self.names)
 
     def decode_up(self, arrays: NDArrays) -> tuple[NDArrays, Any]:
         """Server: an accepted upload -> (dense shared tensors, what else it carries)."""
@@ -76,3 +83,35 @@ class Wire:
     def check_up(self, arrays: NDArrays) -> str | None:
         """Checks an upload needs beyond its spec (None: acceptable)."""
         return None
+
+
+# ---- tensors as .npy bytes, in one copy -------------------------------------------------
+
+_headers: dict[tuple[str, bool, tuple[int, ...]], bytes] = {}
+_lock = threading.Lock()
+_MOST_HEADERS = 4096
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    """``array`` as ``np.save(..., allow_pickle=False)`` writes it, in one copy of its
+    data (``np.save`` into a ``BytesIO``, then ``getvalue``: two copies and a buffer
+    grown as it goes). The header is numpy's own, made once per dtype and shape."""
+    if array.dtype.hasobject:
+        raise ValueError("object arrays are not sent")
+    fortran = bool(array.flags.f_contiguous and not array.flags.c_contiguous)
+    key = (array.dtype.str, fortran, tuple(array.shape))
+    header = _headers.get(key)
+    if header is None:
+        fp = io.BytesIO()
+        np.lib.format.write_array_header_1_0(fp, np.lib.format.header_data_from_array_1_0(array))
+        header = fp.getvalue()
+        with _lock:
+            if len(_headers) < _MOST_HEADERS:
+                _headers[key] = header
+    raw = array.T if fortran else np.ascontiguousarray(array)
+    return b"".join((header, raw.reshape(-1).view(np.uint8)))
+
+
+def to_parameters(arrays: NDArrays) -> Parameters:
+    """Flower's ``ndarrays_to_parameters``: the same bytes, in one copy a tensor."""
+    return Parameters(tensors=[npy_bytes(a) for a in arrays], tensor_type="numpy.ndarray")

@@ -7,6 +7,7 @@ internals moved. Code that must reach such an internal asks here, not Flower.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import nullcontext
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
@@ -51,7 +52,7 @@ def registration_order(grid: object) -> dict[int, int]:
     the grid has no in-memory LinkState (a deployment)."""
     state = getattr(grid, "state", None)  # InMemoryGrid's, through a wrapping grid too
     nodes = getattr(state, "nodes", None)
-    if not isinstance(nodes, dict):
+    if not isinstance(nodes, Mapping):  # a dict, or pflower.patches' compact nodes
         return {}
     with getattr(state, "lock", None) or nullcontext():
         return {node_id: place for place, node_id in enumerate(list(nodes))}

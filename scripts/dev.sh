@@ -5,7 +5,7 @@
 #   bash scripts/dev.sh test                     # lint, format check, import contracts, all tests;
 #                                                # with CI=true also flwr 1.42's reduced job
 #                                                # and the compose end-to-end
-#   bash scripts/dev.sh images                   # the registry-free docker image (docs/DEPLOYMENT.md)
+#   bash scripts/dev.sh images                   # the registry-free docker image (docs/DOCKER.md)
 #   bash scripts/dev.sh compose-test [--timing]  # server + two sites in containers, end to end
 # `run` and `check` exit 0 on success, 2 on a bad config, 1 on a failed run.
 #

@@ -6,7 +6,7 @@
 #   2. the wheelhouse (PFLOWER_WHEELHOUSE, default ~/.cache/pflower/wheelhouse, kept
 #      between clones): every Python package the app needs at the tested versions
 #      (constraints.txt), from the package index this machine can reach; an
-#      air-gapped site copies this folder instead (docs/DEPLOYMENT.md);
+#      air-gapped site copies this folder instead (docs/DOCKER.md);
 #   3. docker build with the wheelhouse mounted (no index, no registry).
 # Each step is skipped when its output exists for the same inputs.
 # PFLOWER_FLOWER=1.42 builds pflower/app:<version>-flwr142 from constraints-flwr142.txt

@@ -3,10 +3,12 @@
 # a 1.42 environment made as a layer over the 1.39 one (scripts/dev.sh,
 # PFLOWER_FLOWER_BASE), then the fast tests of every test file that reaches Flower,
 # one SecAgg+ round (secure against plain, in Flower's simulation), the README's main
-# job through `flwr run`, and loopback deployments over 1.42's HTTP Fleet: three sites
-# with TLS and SuperNode authentication, one restarted (its personal state restored),
-# an unregistered node refused, SecAgg+ between the sites, a modified app refused by
-# hash at every site, and two sites started by deploy.site on their own folders.
+# job through `flwr run`, a bare `flwr run .` on Flower's own default federation (2
+# SuperNodes) refused where the data have 4 sites, and loopback deployments over
+# 1.42's HTTP Fleet: three sites with TLS and SuperNode authentication, one restarted
+# (its personal state restored), an unregistered node refused, SecAgg+ between the
+# sites, a modified app refused by hash at every site, and two sites started by
+# deploy.site on their own folders.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PFLOWER_FLOWER=1.42 PFLOWER_FLOWER_BASE="${PFLOWER_FLOWER_BASE:-.venv}"
@@ -29,6 +31,7 @@ deployed="$deployed or refuses_an_app_it_did_not_approve"
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider "${workers[@]}" \
     "tests/test_secure_aggregation.py::test_secure_runs_equal_plain_runs_up_to_quantization[fedavg]" \
     tests/test_flwr_run.py::test_the_readme_main_job_runs_offline \
+    tests/test_federation_fit.py::test_a_bare_flwr_run_on_flowers_default_federation_is_refused_in_one_line \
     "tests/test_site_launch.py::test_two_sites_train_on_their_own_folders_over_tls_with_auth[cpu]"
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/test_deployment.py -k "$deployed"
 echo "flwr 1.42: the reduced job passed"

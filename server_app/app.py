@@ -14,6 +14,7 @@ from threadpoolctl import threadpool_limits
 
 import pflower.patches
 from methods import get_method, parse_run_config
+from pflower.config.refusal import one_line_config_errors
 from pflower.config.schema import ConfigError, check_against_data, describe_settings
 from pflower.data import data_info
 from pflower.privacy.secagg import SignedSecAggPlusWorkflow
@@ -21,6 +22,7 @@ from pflower.results import RunRecorder
 from server_app import site_info
 from server_app.grid import PollingGrid
 from server_app.method_strategy import build_method_strategy
+from server_app.nodes import run_simulated, simulated_grid
 from strategies import checkpoint, outcome, streaming
 from strategies.reply_log import ReplyLog
 
@@ -30,6 +32,7 @@ pflower.patches.engine_wakeups()  # after linkstate-index: it wraps what that st
 pflower.patches.object_retries()  # deployed: replies' parts asked for again soon
 pflower.patches.npy_headers()  # each reply's tensors read without parsing their headers again
 pflower.patches.ray_when_the_engine_starts()  # simulation: the ClientApp sent to actors once
+one_line_config_errors()  # a bad config: its one line in Flower's log, not a traceback
 
 
 class _NoEvaluateEachRound(logging.Filter):
@@ -126,6 +129,8 @@ def _run(grid: Grid, context: Context, overrides: dict[str, Any] | None) -> None
             "(python -m benchmarks, server_app.inprocess); a Flower simulation or a "
             "deployment trains each client in its own ClientApp ('per-client')"
         )
+    if not site_info.deployed(grid):  # the sites its data define: before any message
+        site_info.check_simulated_federation(grid, parse_run_config(raw))
     declared, answers = site_info.from_sites(grid, parse_run_config(raw))
     try:
         components = build_server(context, {**(overrides or {}), **declared})
@@ -142,7 +147,10 @@ def _run(grid: Grid, context: Context, overrides: dict[str, Any] | None) -> None
         strategy.recorder.extra["data_source"] = {"declared_by": "the sites", **declared}
     cfg = components.strategy.cfg  # the run config build_server validated
     if not cfg.secure_aggregation:
-        start_grid(grid=grid, config=components.config, strategy=components.strategy)
+        if simulated_grid(grid):  # a federation of numbers, no proxy a node (server_app/nodes.py)
+            run_simulated(grid, components.config, components.strategy)
+        else:
+            start_grid(grid=grid, config=components.config, strategy=components.strategy)
         outcome.judge(components.strategy)  # a failed run raises: finished:failed
         return
     legacy = LegacyContext(context, config=components.config, strategy=components.strategy)

@@ -37,7 +37,6 @@ from flwr.common import (
     MessageType,
     Parameters,
     Status,
-    ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
 from flwr.server.client_proxy import ClientProxy
@@ -50,9 +49,11 @@ from client_app.app import (
     policy_refusal,
 )
 from client_app.batched import batch_orders, batchable, train_at_once
+from client_app.codec import receives_views, to_parameters
 from client_app.errors import PublicError, error_reply_text, site_name
 from methods import parse_run_config
 from pflower.config.schema import ConfigError, RunConfig
+from pflower.patches import read_only_arrays
 
 COHORT = "cohort"
 log = logging.getLogger("flwr.pflower")
@@ -131,7 +132,11 @@ class Cohort:
         for proxy, ins in chunk:
             try:
                 client = self._client(server_round, proxy.context)
-                arrays = parameters_to_ndarrays(ins.parameters)
+                client.wire.views = True  # each reply serialized before the next trains
+                if receives_views(client):  # read-only views on the payload's bytes
+                    arrays = read_only_arrays(ins.parameters.tensors)
+                else:
+                    arrays = parameters_to_ndarrays(ins.parameters)
                 if batchable(client, client.cfg):
                     evaluation = client.fit_begin(arrays, ins.config)
                     start = {k: p.detach().clone() for k, p in client.model.named_parameters()}
@@ -233,7 +238,7 @@ def same_batches(client: Any) -> tuple[Any, ...]:
 
 def _fit_res(fit: tuple[list[np.ndarray], int, dict[str, Any]]) -> FitRes:
     upload, count, metrics = fit
-    return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(upload), count, metrics)
+    return FitRes(Status(Code.OK, ""), to_parameters(upload), count, metrics)
 
 
 def _failure(context: Context, err: BaseException) -> BaseException:

@@ -40,7 +40,7 @@ from flwr.compat.common.recorddict_compat import (
     recorddict_to_evaluateres,
     recorddict_to_fitres,
 )
-from flwr.server import Server, SimpleClientManager
+from flwr.server import Server
 from flwr.server.client_proxy import ClientProxy
 from threadpoolctl import threadpool_limits
 
@@ -49,7 +49,10 @@ from pflower.config.schema import ConfigError
 from server_app.app import build_server
 from server_app.cohort import COHORT, Cohort
 from server_app.cohort import check as cohort_check
+from server_app.heap import keep_freed_memory
+from server_app.nodes import LocalNodes
 from strategies import outcome
+from strategies.device_fold import fold_device
 
 Recorder = Callable[[str, str, Any, Any], None]  # (kind, client, instruction, reply)
 
@@ -64,6 +67,8 @@ class LocalProxy(ClientProxy):
         overrides: dict[str, Any],
         record: Recorder | None = None,
         cohort: Cohort | None = None,
+        app: Any = None,
+        nodes: LocalNodes | None = None,
     ) -> None:
         super().__init__(str(node_id))
         self.node_id = node_id
@@ -71,8 +76,13 @@ class LocalProxy(ClientProxy):
         self.context = context
         self.overrides = overrides
         self.record = record
-        self.app = make_client_app(overrides)
+        self.app = app or make_client_app(overrides)
         self.cohort = cohort  # local-training = "cohort": its fit was trained with the round
+        self.nodes = nodes  # its federation: keeps this node's Context while it holds state
+
+    def _kept(self) -> None:
+        if self.nodes is not None:
+            self.nodes.keep(self.partition_id, self.context)
 
     def _client(self) -> Any:
         return build_client(self.context, self.overrides)
@@ -94,6 +104,7 @@ class LocalProxy(ClientProxy):
         else:
             content = self._deliver(MessageType.TRAIN, fitins_to_recorddict(ins, True), group_id)
             res = recorddict_to_fitres(content, keep_input=False)
+        self._kept()
         if self.record:
             self.record("fit", self.cid, ins, res)
         return res
@@ -105,6 +116,7 @@ class LocalProxy(ClientProxy):
             MessageType.EVALUATE, evaluateins_to_recorddict(ins, True), group_id
         )
         res = recorddict_to_evaluateres(content)
+        self._kept()
         if self.record:
             self.record("evaluate", self.cid, ins, res)
         return res
@@ -145,25 +157,30 @@ def build_inprocess(
     # measured faster than one client on every thread (docs/PERFORMANCE.md). Each
     # client's numbers are its own either way: its own generator, single-threaded ops
     # the same at any parallelism, and a round's sum does not depend on arrival order.
+    keep_freed_memory()  # a round's large buffers reused, not faulted in again
     parallel = max(1, parallel or torch.get_num_threads())
     threads_each = max(1, torch.get_num_threads() // parallel)
     components = build_server(Context(0, 0, {}, RecordDict(), {}), config)
+    nodes = node_configs or [{}] * num_clients
+    # clients on one GPU: the server's streamed sum and bounds run there too
+    components.strategy.fold_device = fold_device([str(n.get("device", "")) for n in nodes])
     cohort = None
     if components.strategy.cfg.local_training == COHORT:
         cohort_check(config)
         cohort = Cohort(config, parallel)
         cohort.attach(components.strategy)
-    manager = SimpleClientManager()
     run_id = time.time_ns() % 2**62  # unique per run, as Flower's: names spilled state
-    for i in range(num_clients):
-        node = {
-            "partition-id": i,
-            "num-partitions": num_clients,
-            "torch-threads": threads_each,
-            **(node_configs or [{}] * num_clients)[i],
-        }
-        context = Context(run_id, i + 1, node, RecordDict(), {})
-        manager.register(LocalProxy(i + 1, context, config, record, cohort))
+    app = make_client_app(config)
+
+    def proxy(i: int, held: Context | None) -> LocalProxy:
+        """Client i (node i + 1), made when asked: its Context kept by the federation
+        while it holds state, else a new one (docs/PERFORMANCE.md, a million clients)."""
+        node = {"partition-id": i, "num-partitions": num_clients, "torch-threads": threads_each}
+        node.update(node_configs[i] if node_configs else {})
+        context = held or Context(run_id, i + 1, node, RecordDict(), {})
+        return LocalProxy(i + 1, context, config, record, cohort, app, manager)
+
+    manager = LocalNodes(num_clients, proxy)
     server = Server(client_manager=manager, strategy=components.strategy)
     server.set_max_workers(parallel)
     # the class-list query: one client at a time (it builds each one's data first)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import time
+import tomllib
+from pathlib import Path
 from typing import Any
 
 from flwr.server.compat.grid_client_proxy import GridClientProxy
@@ -19,9 +21,12 @@ from flwr.server.compat.grid_client_proxy import GridClientProxy
 from client_app.site_data import ASK_DATA_INFO, CLASSES_COUNT_KEY, SHAPE_KEY
 from models.roles import CLIENT_KEY
 from pflower.config.schema import ConfigError, RunConfig
+from pflower.data.sites import data_sites, federation_fit_problem, size_problem
 from strategies.replies import ClassLists, Reply, ask_properties
 
 log = logging.getLogger("flwr.pflower")
+# the project's default federation (in the app: flwr run ships scripts/ with it)
+PROJECT_FEDERATION = Path(__file__).resolve().parents[1] / "scripts" / "federation.toml"
 
 
 def deployed(grid: Any) -> bool:
@@ -95,3 +100,44 @@ def from_sites(grid: Any, cfg: RunConfig) -> tuple[dict[str, Any], list[Reply]]:
         "the sites' own data (%s): input shape %s, %d classes", ", ".join(answers), shape, classes
     )
     return values, replies
+
+
+def simulated_nodes(grid: Any, settle: float = 0.2, limit: float = 10.0) -> int:
+    """How many SuperNodes the simulation has: Flower starts the ServerApp while it
+    registers them, so the count is read once it stops growing."""
+    deadline, count = time.monotonic() + limit, -1
+    while True:
+        now = len(grid.get_node_ids())
+        if (now and now == count) or time.monotonic() > deadline:
+            return now
+        count = now
+        time.sleep(settle)
+
+
+def check_simulated_federation(grid: Any, cfg: RunConfig) -> None:
+    """Before the first message of a simulation, what the pre-flight of ``bash
+    scripts/dev.sh run`` checks: ConfigError naming the key when the federation's size
+    does not fit the run's keys (``min-available-clients``, a method's own), or naming
+    ``num-supernodes`` when it does not fit the sites the data define (a natural
+    partition's column, ``client-data-paths``: pflower/data/sites.py). Else, when it is
+    not the project's default federation (a bare ``flwr run .`` gets Flower's own, of
+    2), one line saying which it is and how to ask for the project's."""
+    nodes = simulated_nodes(grid)
+    problem = size_problem(cfg, nodes) or federation_fit_problem(cfg, nodes)
+    if problem:
+        raise ConfigError(problem)
+    if data_sites(cfg) is not None:
+        return  # the data define the sites, and the federation fits them
+    try:
+        wanted = tomllib.loads(PROJECT_FEDERATION.read_text())["num-supernodes"]
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return  # installed without the project's scripts/
+    if nodes != wanted:
+        log.info(
+            "federation: %d simulated SuperNodes; the project's default federation has %d "
+            '(scripts/federation.toml): flwr run . --federation-config "num-supernodes=%d", '
+            "or bash scripts/dev.sh run",
+            nodes,
+            wanted,
+            wanted,
+        )

@@ -167,9 +167,9 @@ class PFLStrategy(Strategy):
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
-        if server_round - 1 in self.rounds:
-            self.rounds[server_round - 1].ended = time.perf_counter()
-        self.rounds[server_round] = rl = RoundLog()
+        rl = self.rounds.begin(server_round)
+        if rl is None:  # max-minutes ended the run after an earlier round
+            return []
         self.bystanders.prepare(client_manager)
         sent = instructions(self, server_round, client_manager, self.cfg.fraction_fit, fit=True)
         if server_round == 1 and not self.cfg.class_names.strip():  # ids from each site's data

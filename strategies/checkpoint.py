@@ -25,6 +25,7 @@ import numpy as np
 
 from pflower.config.schema import RESUME_LATEST, ConfigError
 from pflower.store import PERSONAL_STATE_DIR, read_checked_npz, write_checked_npz
+from strategies.budget import round_done
 
 log = logging.getLogger("flwr.pflower")
 
@@ -180,17 +181,17 @@ def resume(
 
 
 def save_if_due(strategy: Any, server_round: int) -> None:
-    """Write the strategy's ``server_state()`` after ``server_round`` when
-    ``checkpoint-every`` asks for it (and after the last round); nothing without a
-    run directory (the strategy's recorder)."""
+    """After ``server_round`` aggregated: write the strategy's ``server_state()`` when
+    ``checkpoint-every`` asks for it (and after the last round, which ``max-minutes`` may
+    bring forward); nothing without a run directory (the strategy's recorder)."""
     cfg, recorder, rounds = strategy.cfg, strategy.recorder, strategy.rounds
+    round_done(strategy, server_round)  # max-minutes spent: this round is the run's last
     done = rounds.offset + server_round  # rounds are counted across resumes
-    if recorder is not None and checkpoint_due(
-        done, cfg.checkpoint_every, rounds.offset + cfg.num_server_rounds
-    ):
+    last = rounds.offset + rounds.num_rounds  # the run's last (max-minutes may end it early)
+    if recorder is not None and checkpoint_due(done, cfg.checkpoint_every, last):
         rounds.settle_checkpoint()  # the one before first: they land in order
         state = strategy.server_state()
-        if done == rounds.offset + cfg.num_server_rounds:  # the last: written at once
+        if done == last:  # the last: written at once
             save_server_state(recorder.dir, cfg.method, done, state)
             rounds.checkpointed = done
         else:  # settled by the next checkpoint (Rounds.settle_checkpoint)

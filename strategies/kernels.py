@@ -44,7 +44,7 @@ def two_sum() -> Callable[..., None]:
     """``add(x, weight, hi, lo)``: ``hi + lo += x * weight`` element by element, by
     TwoSum: ``lo`` gathers the bits each addition to ``hi`` loses. numpy needs nine
     passes a chunk for it, 1.8 ms a CNN4 reply against 0.3 (python -m
-    benchmarks.running_sum)."""
+    benchmarks.studies.running_sum)."""
 
     @_njit()
     def add(x: np.ndarray, weight: float, hi: np.ndarray, lo: np.ndarray) -> None:
@@ -101,6 +101,92 @@ def rebase() -> Callable[..., None]:
 
 
 @functools.cache
+def value_range() -> Callable[..., tuple[bool, float]]:
+    """``check(x) -> (finite, largest |x|)`` in one pass, stopping at the first non-finite
+    value (numpy: ``isfinite(x).all()`` and ``abs(x).max()``, each a temporary the size
+    of ``x``)."""
+
+    @_njit()
+    def check(x: np.ndarray) -> tuple[bool, float]:
+        largest = 0.0
+        for i in range(x.size):
+            v = np.float64(x[i])
+            if not np.isfinite(v):
+                return False, np.inf
+            if abs(v) > largest:
+                largest = abs(v)
+        return True, largest
+
+    return check
+
+
+@functools.cache
+def update_moments() -> Callable[..., tuple[float, float]]:
+    """``moments(upload, reference, unit, at) -> (|d|^2, d . unit[at:at + size])`` of
+    the update ``d = upload - reference`` in float64, in one pass and without making
+    ``d`` (``strategies/robust.py`` ``update_vector`` wrote it out: 88 MB of float64 a
+    ResNet-18 reply). ``unit`` may be empty (no dot: 0). The sums run in element order:
+    a norm or a cosine within float64's rounding of numpy's (which sums in blocks)."""
+
+    @_njit()
+    def moments(
+        upload: np.ndarray, reference: np.ndarray, unit: np.ndarray, at: int
+    ) -> tuple[float, float]:
+        squares, dot = 0.0, 0.0
+        with_unit = unit.size > 0
+        for i in range(upload.size):
+            d = np.float64(upload[i]) - np.float64(reference[i])
+            squares += d * d
+            if with_unit:
+                dot += d * unit[at + i]
+        return squares, dot
+
+    return moments
+
+
+@functools.cache
+def moved_squares() -> Callable[..., float]:
+    """``squares(upload, reference, unit, at, scale, dot) -> |scale * d - dot * unit|^2``
+    over one tensor (``d = upload - reference``): the length of a clipped and projected
+    update, element by element (no cancellation of two large sums)."""
+
+    @_njit()
+    def squares(
+        upload: np.ndarray, reference: np.ndarray, unit: np.ndarray, at: int, scale: float,
+        dot: float,
+    ) -> float:  # fmt: skip
+        total = 0.0
+        for i in range(upload.size):
+            v = (np.float64(upload[i]) - np.float64(reference[i])) * scale - dot * unit[at + i]
+            total += v * v
+        return total
+
+    return squares
+
+
+@functools.cache
+def rebase_moved() -> Callable[..., None]:
+    """``rebase(upload, reference, unit, at, scale, dot, after, out)``: ``out = reference +
+    after * (scale * d - dot * unit)``, ``d = upload - reference``, in float64, cast as it
+    is written: a clipped (``scale``), projected (``dot``; 0: not) and shortened
+    (``after``) update put back on its reference, with no float64 temporary."""
+
+    @_njit()
+    def rebase(
+        upload: np.ndarray, reference: np.ndarray, unit: np.ndarray, at: int, scale: float,
+        dot: float, after: float, out: np.ndarray,
+    ) -> None:  # fmt: skip
+        with_unit = unit.size > 0
+        for i in range(out.size):
+            v = (np.float64(upload[i]) - np.float64(reference[i])) * scale
+            if with_unit:
+                v -= dot * unit[at + i]
+            out[i] = np.float64(reference[i]) + after * v
+
+    return rebase
+
+
+@functools.cache
 def warm(dtypes: tuple[np.dtype, ...], projection: bool) -> threading.Thread:
     """Load or compile, on a thread of its own, the kernels a server whose tensors
     are of ``dtypes`` calls (with ``projection``: the direction check's two), so a
@@ -113,6 +199,12 @@ def warm(dtypes: tuple[np.dtype, ...], projection: bool) -> threading.Thread:
                 x = np.zeros(2, dtype)
                 two_sum()(x, 1.0, np.zeros(2), np.zeros(2))
                 mean_of()(np.zeros(2), np.zeros(2), 1.0, x)
+                value_range()(x)
+                update_moments()(x, x, np.zeros(2), 0)
+                update_moments()(x, x, np.zeros(0), 0)
+                moved_squares()(x, x, np.zeros(2), 0, 1.0, 0.0)
+                for unit in (np.zeros(2), np.zeros(0)):
+                    rebase_moved()(x, x, unit, 0, 1.0, 0.0, 1.0, np.zeros(2, dtype))
                 if projection:
                     rebase()(x, np.zeros(2), np.zeros(2, dtype))
             if projection:

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-from flwr.common import NDArrays, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import NDArrays, Parameters, parameters_to_ndarrays
 
 from models.roles import TensorSpec
-from models.wire import Wire
+from models.wire import Wire, to_parameters
 from strategies.replies import take_arrays
 
 
@@ -94,7 +94,7 @@ class Payloads:
         self._encoded = None
 
     def encode(self, dense: NDArrays) -> Parameters:
-        return ndarrays_to_parameters(self.wire.encode_down(dense))
+        return to_parameters(self.wire.encode_down(dense))  # np.save's bytes, one copy
 
     def global_payload(self) -> Parameters:
         """The global payload, serialized once per change (not per client)."""
@@ -125,6 +125,4 @@ class Payloads:
         self.per_client = ClientPayloads(self.per_client.budget, self.per_client.spill_dir)
         down = self.wire.down_spec()
         for key in sorted(keys):
-            self.per_client[key] = ndarrays_to_parameters(
-                take_arrays(arrays, f"client/{key}/", down)
-            )
+            self.per_client[key] = to_parameters(take_arrays(arrays, f"client/{key}/", down))

@@ -24,6 +24,8 @@ from models.roles import (
 )
 from pflower.config.schema import RunConfig
 from pflower.results import RunRecorder
+from pflower.store import clients_that_train, state_on_disk
+from strategies.budget import TimeBudget
 from strategies.outcome import Participation
 from strategies.replies import Evaluation, Reply, failure_reason
 
@@ -47,6 +49,7 @@ class RoundLog:
     """What the strategy measured in one round, before evaluation completes it."""
 
     started: float = field(default_factory=time.perf_counter)
+    started_at: float = field(default_factory=time.time)  # the same moment, wall clock
     ended: float | None = None  # eval-in-fit: when the next round began
     # eval-in-fit: when the closing evaluation began (the last round ends there, as
     # every other ends where the next round begins; the evaluation is timed apart)
@@ -141,12 +144,14 @@ class Rounds(dict[int, RoundLog]):
         # evaluate-every, and this run's rounds (its last is always scored)
         self.every = cfg.evaluate_every if cfg is not None else 1
         self.num_rounds = cfg.num_server_rounds if cfg is not None else 0
+        self.cfg = cfg
         self.offset = 0  # rounds done before this run (resume-from)
         self.checkpointed = 0  # the newest server checkpoint known written
         self.writing: CheckpointWrite | None = None  # the next, being written
         self.unscored = False  # the checkpoint's round has no record yet (eval-in-fit)
         self.facts = ClientFacts()
         self.participation = Participation()  # who was asked, who replied (outcome.py)
+        self.budget = TimeBudget(cfg.max_minutes if cfg is not None else 0.0)  # max-minutes
 
     def resume(self, done: int, carried: list[dict[str, Any]], path: Path) -> None:
         """Go on after the checkpoint of round ``done``, with the records before it.
@@ -165,9 +170,22 @@ class Rounds(dict[int, RoundLog]):
         return (self.offset + server_round) % self.every == 0 or server_round >= self.num_rounds
 
     def evaluates(self, server_round: int, eval_in_fit: bool) -> bool:
-        """Whether round ``server_round`` sends evaluate messages: a scored round, and
-        with eval-in-fit only the run's last (the next round's fits score the others)."""
+        """Whether round ``server_round`` sends evaluate messages: a scored round of the
+        run (max-minutes may end it early), and with eval-in-fit only the run's last (the
+        next round's fits score the others)."""
+        if server_round > self.num_rounds:
+            return False
         return self.scored(server_round) and (not eval_in_fit or server_round >= self.num_rounds)
+
+    def begin(self, server_round: int) -> RoundLog | None:
+        """A fit round begins: the previous one ended now; its log (None past the run's
+        last round, where max-minutes ended it)."""
+        if server_round > self.num_rounds:
+            return None
+        if server_round - 1 in self:
+            self[server_round - 1].ended = time.perf_counter()
+        self[server_round] = log_ = RoundLog()
+        return log_
 
     def scores_previous(self, server_round: int) -> bool:
         """Whether this round's fits score the previous round's model (eval-in-fit)."""
@@ -280,6 +298,7 @@ class Rounds(dict[int, RoundLog]):
             "bytes_up": rl.bytes_up,
             "bytes_down_eval": rl.bytes_down_eval,
             "seconds": (rl.ended or rl.closing or time.perf_counter()) - rl.started,
+            "started_at": rl.started_at,
             "server_seconds": rl.server_seconds(),
             "replies": rl.replies,
             "rejected": rl.rejected,
@@ -292,4 +311,22 @@ class Rounds(dict[int, RoundLog]):
         record.update(rl.extra)
         if self.recorder is not None:
             self.recorder.extra.update(self.facts.summary())
+            if self.cfg is not None and not getattr(self.recorder, "data_at_sites", False):
+                self.recorder.extra["personal_state"] = self.personal_state()
             self.recorder.add_round(record)
+
+    def personal_state(self) -> dict[str, Any]:
+        """Where a simulated run's clients keep their personal state: the budget, the
+        most clients the run can train (only they hold state), and what is on disk."""
+        assert self.cfg is not None and self.recorder is not None
+        size = self.facts.federation_size
+        clients, nbytes = state_on_disk(self.recorder.dir)
+        return {
+            "mode": self.cfg.personal_state,
+            "budget_mb": self.cfg.personal_state_budget_mb,
+            "clients_that_can_train": clients_that_train(
+                size, self.cfg.num_server_rounds, self.cfg.fraction_fit
+            ),
+            "clients_on_disk": clients,
+            "mb_on_disk": round(nbytes / 2**20, 3),
+        }

@@ -30,6 +30,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
 from models.roles import CLASSES_KEY, CLIENT_KEY, TensorSpec
+from pflower.config.refusal import stop_at_refusal
 from pflower.patches import read_only_arrays
 from pflower.privacy.policy import REFUSED
 from strategies.outcome import error_line, failed_node
@@ -100,6 +101,19 @@ def take_arrays(arrays: dict[str, np.ndarray], prefix: str, spec: list[TensorSpe
     return out
 
 
+def value_range(array: np.ndarray) -> tuple[bool, float]:
+    """(all finite, the largest absolute value) of a float array, compiled for float32
+    and float64 (strategies/kernels.py), numpy's two passes for another dtype."""
+    from strategies import kernels
+
+    flat = np.ascontiguousarray(array).reshape(-1)
+    if flat.dtype in kernels.COMPILED_DTYPES:
+        return kernels.value_range()(flat)
+    if not np.isfinite(flat).all():
+        return False, float("inf")
+    return True, float(np.abs(flat).max())
+
+
 def check_arrays(
     spec: list[TensorSpec], arrays: NDArrays, num_examples: int, max_abs_value: float
 ) -> str | None:
@@ -107,11 +121,15 @@ def check_arrays(
     if len(arrays) != len(spec):
         return f"{len(arrays)} tensors, expected {len(spec)}"
     for s, a in zip(spec, arrays):
-        problem = s.matches(a)
+        problem = s.matches(a, values=False)
         if problem:
             return problem
-        if a.dtype.kind == "f" and a.size and float(np.abs(a).max()) > max_abs_value:
-            return f"'{s.name}' has |value| {float(np.abs(a).max()):.3g} > max-abs-value"
+        if a.dtype.kind == "f" and a.size:
+            finite, largest = value_range(a)  # one pass, no temporary
+            if not finite:
+                return f"'{s.name}' has non-finite values"
+            if largest > max_abs_value:
+                return f"'{s.name}' has |value| {largest:.3g} > max-abs-value"
     if num_examples <= 0:
         return f"num_examples is {num_examples}"
     return None
@@ -257,7 +275,10 @@ class ClassLists:
             return
         self.asked = True
         replies = []
-        for proxy, res in ask_properties(proxies, {}, timeout, server_round, self.workers):
+        asked = ask_properties(proxies, {}, timeout, server_round, self.workers)
+        errors = [res for _, res in asked if isinstance(res, Exception)]
+        stop_at_refusal(errors, f"before round {server_round}")  # a client's config error
+        for proxy, res in asked:
             if isinstance(res, Exception):  # a refusal, a crash: its fit will say
                 log.info("node %d: no class list before round %d (%s)", proxy.node_id,
                          server_round, str(res)[:120])  # fmt: skip
@@ -309,6 +330,7 @@ def accept_evaluations(
 def check_failures(server_round: int, accepted: list[Reply], failures: list[Any]) -> None:
     """Log each failed client; stop the run (RunRefused) when every client asked
     refused it by its site's policy and none replied."""
+    stop_at_refusal(failures, f"round {server_round}")  # a simulated client's config error
     for failure in failures:
         log.warning("round %d: a client failed: %s", server_round, failure_reason(failure))
     refusals = [r for r in map(failure_reason, failures) if REFUSED in r]

@@ -157,7 +157,8 @@ def update_of(upload: NDArrays, reference: NDArrays) -> np.ndarray:
 
 def column_median(block: np.ndarray) -> np.ndarray:
     """``np.median(block, axis=0)``, by a sort down the columns: faster for the few
-    rows (replies) a round has (docs/PERFORMANCE.md, the direction check)."""
+    rows (replies) a round has, measured in
+    docs/notes/2026-11-26-where-a-client-round-goes-and-streamed-aggregation.md."""
     n = block.shape[0]
     ordered = np.sort(block, axis=0)
     return (ordered[(n - 1) // 2] + ordered[n // 2]) / 2
@@ -452,7 +453,7 @@ class RunningMean:
 
     ``spare``: a finished sum's buffers (``release``), zeroed and reused if their shapes
     fit: a CNN4 sum's fresh 14 MB cost its round's first reply 2.1 ms of CPU against 1.2
-    reused in one run of ``python -m benchmarks.running_sum``, the same in another (1.30
+    reused in one run of ``python -m benchmarks.studies.running_sum``, the same in another (1.30
     against 1.29), as the allocator had freed memory to hand back or not."""
 
     def __init__(self, spare: tuple[list[np.ndarray], list[np.ndarray]] | None = None) -> None:

@@ -1,6 +1,6 @@
 """A deployment's roster: which node may present which client key.
 
-    # roster.toml, kept by the server's operator (docs/DEPLOYMENT.md, "Identities")
+    # roster.toml, kept by the server's operator (docs/SITE.md, the roster)
     [sites.hospital-a]
     public-key = "keys/hospital-a.pub"   # the key its SuperNode authenticates with
     node-id = 7384619220473529344        # `flwr supernode register` printed it

@@ -48,6 +48,7 @@ from flwr.common.typing import Code
 from flwr.server.client_proxy import ClientProxy
 
 from strategies import kernels
+from strategies.device_fold import DeviceCopies, DeviceMoments, DeviceRunningMean
 from strategies.outcome import NodeProxy
 from strategies.privacy import secure_decoder
 from strategies.replies import ClientKeys, Reply, accept_fit_replies
@@ -60,10 +61,7 @@ from strategies.robust import (
     count_limit,
     decoded_references,
     lower_median,
-    remove_along,
     update_of,
-    update_vector,
-    with_update,
 )
 
 NDArrays = list[np.ndarray]
@@ -104,43 +102,104 @@ class Limits:
     def of(
         cls,
         replies: list[Reply],
-        updates: list[np.ndarray],
+        updates: Callable[[], list[np.ndarray]],
         bounds: Bounds,
         history: list[float],
         direction: np.ndarray | None = None,
         norms: list[float] | None = None,
     ) -> Limits:
-        """The held round's rules (strategies/robust.py) taken over ``replies`` (their
-        ``updates``, whose ``norms`` may be known); the direction check's centre is
+        """The held round's rules (strategies/robust.py) taken over ``replies`` (whose
+        update vectors ``updates()`` makes, only where the rules need them: a median
+        centre; their ``norms`` may be known); the direction check's centre is
         ``direction`` (the last streamed round's unit update, far less noisy) where
         there is one, else the replies' median update."""
         out = cls()
         if bounds.weight_cap > 0:
             out.count = count_limit([r.num_examples for r in replies], bounds.weight_cap)
+        vectors = None
         if norms is None:
-            norms = [float(np.linalg.norm(u)) for u in updates]
+            vectors = updates()
+            norms = [float(np.linalg.norm(u)) for u in vectors]
         if bounds.norm_bound > 0:
             out.norm = bounds.norm_bound * lower_median(norms + history)
         if bounds.direction_from and len(replies) >= bounds.direction_from:
             limit = out.norm
-            # the updates as the norm bound leaves them (one it does not clip: as it is)
-            bounded = [
-                u * (limit / n) if limit is not None and n > limit else u
-                for u, n in zip(updates, norms)
-            ]
             if direction is not None:
                 out.centre = direction
+                # the norm bound leaves a longer update at the limit's length
+                kept = [min(n, limit) if limit is not None else n for n in norms]
             else:
+                vectors = vectors if vectors is not None else updates()
+                # the updates as the norm bound leaves them (one it does not clip: as it is)
+                bounded = [
+                    u * (limit / n) if limit is not None and n > limit else u
+                    for u, n in zip(vectors, norms)
+                ]
                 centre = column_median(np.stack(bounded))
                 scale = float(np.linalg.norm(centre))
                 out.centre = centre / scale if scale > 0 else None
-            out.typical = lower_median(
-                [
+                kept = [
                     n if b is u else float(np.linalg.norm(b))
-                    for u, b, n in zip(updates, bounded, norms)
+                    for u, b, n in zip(vectors, bounded, norms)
                 ]
-            )
+            out.typical = lower_median(kept)
         return out
+
+
+class Moments:
+    """One reply's update ``d = upload - reference`` over ``tensors``, never written
+    out: its squared norm and its dot with a unit ``centre`` in one compiled pass
+    (strategies/kernels.py), and, for an update the bounds move, its new length and
+    its new arrays in one pass each. In float64, as ``update_vector``'s vector was; the
+    sums in element order (numpy sums in blocks: a norm or a dot within float64's
+    rounding of it; tests/test_streaming.py measures the moved arrays against the
+    vector path)."""
+
+    def __init__(
+        self,
+        upload: NDArrays,
+        reference: NDArrays,
+        tensors: list[int],
+        centre: np.ndarray | None = None,
+    ) -> None:
+        self.upload, self.reference, self.tensors = upload, reference, tensors
+        self.unit = centre if centre is not None else np.zeros(0)
+        self.flat = [(_flat(upload[t]), _flat(reference[t])) for t in tensors]
+        squares, dot, at = 0.0, 0.0, 0
+        moments = kernels.update_moments()
+        for u, r in self.flat:
+            s, d = moments(u, r, self.unit, at)
+            squares, dot, at = squares + s, dot + d, at + u.size
+        self.norm, self.dot = float(np.sqrt(squares)), dot
+
+    def moved_norm(self, scale: float, dot: float) -> float:
+        """The length of ``scale * d - dot * centre``."""
+        squares, at = 0.0, 0
+        for u, r in self.flat:
+            squares += kernels.moved_squares()(u, r, self.unit, at, scale, dot)
+            at += u.size
+        return float(np.sqrt(squares))
+
+    def rebased(self, scale: float, dot: float, after: float) -> NDArrays:
+        """The upload whose compared tensors are ``reference + after * (scale * d - dot *
+        centre)``, in their own dtypes (a new list; the others as they came)."""
+        out, at = list(self.upload), 0
+        unit = self.unit if dot else np.zeros(0)
+        for t, (u, r) in zip(self.tensors, self.flat):
+            dtype = self.upload[t].dtype
+            compiled = dtype in kernels.COMPILED_DTYPES
+            into = np.empty(self.upload[t].shape, dtype if compiled else np.float64)
+            kernels.rebase_moved()(u, r, unit, at, scale, dot, after, into.reshape(-1))
+            out[t] = into if compiled else into.astype(dtype)
+            at += u.size
+        return out
+
+
+def _flat(array: np.ndarray) -> np.ndarray:
+    """``array`` as one contiguous row of its dtype (compiled kernels take that), a
+    compiled dtype's as it is, another's in float64."""
+    flat = np.ascontiguousarray(array).reshape(-1)
+    return flat if flat.dtype in kernels.COMPILED_DTYPES else flat.astype(np.float64)
 
 
 @dataclass
@@ -174,6 +233,7 @@ class StreamedRound:
         reference_of: Callable[[str], NDArrays],
         direction: np.ndarray | None = None,
         spare: tuple[NDArrays, NDArrays] | None = None,
+        device: Any = None,
     ) -> None:
         self.round, self.bounds, self.history = server_round, bounds, history
         self.weighted = weighted
@@ -185,9 +245,10 @@ class StreamedRound:
         self.fixing = False  # a worker is fixing the references
         self.pending: list[Reply] = []  # accepted, waiting for the references
         self.sample: list[Reply] = []  # the reservoir's accepted replies
-        # id of a held reply -> its update vector and that vector's norm
-        self.measured: dict[int, tuple[np.ndarray, float]] = {}
-        self.sum = RunningMean(spare)  # the last round's sum's buffers, if any
+        # id of a held reply -> its update's norm
+        self.measured: dict[int, float] = {}
+        self.sum = RunningMean(spare) if device is None else DeviceRunningMean(device)  # GPU
+        self.device, self.copies = device, None if device is None else DeviceCopies(device)
         self.kept: list[Reply] = []  # each accepted reply, its arrays dropped
         self.rejected: list[str] = []
         self.norms: list[float] = []
@@ -218,9 +279,9 @@ class StreamedRound:
             self.bytes_up += received
             self.rejected += rejected
             fixed = self.limits is not None
-        # a reply that must wait for the references has its update and norm taken now,
-        # on this worker, before it joins the waiting ones (the worker that fixes them
-        # reads both: at 10 clients a round that worker's fix was the round's longest path)
+        # a reply that must wait for the references has its update's norm taken now, on
+        # this worker, before it joins the waiting ones (the worker that fixes them reads
+        # it: at 10 clients a round that worker's fix was the round's longest path)
         measured = {} if fixed else {id(r): self._measure(r) for r in accepted}
         with self.lock:
             self.measured.update(measured)
@@ -253,14 +314,14 @@ class StreamedRound:
 
     def _fix(self, replies: list[Reply]) -> None:
         """Fix the references from ``replies`` and judge every reply waiting for them."""
-        taken = [self.measured.get(id(r)) or self._measure(r) for r in replies]
+        norms = [self.measured.get(id(r)) or self._measure(r) for r in replies]
         limits = Limits.of(
             replies,
-            [update for update, _ in taken],
+            lambda: [update_of(r.arrays, self.reference_of(r.client_key)) for r in replies],
             self.bounds,
             self.history,
             self.direction,
-            norms=[norm for _, norm in taken],
+            norms=norms,
         )
         with self.lock:
             self.limits = limits
@@ -271,10 +332,10 @@ class StreamedRound:
             pending, self.pending, self.sample = self.pending, [], []
         self._judge(sorted(pending, key=lambda r: r.client_key))
 
-    def _measure(self, reply: Reply) -> tuple[np.ndarray, float]:
-        """The reply's update vector against what it was sent, and its norm."""
-        update = update_of(reply.arrays, self.reference_of(reply.client_key))
-        return update, float(np.linalg.norm(update))
+    def _measure(self, reply: Reply) -> float:
+        """The norm of the reply's update against what it was sent."""
+        reference = self.reference_of(reply.client_key)
+        return moments(self, reply.arrays, reference, compared([reply.arrays], [reference])).norm
 
     def _judge(self, replies: list[Reply]) -> None:
         """Bound each reply, then (under the lock) add it to the sum or reject it."""
@@ -302,9 +363,9 @@ class StreamedRound:
                 self.kept.append(reply)
                 self.norms.append(verdict.norm)
 
-    def _bound(self, reply: Reply, measured: tuple[np.ndarray, float] | None = None) -> Verdict:
+    def _bound(self, reply: Reply, measured: float | None = None) -> Verdict:
         """The reply with its weight capped and its update bounded (``measured``: its
-        update vector and norm, if already taken), or why it is rejected."""
+        update's norm, if already taken; ``Moments``), or why it is rejected."""
         limits = self.limits
         assert limits is not None
         capped = limits.count is not None and reply.num_examples > limits.count
@@ -312,12 +373,12 @@ class StreamedRound:
             reply.num_examples = limits.count
         reference = self.reference_of(reply.client_key)
         tensors = compared([reply.arrays], [reference])
-        if measured is None:
-            update = update_vector(reply.arrays, reference, tensors)
-            norm = float(np.linalg.norm(update))
-        else:
-            update, norm = measured
-        moved, clipped, against = False, False, False
+        centre = limits.centre
+        if centre is not None and centre.size != sum(reply.arrays[t].size for t in tensors):
+            centre = None  # another layout of update than the centre's: no direction check
+        taken = moments(self, reply.arrays, reference, tensors, centre)
+        norm = taken.norm if measured is None else measured
+        scale, clipped, against = 1.0, False, False
         if limits.norm is not None and norm > limits.norm:
             if self.bounds.action == "reject":
                 reason = (
@@ -325,11 +386,11 @@ class StreamedRound:
                     f"lower median ({limits.norm:.3g})"
                 )
                 return Verdict(reason, capped=capped)
-            update *= limits.norm / norm
-            norm, moved, clipped = limits.norm, True, True
-        centre = limits.centre
-        if centre is not None and update.size == centre.size and norm > 0:
-            cosine = float(update @ centre) / norm
+            scale, clipped = limits.norm / norm, True
+            norm = limits.norm
+        dot, after = 0.0, 1.0
+        if centre is not None and norm > 0:
+            cosine = scale * taken.dot / norm
             if cosine < self.bounds.min_cosine:
                 against = True
                 if self.bounds.direction_action == "reject":
@@ -339,13 +400,13 @@ class StreamedRound:
                         f"{self.bounds.min_cosine:g})"
                     )
                     return Verdict(reason, capped=capped, clipped=clipped, against=True)
-                remove_along(update, centre, float(update @ centre))  # what it adds across
-                length = float(np.linalg.norm(update))
+                dot = scale * taken.dot  # what it pushes along the centre goes
+                length = taken.moved_norm(scale, dot)  # what it adds across stays
                 if length > limits.typical:
-                    update *= limits.typical / length
-                norm, moved = float(np.linalg.norm(update)), True
-        if moved:
-            reply.arrays = with_update(reply.arrays, reference, tensors, update)
+                    after = limits.typical / length
+                norm = after * length
+        if clipped or against:
+            reply.arrays = taken.rebased(scale, dot if against else 0.0, after)
         return Verdict(None, norm, capped, clipped, against)
 
     def close(self) -> None:
@@ -360,6 +421,19 @@ class StreamedRound:
             self.kept.sort(key=lambda r: r.client_key)
             self.rejected.sort()
             self.extra["replies_held_at_once"] = self.most_waiting
+
+
+def moments(
+    streamed: StreamedRound,
+    upload: NDArrays,
+    reference: NDArrays,
+    tensors: list[int],
+    centre: np.ndarray | None = None,
+) -> Moments | DeviceMoments:
+    """One reply's ``Moments``, on the round's device where it has one."""
+    if streamed.device is None:
+        return Moments(upload, reference, tensors, centre)
+    return DeviceMoments(upload, reference, tensors, centre, streamed.device, streamed.copies)
 
 
 class FoldingProxy(NodeProxy):
@@ -430,6 +504,7 @@ def open_round(
         ),
         strategy.norm_history.direction,
         spare,
+        getattr(strategy, "fold_device", None),
     )
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks import presets, report, runner
 from benchmarks.__main__ import main
-from benchmarks.probes import fedfac_recovery, linear_probe
+from benchmarks.runner import fedfac_recovery, linear_probe
 from tests.helpers import image_folder
 
 
@@ -60,6 +60,8 @@ def test_every_shipped_preset_is_a_valid_grid_of_run_configs(monkeypatch, tmp_pa
         for cell in preset.cells(runs=tmp_path):
             placeholder = {k for k, v in cell.config.items() if isinstance(v, str) and "{" in v}
             config = {k: v for k, v in cell.config.items() if k not in placeholder}
+            if "pretrained-weights" in placeholder:  # a weight file: stands for the file
+                config["pretrained-weights"] = "imagenet"
             parse_run_config(config)  # every key known, every value valid
 
 
@@ -338,6 +340,40 @@ def test_the_machine_reference_is_timed_and_tabulated_with_its_spread():
     assert "| `a` | 8.00 | 9.00 |" in lines and "| `b` | 10.00 | 8.50 |" in lines
     assert not any("`c`" in ln for ln in lines)
     assert machine_table({"c": {"reference_ms": []}}) == []
+
+
+def test_the_cost_plot_draws_each_rows_cost_against_the_clients(tmp_path):
+    """``[report] cost-plot`` (the scale presets): per row, each setting's complete cell
+    of the lowest seed, its median s/client-round after round 1 and its peak, ordered by
+    the clients; with no complete cell it draws nothing."""
+    text = """
+description = "cost"
+methods = ["fedavg"]
+rounds = 2
+[settings.large]
+clients = 30
+[settings.small]
+clients = 3
+[report]
+cost-plot = true
+"""
+    preset = _preset(tmp_path, text)
+    cells = preset.cells(seeds=[0, 1], runs=tmp_path / "runs")
+    assert not report.cost_plot(preset, cells, tmp_path / "none.png")
+    for cell in (c for c in cells if c.seed == 0):  # seed 1 never ran: seed 0 is drawn
+        _fake(cell, [0.5, 0.6], 10, [9.0, 6.0], federation_size=cell.clients)
+        status = {"ok": True, "peak_rss": 2e8 * cell.clients}
+        (cell.dir / "cell.json").write_text(json.dumps(status))
+    small = next(c for c in cells if c.seed == 0 and c.clients == 3)
+    res = json.loads((small.dir / "results.json").read_text())
+    for r in res["rounds"]:
+        r["replies"] = 3
+    (small.dir / "results.json").write_text(json.dumps(res))
+    # round 1 (start-up) left out; small: 6 s over 3 replies; large records no replies
+    assert report.cost_points(preset, cells) == {"fedavg": [(3, 2.0, 0.6), (30, 6.0, 6.0)]}
+    path = report.write(preset, cells, ["(test)"], out=tmp_path / "out")
+    assert "![cost](trial-cost.png)" in path.read_text()
+    assert (tmp_path / "out" / "trial-cost.png").stat().st_size > 1000
 
 
 @pytest.mark.slow
@@ -655,13 +691,13 @@ def test_the_95_percent_interval_is_students_t():
 def test_secagg_masks_benchmark_compares_the_two_generators(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The reduced CI variant of ``python -m benchmarks.secagg_masks``: the mask table
+    """The reduced CI variant of ``python -m benchmarks.studies.secagg_masks``: the mask table
     at 2 sites, and the hook its ``--rounds`` runs use puts Flower's generator in
     place of the PRF in a fresh process (so the two columns are what they say)."""
     import subprocess
     import sys
 
-    from benchmarks import secagg_masks
+    from benchmarks.studies import secagg_masks
 
     out = tmp_path / "masks.md"
     secagg_masks.main(["--sites", "2", "--repeats", "1", "--out", str(out)])
@@ -678,11 +714,11 @@ def test_secagg_masks_benchmark_compares_the_two_generators(
 
 
 def test_dp_arrived_table_counts_both_epsilons_from_the_rounds() -> None:
-    """benchmarks/dp_arrived.py's table (its run is the slow e2e test of
+    """benchmarks/studies/dp_arrived.py's table (its run is the slow e2e test of
     test_secure_aggregation): the asked-for column steps the accountant at the target,
     so it is below the reported epsilon when less noise arrived; unreleased rounds
     are skipped."""
-    from benchmarks.dp_arrived import table
+    from benchmarks.studies.dp_arrived import table
 
     config = {"dp-noise-multiplier": 1.0, "dp-delta": 1e-5}
     rounds = [
@@ -789,7 +825,7 @@ def test_an_unknown_report_key_stops_with_the_closest_one(tmp_path: Path) -> Non
 
 
 def test_the_direction_check_benchmark_tables_both_ways(capsys) -> None:
-    from benchmarks import direction_check
+    from benchmarks.studies import direction_check
 
     assert direction_check.main(["--replies", "4", "--reps", "1"]) == 0
     row = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| 4 |")]
@@ -814,8 +850,38 @@ def test_scale_100k_ci_variant_streams_rounds_of_one_percent(tmp_path):
     assert len(res["rounds"][-1]["per_client_accuracy"]) == 20
 
 
+@pytest.mark.slow
+def test_scale_1m_ci_variant_runs_flwr_run_and_in_process_alike(tmp_path):
+    """scale-1m's reduced CI variant (2,000 clients, 1% a round, 2 rounds), through
+    ``flwr run`` (its local SuperLink stopped after) and the in-process engine: both
+    train the same 20 clients a round to the same numbers; Flower's engine ran with
+    sparse node stores and compact nodes; the run reports its personal state (in
+    memory: at most 40 clients can train); the model report is written."""
+    from benchmarks.__main__ import main
+    from benchmarks.runner import run_processes
+
+    assert main(["scale", "--settings", "ci-2000", "--out", str(tmp_path)]) == 0
+    cells = {p.parent.name: p.parent for p in (tmp_path / "runs").glob("*/ci-2000/*/results.json")}
+    ray, local = (json.loads((cells[n] / "results.json").read_text()) for n in
+                  ("flwr_run-seed0", "in-process-seed0"))  # fmt: skip
+    for res in (ray, local):
+        assert res["federation_size"] == 2000 and len(res["rounds"]) == 2
+        assert [len(r["per_client_train_loss"]) for r in res["rounds"]] == [20, 20]
+        assert res["personal_state"]["clients_that_can_train"] == 40
+        assert res["personal_state"]["clients_on_disk"] == 0
+    for a, b in zip(ray["rounds"], local["rounds"], strict=True):
+        assert a["per_client_accuracy"] == b["per_client_accuracy"]
+        assert a["per_client_train_loss"] == pytest.approx(b["per_client_train_loss"], abs=1e-6)
+    log = (cells["flwr_run-seed0"] / "cell.log").read_text()
+    assert "2000 nodes, their stores sparse, the LinkState's nodes compact" in log
+    assert run_processes(cells["flwr_run-seed0"] / "flwr-home") == []  # stopped
+    status = json.loads((cells["flwr_run-seed0"] / "cell.json").read_text())
+    assert status["peak_rss"] > 0 and status["launched_at"] < ray["rounds"][0]["started_at"]
+    assert (tmp_path / "scale-1m-model.md").read_text().startswith("# A million simulated")
+
+
 def test_the_image_decode_benchmark_checks_the_pixels_and_tables_both_decoders(capsys):
-    from benchmarks.image_decode import main as image_decode
+    from benchmarks.studies.image_decode import main as image_decode
 
     assert image_decode(["--images", "40", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
@@ -824,7 +890,7 @@ def test_the_image_decode_benchmark_checks_the_pixels_and_tables_both_decoders(c
 
 
 def test_the_channels_last_benchmark_tables_both_layouts(capsys):
-    from benchmarks.channels_last import main as channels_last
+    from benchmarks.studies.channels_last import main as channels_last
 
     assert channels_last(["--steps", "2", "--repeats", "1", "--models", "cnn4"]) == 0
     out = capsys.readouterr().out
@@ -833,7 +899,7 @@ def test_the_channels_last_benchmark_tables_both_layouts(capsys):
 
 
 def test_the_vmap_benchmark_trains_the_same_weights_both_ways(capsys):
-    from benchmarks.vmap_clients import main as vmap_clients
+    from benchmarks.studies.vmap_clients import main as vmap_clients
 
     args = ["--clients", "3", "--steps", "2", "--batch", "4", "--repeats", "1"]
     assert vmap_clients(args) == 0
@@ -845,7 +911,7 @@ def test_the_vmap_benchmark_trains_the_same_weights_both_ways(capsys):
 
 
 def test_the_running_sum_benchmark_tables_both_sums_with_the_same_bits(capsys):
-    from benchmarks.running_sum import main as running_sum
+    from benchmarks.studies.running_sum import main as running_sum
 
     assert running_sum(["--replies", "3", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
@@ -858,7 +924,7 @@ def test_the_running_sum_benchmark_tables_both_sums_with_the_same_bits(capsys):
 
 
 def test_ray_timeline_splits_rounds_into_busy_actors_gaps_and_the_boundary() -> None:
-    from benchmarks.ray_timeline import actor_tasks, summarize
+    from benchmarks.studies.ray_timeline import actor_tasks, summarize
 
     # rounds end (aggregation) at 0.9, 1.9, ... 4.9 s; rounds 2-4 hold calls at i+0.0..0.8
     calls = [("A", 0.1, 0.5), ("A", 4.0, 4.8)]  # round 1 and the last round: left out
@@ -910,7 +976,7 @@ engine = "simulation"
 def test_ray_timeline_times_a_real_ray_simulation(tmp_path: Path, capsys) -> None:
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
 
-    from benchmarks.ray_timeline import main as ray_timeline
+    from benchmarks.studies.ray_timeline import main as ray_timeline
     from pflower.patches import wakeups
 
     path = tmp_path / "timed.toml"
@@ -971,7 +1037,7 @@ def test_the_cpu_watcher_splits_the_timed_rounds_cpu_by_process(tmp_path):
     1 and round N-1, an exited or killed process keeping its last reading."""
     import subprocess
 
-    from benchmarks.cpu_roles import RoundCpuWatcher
+    from benchmarks.machine import RoundCpuWatcher
 
     results = tmp_path / "results.json"
     proc = subprocess.Popen([sys.executable, "-c", ROUNDS_WRITER, str(results)])
@@ -993,7 +1059,7 @@ def test_cpu_roles_count_the_raylet_and_rays_agents_as_services_not_actors():
     """The raylet's command line names default_worker.py (how it starts workers) and
     Ray's agents are ray::-named: none of them runs a ClientApp (command lines as
     Ray 2.x's, read off a running instance)."""
-    from benchmarks.cpu_roles import ROLES, role_of
+    from benchmarks.machine import ROLES, role_of
 
     class Proc:
         def __init__(self, pid: int, *args: str) -> None:

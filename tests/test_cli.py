@@ -305,7 +305,7 @@ def test_run_gives_flwr_the_checkpoint_the_preflight_read(tmp_path: Path, monkey
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("FLWR_HOME", str(tmp_path / "home"))
     calls: list[list[str]] = []
-    monkeypatch.setattr(cli, "run_flwr", lambda cmd: (calls.append(cmd) or 0, None))
+    monkeypatch.setattr(cli, "run_flwr", lambda cmd: (calls.append(cmd) or 0, None, None))
     given = " ".join(f"{k}={json.dumps(v)}" for k, v in small.items())
     cli.run(["--run-config", f"{given} resume-from='runs/a' output-dir='{tmp_path / 'out'}'"])
     (cmd,) = calls
@@ -362,11 +362,11 @@ def test_run_exits_1_when_the_server_app_judged_the_run_failed_or_flower_says_so
     monkeypatch.setenv("FLWR_HOME", str(tmp_path / "home"))
     out = tmp_path / "out"
 
-    def flwr_run(cmd: list[str]) -> tuple[int, int]:
+    def flwr_run(cmd: list[str]) -> tuple[int, int, None]:
         (out / "r").mkdir(parents=True)
         rounds = [{"round": 1}]
         (out / "r" / "results.json").write_text(json.dumps({"rounds": rounds, "outcome": outcome}))
-        return 0, 42
+        return 0, 42, None
 
     asked: list[int] = []
     monkeypatch.setattr(cli, "run_flwr", flwr_run)
@@ -378,3 +378,61 @@ def test_run_exits_1_when_the_server_app_judged_the_run_failed_or_flower_says_so
         assert code == 0 and "FAILED" not in err
     else:
         assert code == 1 and says in err and "flwr log 42" in err
+
+
+def test_run_flwr_drops_flowers_notes_and_catches_a_config_error(capsys) -> None:
+    """What `flwr run --stream` prints passes through, less Flower's notes on its own
+    default federation and its actors' shutdown; the run id and the first config error
+    the run logged (Flower colours its levels) are caught."""
+    from pflower.cli.__main__ import run_flwr
+
+    lines = [
+        "Successfully started run 42",
+        "\x1b[93mWARNING \x1b[0m:   Since flwr 1.32, default simulated SuperNodes changed from 10 to 2.",
+        "\x1b[92mINFO \x1b[0m:      Federation `@none/default` (4 simulated SuperNodes)",
+        "\x1b[92mINFO \x1b[0m:      To change federation size, use the following command:",
+        "\x1b[92mINFO \x1b[0m:      \tflwr federation simulation-config @none/default <superlink> ...",
+        "(ClientAppActor pid=1) WARNING :   Manually terminating ClientAppActor",
+        "\x1b[91mERROR \x1b[0m:     config error: site 'va': config key 'split-column': x",
+        "\x1b[91mERROR \x1b[0m:     config error: a second one",
+    ]
+    code = "import sys; sys.stdout.write(sys.argv[1])"
+    assert run_flwr([sys.executable, "-c", code, "\n".join(lines) + "\n"]) == (
+        0,
+        42,
+        "site 'va': config key 'split-column': x",
+    )
+    out = capsys.readouterr().out
+    assert "Federation `@none/default` (4 simulated SuperNodes)" in out
+    assert "10 to 2" not in out and "simulation-config" not in out and "Manually" not in out
+
+
+def test_a_run_a_client_refused_exits_2_with_its_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    from pflower.cli import __main__ as cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "home"))
+    line = "site 'va': config key 'split-column': x (round 1; the run stops at a client's refusal)"
+    monkeypatch.setattr(cli, "run_flwr", lambda cmd: (0, 42, line))
+    monkeypatch.setattr(cli, "run_status", lambda rest, run_id: "finished:failed")
+    code = cli.run(["--run-config", f"num-server-rounds=1 output-dir='{tmp_path}'"])
+    assert code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"config error: {line}"
+
+
+def test_a_deployments_preflight_says_the_data_are_at_the_sites(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """`check . pflower` with no input-shape: the sites hold their own data and the
+    server asks them its shape, so the pre-flight says so, and neither describes nor
+    checks the model against the embedded synthetic set it will not use (an image
+    model was refused as unable to take its vectors)."""
+    from pflower.cli.__main__ import check
+
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "home"))  # no connection named pflower
+    for model in ("logreg", "cnn4"):
+        run_config = f"method='fedavg' model='{model}' class-names='benign,malignant'"
+        assert check([".", "pflower", "--run-config", run_config]) == 0
+        out = capsys.readouterr().out
+        assert "data: at the sites, each its own --data-path" in out, out
+        assert "synthetic (2 classes" not in out

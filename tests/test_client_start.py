@@ -82,7 +82,8 @@ def test_a_message_logs_its_phases_and_the_server_records_its_own(tmp_path, capl
     for record in res["rounds"]:
         server = record["server_seconds"]
         assert list(server) == ["configure", "waiting for clients", "aggregate"]
-        assert sum(server.values()) <= record["seconds"] + 1e-6
+        # each phase is rounded to 0.1 ms (recording.py): three roundings' worth of slack
+        assert sum(server.values()) <= record["seconds"] + 3 * 0.5e-4
 
 
 def test_the_last_round_ends_where_the_closing_evaluation_begins(tmp_path, monkeypatch):

@@ -39,9 +39,27 @@ def largest_difference(a: dict, b: dict) -> float:
 
 
 # one client after another inside the cohort: the per-client engine's own code, the same bits
-@pytest.mark.parametrize("method", ["fedrep", "ditto", "fedrod"])
-def test_the_cohort_trains_every_client_as_the_per_client_engine(method: str, tmp_path) -> None:
-    per_client, cohort = _both({"method": method, "num-server-rounds": 3}, 4, tmp_path)
+@pytest.mark.parametrize(
+    "method, keys",
+    [
+        ("fedrep", {}),
+        ("ditto", {}),
+        ("fedrod", {}),
+        ("feddecomp", {"local-epochs": 2}),
+        ("fedper", {"model": "cnn4", "dataset": "{dev:400}"}),  # a conv net, BatchNorm-free
+        ("fedbn", {"model": "resnet8", "dataset": "{dev:400}", "batch-size": 8}),  # BatchNorm
+    ],
+)
+def test_the_cohort_trains_every_client_as_the_per_client_engine(
+    method: str, keys: dict, tmp_path
+) -> None:
+    if str(keys.get("dataset", "")).startswith("{dev"):
+        from benchmarks.presets import resolve
+
+        keys = {**keys, "dataset": resolve(keys["dataset"])}
+        keys |= {"train-per-client": 16, "test-per-client": 4, "partitioner": "iid"}
+    config = {"method": method, "num-server-rounds": 3, **keys}
+    per_client, cohort = _both(config, 4, tmp_path)
     assert len(cohort["rounds"]) == 3
     for a, b in zip(per_client["rounds"], cohort["rounds"], strict=True):
         for key in COMPARED:
@@ -58,6 +76,7 @@ def test_the_cohort_trains_every_client_as_the_per_client_engine(method: str, tm
     "method, keys",
     [
         ("fedavg", {}),
+        ("fedavg-ft", {}),
         ("fedper", {"optimizer": "adam", "lr": 0.01, "weight-decay": 1e-4}),
         ("fedbn", {"momentum": 0.9, "weight-decay": 1e-3, "local-epochs": 2}),
         ("local", {"batch-size": 7}),

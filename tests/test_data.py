@@ -15,13 +15,13 @@ from PIL import Image
 from methods import parse_run_config
 from pflower.config.schema import ConfigError, RunConfig
 from pflower.data import data_info, load_client_data
+from pflower.data.client_arrays import load_client_arrays
 from pflower.data.hf import (
     DOMAIN_SHIFTS,
     NO_TABLE_KEYS,
     apply_domain_shift,
     hf_data_info,
     label_permutation,
-    load_client_arrays,
     load_source,
     source_from_dataset,
 )
@@ -177,6 +177,34 @@ def test_natural_partitioner_with_split_column(tmp_path):
     assert x_tr.shape[1] == 2  # id and split columns are not features
     with pytest.raises(ConfigError, match="partition-by"):
         load_client_arrays(cfg, 3, 4)
+
+
+@pytest.mark.parametrize(
+    "ids", [["va", "cleveland", "hungary", "switzerland"], [12, 3, 7], ["b", "a b", "a"]]
+)
+def test_natural_partition_is_flwr_datasets_natural_id_partitioner(tmp_path, ids, capfd):
+    """The rows and their order are the library's, for text and integer columns
+    (pflower.data.partitions computes them itself: the library prints a progress bar)."""
+    from flwr_datasets.partitioner import NaturalIdPartitioner
+
+    from benchmarks.scale import flower_partitions
+    from pflower.data.tables import Tabular
+
+    rng = np.random.default_rng(0)
+    column = [ids[i] for i in rng.integers(0, len(ids), 90)]
+    path = tmp_path / "nat.parquet"
+    _tabular(90, 3, site=column).to_parquet(str(path))
+    src = load_source(str(path), Tabular(exclude=("site",)))  # an id column, not a feature
+    capfd.readouterr()
+    library = flower_partitions(
+        NaturalIdPartitioner(partition_by="writer"), src.labels, src.columns["site"]
+    )
+    assert len(library) == len(ids)
+    for pid in range(len(ids)):
+        assert natural_partition(src, "site", pid).tolist() == library[pid].tolist()
+    assert "partition_id_to_indices" in capfd.readouterr().err  # the library's bar, ours none
+    natural_partition(src, "site", 0)
+    assert capfd.readouterr().err == ""
 
 
 # ------------------------------------------------------------------ scenarios
@@ -447,6 +475,27 @@ def test_one_simulated_client_is_drawn_alone_as_the_whole_study_draws_it(
         x, y = simulated_client(client, 9, shape)
         assert np.array_equal(x, study.features[client])
         assert np.array_equal(y, study.labels[client])
+
+
+def test_per_client_streams_draw_a_client_alone_whatever_the_federation_size():
+    """``sim-client-streams``: client c's data come from its own stream, the same in
+    the whole study and drawn alone, in a federation of 9 or of a million; another
+    draw than the study's one stream, with the same shared part (its first draws)."""
+    from pflower.data.synthetic import StudyArgs, generate_simulation_study, simulated_client
+
+    shape = StudyArgs(30, 16, 12, 0.5, 0.4, 0.1, 5)
+    study = generate_simulation_study(9, *shape, False, True)
+    one_stream = generate_simulation_study(9, *shape)
+    assert np.array_equal(study.output_weights, one_stream.output_weights)
+    for client in (8, 0, 3):
+        x, y = simulated_client(client, 9, shape, client_streams=True)
+        assert np.array_equal(x, study.features[client])
+        assert np.array_equal(y, study.labels[client])
+        far, _ = simulated_client(client, 1_000_000, shape, client_streams=True)
+        assert np.array_equal(far, x)
+        assert not np.array_equal(x, one_stream.features[client])
+    x, _ = simulated_client(999_999, 1_000_000, shape, client_streams=True)
+    assert x.shape == (30, 16) and np.isfinite(x).all()
 
 
 def test_the_simulation_study_draws_what_every_recorded_result_was_made_with():

@@ -643,7 +643,7 @@ def test_each_site_enforces_its_own_policy(federations) -> None:
 def test_a_site_that_trusts_only_signed_apps_refuses_an_app_submitted_from_a_directory(
     federations, tmp_path: Path
 ) -> None:
-    """Flower 1.39's --trusted-entities (docs/DEPLOYMENT.md, "Signed apps"): signatures
+    """Flower 1.39's --trusted-entities (docs/SITE.md, approved apps): signatures
     come only with apps fetched from Flower Hub, so a `flwr run .` app is refused.
     Runs after the policy test, on the same federation: it replaces the SuperNodes."""
     from cryptography.hazmat.primitives import serialization

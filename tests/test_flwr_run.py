@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -41,7 +42,9 @@ def _stop_local_superlink(flwr_home: Path) -> None:
 
 @pytest.mark.slow
 def test_the_readme_main_job_runs_offline(tmp_path: Path) -> None:
-    """`bash scripts/dev.sh run` (set-up skipped: this environment is installed)."""
+    """`bash scripts/dev.sh run` (set-up skipped: this environment is installed), the
+    main job for two rounds: it prints no warning from Flower or Ray (#95: none a user
+    can act on), and its plot draws FedAvg's and Local's committed curves beside it."""
     home = tmp_path / "flwr-home"
     env = {
         **os.environ,
@@ -56,7 +59,7 @@ def test_the_readme_main_job_runs_offline(tmp_path: Path) -> None:
         "scripts/dev.sh",
         "run",
         "--run-config",
-        f"num-server-rounds=2 method='fedper' output-dir='{out_dir}' run-name='cli'",
+        f"num-server-rounds=2 output-dir='{out_dir}' run-name='cli'",
     ]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=420)
@@ -77,6 +80,21 @@ def test_the_readme_main_job_runs_offline(tmp_path: Path) -> None:
     assert "round 1/2 model (scored in round 2)" in log  # Flower's [ROUND 2]
     assert "configure_evaluate: no clients selected" not in log  # eval-in-fit, by design
     assert (home / "config.toml").read_text() == (ROOT / "scripts/flower-config.toml").read_text()
+    # a first run prints the project's progress and its result: no warning of Flower's
+    # (its note on its default federation) or Ray's (its FutureWarning on GPU variables)
+    warned = [ln for ln in log.splitlines() if re.search(r"warn", ln, re.IGNORECASE)]
+    assert not warned, warned
+    assert "federation: 100 simulated SuperNodes (scripts/federation.toml)" in log
+    # the main job's plot: this run, and FedAvg's and Local's committed curves
+    from pflower.results import plotted_series
+
+    series = plotted_series(out_dir / "cli" / "accuracy.png")
+    assert list(series) == [
+        "fedfac-static (this run, seed 0)",
+        "FedAvg (committed, seeds 0, 1, 2): mean",
+        "Local (committed, seeds 0, 1, 2): mean",
+    ]
+    assert all(rounds == [1, 2] for rounds, _ in series.values())
 
 
 @pytest.mark.slow

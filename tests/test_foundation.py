@@ -216,7 +216,7 @@ def test_a_round_waits_for_min_available_clients(monkeypatch, caplog) -> None:
 
 def test_cnn4_runs_a_cpu_image_batch_channels_last_with_the_same_numbers() -> None:
     """CNN4's features take a CPU image batch in channels-last memory (faster there:
-    benchmarks/channels_last.py); the layers, their state_dict and their numbers are
+    benchmarks/studies/channels_last.py); the layers, their state_dict and their numbers are
     those of the plain Sequential; a gradient stays in the parameter's own layout."""
     import torch
     from torch import nn

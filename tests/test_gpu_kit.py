@@ -155,3 +155,20 @@ def _dry_run(out: Path, work: Path) -> None:
 def test_the_script_names_its_steps():
     proc = subprocess.run(["bash", "scripts/gpu_kit.sh"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 2 and "prepare | device" in proc.stderr
+
+
+def test_the_gpu_efficiency_steps_dry_run_measures_every_way_on_the_cpu(tmp_path, monkeypatch):
+    """``bash scripts/gpu_kit.sh dry-run gpu-efficiency``'s steps on this CPU, on a small
+    subset: the plain loop, the bare vmap step and both engines of both workloads ran
+    (a rate each), and the report names the call."""
+    monkeypatch.setattr(gpu_kit, "DRY_RUN_ROWS", 400)
+    out = tmp_path / "out"
+    code = gpu_kit.main(["dry-run", "gpu-efficiency", "--out", str(out), "--work", str(tmp_path)])
+    assert code == 0
+    measured = json.loads((out / "gpu-efficiency.json").read_text())["results"]
+    assert set(measured) == {"resnet18", "cnn4"}
+    for res in measured.values():
+        assert set(res["rows"]) == {"plain", "vmap", "per-client", "cohort"}
+        assert all(row["img_s"] > 0 for row in res["rows"].values())
+    text = (out / "gpu-efficiency.md").read_text()
+    assert "bash scripts/gpu_kit.sh dry-run gpu-efficiency" in text and "| cnn4 | cohort |" in text

@@ -173,10 +173,11 @@ def test_a_deployed_site_sends_no_digest_of_its_data(tmp_path) -> None:
     assert res["data_fingerprint"] is None and res["clients_with_data_digest"] == 0
 
 
-def test_a_main_job_summary_shows_fedavg_and_local_from_the_committed_table() -> None:
-    """On the main job's data, federation and budget the summary adds FedAvg's and
-    Local's committed figures (pflower/results/reference.json, docs/main_job.md); on other
-    data, another federation size or another round count it adds nothing."""
+def test_a_main_job_summary_shows_its_seed_beside_the_committed_figures() -> None:
+    """On the main job's data, federation and budget the summary adds this run's seed
+    and final figure, its method's committed figure over the same seeds, and FedAvg's
+    and Local's (pflower/results/reference.json, docs/main_job.md), each saying which it
+    is; on other data, another federation size or another round count nothing."""
     from methods import parse_run_config
     from pflower.results import summary_table
     from pflower.results.reference import _settings, reference_rows
@@ -185,16 +186,28 @@ def test_a_main_job_summary_shows_fedavg_and_local_from_the_committed_table() ->
     main_job = parse_run_config({"method": "fedfac-static"}).as_dict()  # the defaults
     assert all(main_job[k] == v for k, v in setting["match"].items())  # it is the main job's
     clients, rounds = setting["clients"], setting["rounds"]
-    rows = dict(reference_rows(main_job, clients, rounds, "fedfac-static"))
-    fedavg = setting["rows"]["fedavg"]
-    assert rows["FedAvg, same data (committed, 3 seeds)"].startswith(f"{fedavg['mean']:.4f} ± ")
-    assert "Local, same data (committed, 3 seeds)" in rows
+    rows = reference_rows(main_job, clients, rounds, "fedfac-static", 0.7)
+    fedfac, fedavg = setting["rows"]["fedfac-static"], setting["rows"]["fedavg"]
+    assert sorted(fedfac["seeds"]) == sorted(fedavg["seeds"]) == ["0", "1", "2"]  # the same
+    assert rows == [
+        ("FedFac (static), this run (seed 0)", "0.7000"),
+        (
+            "FedFac (static), same data (committed, seeds 0, 1, 2)",
+            f"{fedfac['mean']:.4f} ± {fedfac['std']:.4f}",
+        ),
+        (
+            "FedAvg, same data (committed, seeds 0, 1, 2)",
+            f"{fedavg['mean']:.4f} ± {fedavg['std']:.4f}",
+        ),
+        ("Local, same data (committed, seeds 0, 1, 2)", rows[3][1]),
+    ]
     assert reference_rows({**main_job, "sim-samples": 60}, clients, rounds, "fedavg") == []
     assert reference_rows(main_job, clients - 1, rounds, "fedavg") == []
     assert reference_rows(main_job, clients, rounds + 1, "fedavg") == []
-    # FedAvg's own run shows Local's row only
-    assert [k for k, _ in reference_rows(main_job, clients, rounds, "fedavg")] == [
-        "Local, same data (committed, 3 seeds)"
+    # FedAvg's own run: its own committed row first, then the others'
+    assert [k for k, _ in reference_rows(main_job, clients, rounds, "fedavg", 0.6)][:2] == [
+        "FedAvg, this run (seed 0)",
+        "FedAvg, same data (committed, seeds 0, 1, 2)",
     ]
     summary = {
         "method": "fedfac-static",
@@ -210,7 +223,37 @@ def test_a_main_job_summary_shows_fedavg_and_local_from_the_committed_table() ->
         "total_bytes_down": 1,
         "total_seconds": 1.0,
     }
-    assert "FedAvg, same data (committed, 3 seeds)" in summary_table(summary)
+    assert "FedFac (static), this run (seed 0)" in summary_table(summary)
+
+
+def test_a_main_job_plot_draws_the_committed_curves_beside_the_run(tmp_path) -> None:
+    """The plot of a run on the main job's data draws FedAvg's and Local's committed
+    mean curves (with their seeds' range) beside the run's own, as far as the run
+    went; read back from the lines the figure drew. On other data: the run alone."""
+    from methods import parse_run_config
+    from pflower.results import committed_curves, plot_accuracy, plotted_series
+    from pflower.results.reference import _settings
+
+    (setting,) = _settings()
+    config = parse_run_config({"method": "fedfac-static"}).as_dict()
+    rounds = [{"round": r, "accuracy_mean": 0.5 + r / 100} for r in (1, 2, 3)]
+    summary = {"method": "fedfac-static", "config": config, "rounds": rounds}
+    summary["federation_size"] = setting["clients"]
+    plot_accuracy([summary], tmp_path / "a.png", committed_curves(summary))
+    series = plotted_series(tmp_path / "a.png")
+    assert list(series) == [
+        "fedfac-static (this run, seed 0)",
+        "FedAvg (committed, seeds 0, 1, 2): mean",
+        "Local (committed, seeds 0, 1, 2): mean",
+    ]
+    assert series["fedfac-static (this run, seed 0)"] == [[1, 2, 3], [0.51, 0.52, 0.53]]
+    fedavg = setting["rows"]["fedavg"]["curves"]
+    mean = [sum(fedavg[s][r] for s in fedavg) / len(fedavg) for r in range(3)]
+    assert series["FedAvg (committed, seeds 0, 1, 2): mean"][0] == [1, 2, 3]
+    assert series["FedAvg (committed, seeds 0, 1, 2): mean"][1] == pytest.approx(mean)
+    other = {**summary, "config": {**config, "sim-samples": 60}}
+    plot_accuracy([other], tmp_path / "b.png", committed_curves(other))
+    assert list(plotted_series(tmp_path / "b.png")) == ["fedfac-static"]
 
 
 def test_the_summary_says_over_how_many_clients_each_mean_is_taken() -> None:

@@ -11,6 +11,7 @@ import pflower.patches
 from methods import method_names
 from server_app.inprocess import build_inprocess, run_inprocess
 
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 SMALL = {"sim-samples": 60, "hidden-dim": 16, "num-server-rounds": 3, "run-name": "spill"}
 
 
@@ -171,12 +172,18 @@ def test_every_method_trains_with_partial_participation(method: str, tmp_path) -
             trained.setdefault(int(instruction.config["server-round"]), set()).add(int(cid))
 
     server, rounds = build_inprocess(config, 4, record)
-    contexts = {p.node_id: p.context for p in server.client_manager().all().values()}
-    states = [{n: c.state.object_id for n, c in contexts.items()}]  # before round 1
+
+    def now() -> dict[int, str]:  # each node's state, as its Context is handed out now
+        return {
+            p.node_id: p.context.state.object_id for p in server.client_manager().all().values()
+        }
+
+    states = [now()]  # before round 1
+    contexts = states[0]
     aggregate_fit = server.strategy.aggregate_fit
 
     def after_fit(*args: Any) -> Any:
-        states.append({n: c.state.object_id for n, c in contexts.items()})
+        states.append(now())
         return aggregate_fit(*args)
 
     server.strategy.aggregate_fit = after_fit
@@ -319,3 +326,150 @@ def test_ray_and_in_process_train_the_same_clients_each_round_at_partial_partici
     for a, b in zip(ray, local, strict=True):
         assert a["per_client_accuracy"] == b["per_client_accuracy"]
         assert a["per_client_train_loss"] == pytest.approx(b["per_client_train_loss"], abs=1e-6)
+
+
+def _flower_nodes(count: int) -> tuple[Any, dict[int, int], Any]:
+    """Flower's simulation engine's nodes, registered as it registers them: the
+    state factory, node id -> partition id, and a run."""
+    from flwr.server.superlink.fleet.vce import vce_api
+    from flwr.server.superlink.linkstate import LinkStateFactory
+    from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.supercore.run import Run
+    from flwr.superlink.federation import NoOpFederationManager
+
+    factory = LinkStateFactory(
+        FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory()
+    )
+    return factory, vce_api._register_nodes(count, factory), Run.create_empty(run_id=7)
+
+
+def test_sparse_node_stores_hand_out_flowers_contexts_and_keep_only_nodes_with_state() -> None:
+    """``sparse-node-stores``: after registration no node has a store; a node's Context
+    is Flower's (its node config, the run config parsed from the app as under ``flwr
+    run``); a node is kept after its message only if its state holds something, and
+    gets that state back; a changed run config is refused as Flower refuses it; stores
+    Flower made are turned sparse when the engine starts."""
+    from flwr.common import ConfigRecord
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    from pflower.patches import node_stores
+
+    assert pflower.patches.sparse_node_stores()
+    _, mapping, run = _flower_nodes(50)
+    flower = vce_api._register_node_info_stores._pflower_flower(mapping, run, app_dir=str(ROOT))
+    stores = vce_api._register_node_info_stores(mapping, run, app_dir=str(ROOT))
+    assert isinstance(stores, node_stores.SparseNodeStores) and len(stores) == 0
+    node, partition = list(mapping.items())[1]
+    theirs = flower[node].retrieve_context(run.run_id)
+    ours = stores[node].retrieve_context(run.run_id)
+    assert ours.run_config == theirs.run_config and len(ours.run_config) > 50  # pyproject's
+    assert ours.node_config == theirs.node_config == {"partition-id": 1, "num-partitions": 50}
+    assert partition == 1
+    stores[node].update_context(run.run_id, ours)  # nothing in its state: not kept
+    assert len(stores) == 0
+    ours.state["pflower.test"] = ConfigRecord({"x": 1})
+    stores[node].update_context(run.run_id, ours)
+    assert list(stores) == [node]
+    again = stores[node].retrieve_context(run.run_id)
+    assert again.state["pflower.test"]["x"] == 1 and again.run_config is not ours.run_config
+    again.run_config["alpha"] = 9.0
+    with pytest.raises(ValueError, match="cannot be modified"):
+        stores[node].update_context(run.run_id, again)
+    with pytest.raises(KeyError):
+        stores[12345]  # not a node of the engine
+    flower[node].retrieve_context(run.run_id).state["k"] = ConfigRecord({"y": 2})
+    converted = node_stores.from_flowers(mapping, flower)
+    assert list(converted) == [node] and flower == {}  # Flower's stores freed
+    assert converted[node].retrieve_context(run.run_id).state["k"]["y"] == 2
+
+
+def test_the_sampler_draws_the_same_clients_from_their_numbers_as_from_proxies() -> None:
+    """A federation of numbers (``IndexedClients``) is sampled as the proxies of a
+    registered federation in partition order: the same clients, round after round,
+    and a proxy is made only for the clients drawn."""
+    from flwr.server import SimpleClientManager
+
+    from server_app.nodes import LocalNodes
+    from strategies.sampling import Sampler
+
+    made: list[int] = []
+
+    def proxy(i: int, held: Any) -> Any:
+        made.append(i)
+        return type("P", (), {"node_id": i + 1, "partition_id": i, "cid": str(i + 1)})()
+
+    numbers = LocalNodes(5000, proxy)
+    listed = SimpleClientManager()
+    for i in range(5000):
+        p = proxy(i, None)
+        listed.clients[p.cid] = p
+    made.clear()
+    for server_round in (1, 2, 3):
+        for fraction in (0.001, 0.3):
+            for kind in ("fit", "evaluate"):
+                a = Sampler(1, seed=3).sample(numbers, fraction, server_round, kind)
+                b = Sampler(1, seed=3).sample(listed, fraction, server_round, kind)
+                assert [p.node_id for p in a] == [p.node_id for p in b]
+    assert len(made) == 3 * 2 * (5 + 1500)  # only the drawn clients were made
+
+
+def test_in_process_clients_that_hold_no_state_are_not_kept(tmp_path) -> None:
+    """The in-process engine keeps a client's Context only while its state holds
+    something: after FedPer trains 2 of 8 clients a round, the contexts kept are those
+    of the clients that trained (their heads), none with its state on disk."""
+    trained: set[int] = set()
+
+    def record(kind: str, cid: str, instruction: Any, reply: Any) -> None:
+        if kind == "fit":
+            trained.add(int(cid))
+
+    for where, kept in (("memory", True), ("disk", False)):
+        trained.clear()
+        config = {**SMALL, "method": "fedper", "fraction-fit": 0.25, "personal-state": where}
+        config.update({"fraction-evaluate": 0.25, "output-dir": str(tmp_path / where)})
+        server, rounds = build_inprocess(config, 8, record)
+        server.fit(rounds, timeout=None)
+        nodes = server.client_manager()
+        assert 2 <= len(trained) <= 6
+        assert {i + 1 for i in nodes.contexts} == (trained if kept else set())
+        res = __import__("json").loads(server.strategy.recorder.results_path.read_text())
+        state = res["personal_state"]
+        assert state["clients_that_can_train"] == 6 and state["mode"] == where
+        assert state["clients_on_disk"] == (0 if kept else len(trained))
+
+
+def test_compact_nodes_answer_what_flowers_linkstate_answered() -> None:
+    """``sparse-node-stores`` moves the registered nodes out of Flower's LinkState into
+    arrays when the engine starts: the same node ids in the same (partition) order,
+    each node's NodeInfo as Flower registered it (its own id), the same answers to
+    Flower's lookups and node listing, and a message to a node is stored as before."""
+    import time
+    import uuid
+
+    from flwr.common import Message, Metadata, RecordDict
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.superlink.federation.noop_federation_manager import NOOP_FEDERATION_ID
+
+    from pflower.patches import node_stores
+
+    factory, mapping, _ = _flower_nodes(40)
+    state = factory.state()
+    run_id = state.create_run(None, None, None, {}, NOOP_FEDERATION_ID, None, "<id:none>", "x")
+    order, before = list(state.nodes), dict(state.nodes)
+    listed = state.get_nodes(run_id)
+    partitions = node_stores.compact(state, mapping)
+    assert isinstance(state.nodes, node_stores.CompactNodes) and mapping == {}
+    assert list(state.nodes) == order and len(state.nodes) == 40
+    assert [partitions[n] for n in order] == list(range(40)) and len(partitions) == 40
+    assert state.get_nodes(run_id) == listed
+    for node_id in (order[0], order[17], order[39]):
+        ours, theirs = state.nodes[node_id], before[node_id]
+        assert ours.node_id == node_id and ours.status == theirs.status == "online"
+        assert ours.online_until == theirs.online_until and node_id in state.nodes
+    assert 12345 not in state.nodes and state.nodes.get(12345) is None and 12345 not in partitions
+    meta = Metadata(run_id, str(uuid.uuid4()), SUPERLINK_NODE_ID, order[5], "", "1", time.time(),
+                    60.0, "train")  # fmt: skip
+    assert state.store_message_ins(Message(metadata=meta, content=RecordDict())) is not None
+    state.nodes[order[5]].status = "offline"  # what Flower sets on a node stays
+    assert state.nodes[order[5]].status == "offline"

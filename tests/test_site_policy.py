@@ -286,10 +286,10 @@ def test_a_reply_carrying_another_nodes_client_key_is_rejected(tmp_path) -> None
 
 
 def test_the_privacy_docs_table_is_generated_from_the_declarations() -> None:
-    from pflower.privacy import table
+    from pflower.cli import disclosures as table
 
     text = table.DOC.read_text()
-    assert table.replace_in(text) == text, "run: python -m pflower.privacy.table --write"
+    assert table.replace_in(text) == text, "run: python -m pflower.cli.disclosures --write"
 
 
 def test_every_disclosure_is_of_a_kind_its_method_declares() -> None:

@@ -92,7 +92,9 @@ def test_a_table_runs_end_to_end_with_one_client_per_hospital(tmp_path) -> None:
     raw |= {"batch-size": 4, "num-server-rounds": 2, "output-dir": str(tmp_path)}
     res = run_inprocess({**raw, "run-name": "t"}, 3)
     last = res["rounds"][-1]
-    assert last["per_client_samples"]["client-1"] == {"train": 30, "test": 10}
+    # each client named by its hospital (the partition column's value), not client-0..2
+    assert sorted(last["per_client_accuracy"]) == ["north", "south", "west"]
+    assert last["per_client_samples"]["south"] == {"train": 30, "test": 10}
     assert 0.0 <= last["accuracy_mean"] <= 1.0
 
 
@@ -259,9 +261,9 @@ def test_the_fed_heart_disease_preset_and_report_reduced(tmp_path) -> None:
 
 
 def test_the_flamby_replica_reads_the_same_inputs_as_the_engine(tmp_path) -> None:
-    """benchmarks/flamby_fedavg.py (the replica outside our engine) and our loader
+    """benchmarks/studies/flamby_fedavg.py (the replica outside our engine) and our loader
     give every centre the same standardised 13 inputs and labels, in the same order."""
-    from benchmarks.flamby_fedavg import centres, fedavg
+    from benchmarks.studies.flamby_fedavg import centres, fedavg
     from pflower.data.recipes import main
 
     main(["build", "fed-heart-disease", "--source", str(HEART), "--out", str(tmp_path)])

@@ -27,6 +27,19 @@ PROJECT = Path(__file__).resolve().parents[2]
 FEDERATION_DEFAULTS = PROJECT / "scripts" / "federation.toml"
 EXIT_CONFIG, EXIT_FAILED = 2, 1
 RUN_STARTED = re.compile(r"Successfully started run (\d+)")
+CONFIG_ERROR = re.compile(r"config error: (.+)$")  # the ServerApp's (pflower/config/refusal.py)
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# Flower's simulation says these on every run, whatever its federation (flwr's
+# simulation/app.py, before any of the app is loaded): a note that its own default
+# changed, and a command that does not change a run that gives --federation-config,
+# as every run of this CLI does (the pre-flight line says which federation runs);
+# and, as a WARNING, that it stops its own Ray actors at the end of a run.
+FLOWER_NOTES = (
+    "Since flwr 1.32, default simulated SuperNodes changed from 10 to 2.",
+    "To change federation size, use the following command:",
+    "flwr federation simulation-config ",
+    "Manually terminating ClientAppActor",
+)
 
 
 def split_args(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
@@ -123,18 +136,24 @@ def results_status(path: Path, started: float, rounds: int) -> str | None:
     return None
 
 
-def run_flwr(cmd: list[str]) -> tuple[int, int | None]:
-    """``flwr run``'s exit code and the run id it printed; its output passes through."""
-    run_id = None
+def run_flwr(cmd: list[str]) -> tuple[int, int | None, str | None]:
+    """``flwr run``'s exit code, the run id it printed and the first config error the
+    run logged; its output passes through, less Flower's FLOWER_NOTES."""
+    run_id, config_error = None, None
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
+            if any(note in line for note in FLOWER_NOTES):
+                continue
             sys.stdout.write(line)
             sys.stdout.flush()
             found = RUN_STARTED.search(line)
             if found and run_id is None:
                 run_id = int(found.group(1))
-    return proc.returncode, run_id
+            refused = CONFIG_ERROR.search(ANSI.sub("", line).rstrip())
+            if refused and config_error is None:
+                config_error = refused.group(1)
+    return proc.returncode, run_id, config_error
 
 
 def run_status(rest: list[str], run_id: int, wait: float = 30.0) -> str:
@@ -218,16 +237,28 @@ def foreign_superlink(flwr_home: Path, port: int) -> str | None:
     )
 
 
+def federation_line(values: dict[str, Any], fed_cfg: list[str]) -> str:
+    """Which federation the run gets, and where its size comes from."""
+    from flwr.common.config import parse_config_args
+
+    given = "num-supernodes" in parse_config_args(fed_cfg or None)
+    where = "--federation-config" if given else FEDERATION_DEFAULTS.relative_to(PROJECT)
+    return f"federation: {values['num-supernodes']} simulated SuperNodes ({where})"
+
+
 def run(argv: list[str]) -> int:
     run_cfg, fed_cfg, rest = split_args(argv)
+    local = not deployment_named(rest)  # a deployment's size and data are the SuperLink's
     try:
         values = federation_values(fed_cfg)
-        cfg, raw, data = preflight(PROJECT, run_cfg, values["num-supernodes"])
+        clients = values["num-supernodes"] if local else None
+        cfg, raw, data = preflight(PROJECT, run_cfg, clients)
         federation = federation_config(values)
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return EXIT_CONFIG
-    print(f"pre-flight ok: {describe_settings(cfg)}; data: {data}", flush=True)
+    where = f"; {federation_line(values, fed_cfg)}" if local else ""
+    print(f"pre-flight ok: {describe_settings(cfg)}{where}; data: {data}", flush=True)
     run_name = cfg.run_name or f"{cfg.method}-{time.strftime('%Y%m%d-%H%M%S')}"
     out_dir = Path(cfg.output_dir).expanduser()
     if not out_dir.is_absolute():
@@ -258,11 +289,13 @@ def run(argv: list[str]) -> int:
             print(f"run REFUSED: {problem}", file=sys.stderr)
             return EXIT_FAILED
     started = time.time() - 1.0
-    code, run_id = run_flwr(cmd)
+    code, run_id, config_error = run_flwr(cmd)
     status = run_status(rest, run_id) if code == 0 and run_id is not None else None
     if code == 0 and run_id is None:
         print("warning: flwr run printed no run id; its status is not checked", file=sys.stderr)
-    local = not deployment_named(rest)  # a deployment's results are the server's
+    if config_error and status != "finished:completed":  # refused once started: one line
+        print(f"config error: {config_error}", file=sys.stderr)
+        return EXIT_CONFIG
     problem = results_status(results, started, cfg.num_server_rounds) if local else None
     if local and results.exists() and results.stat().st_mtime >= started:
         record_command(results, ["bash", "scripts/dev.sh", "run", *argv])

@@ -15,6 +15,8 @@ from typing import Any
 from methods import foreign_keys, parse_run_config
 from pflower.config.schema import ConfigError, RunConfig, check_against_data
 
+MAX_CHECKED_SITES = 64  # a natural partition's sites the pre-flight reads one by one
+
 
 def flwr_run_config(project_dir: Path, overrides: list[str]) -> dict[str, Any]:
     """The run config ``flwr run`` would send: the app's defaults fused with the
@@ -81,15 +83,9 @@ def _as_config_error(err: Exception, key: str) -> ConfigError:
 
 def federation_checks(cfg: RunConfig, clients: int | None) -> None:
     """Keys that must fit the federation's size (``num-supernodes``), when known."""
-    if clients is None:
-        return
-    if cfg.min_available_clients > clients:
-        raise ConfigError(
-            f"config key 'min-available-clients': {cfg.min_available_clients} but the "
-            f"federation has {clients} clients (num-supernodes): every round would wait "
-            "10 minutes, then go on without them"
-        )
-    problem = cfg.params.federation_problem(cfg, clients)
+    from pflower.data.sites import size_problem
+
+    problem = size_problem(cfg, clients) if clients is not None else None
     if problem:
         raise ConfigError(problem)
 
@@ -134,23 +130,34 @@ def data_checks(cfg: RunConfig, clients: int | None) -> tuple[str, Any]:
     import datasets
 
     from pflower.data import check_site_data, data_info, declared_info, load_client_data
+    from pflower.data.sites import data_sites, federation_fit_problem
 
     datasets.disable_progress_bars()  # the pre-flight prints one line
     declared = declared_info(cfg)
-    if clients is None and declared is not None:  # a deployment: the data are at the sites
-        shape = "x".join(map(str, declared.input_shape))
+    if clients is None:  # a deployment: the data are at the sites, not here
         where = "checked by each site (python -m deploy.site --check)"
-        return f"declared ({declared.num_classes} classes, {shape}), {where}", (declared, None)
+        if declared is not None:
+            shape = "x".join(map(str, declared.input_shape))
+            return f"declared ({declared.num_classes} classes, {shape}), {where}", (declared, None)
+        return (
+            f"at the sites, each its own --data-path (a site without one reads "
+            f"dataset={cfg.dataset!r} by its partition-id); the server asks them their input "
+            f"shape and classes before round 1; {where}"
+        ), (None, None)
     paths = [p.strip() for p in cfg.client_data_paths.split(",") if p.strip()]
     key = "client-data-paths" if paths else "dataset"
     try:
         for path in paths:  # each site's own data
             Path(path).expanduser().resolve(strict=True)
         info = data_info(cfg)
-        n = max(clients or 1, len(paths), 1)
+        problem = federation_fit_problem(cfg, clients) if clients is not None else None
+        if problem:  # the sites the data define against the federation's size
+            raise ConfigError(problem)
+        sites = data_sites(cfg)
+        n = clients or (len(sites[1]) if sites else 1)
         data = load_client_data(cfg, 0, n)
         check_site_data(cfg, data, "the first client")
-        site_lines = every_site(cfg, paths, n, data) if len(paths) > 1 else []
+        site_lines = every_site(cfg, sites[1], n, data) if sites and len(sites[1]) > 1 else []
     except ConfigError:
         raise
     except MemoryError as err:  # the generated study's teachers, or a decoded data set
@@ -166,13 +173,15 @@ def data_checks(cfg: RunConfig, clients: int | None) -> tuple[str, Any]:
     return f"{source} ({info.num_classes} classes, {shape}){sites}", (info, data)
 
 
-def every_site(cfg: RunConfig, paths: list[str], clients: int, first: Any) -> list[str]:
-    """Every site of ``client-data-paths`` loaded as its client will (in parallel
-    threads) and checked against the run, then the sites' class names compared
-    (pflower.data.compare_site_classes). Each site is read whole, as its client reads it:
-    a sample would pass a site whose other files fail. One line per site: its sample
-    counts and class name -> label id (a class it lacks is listed as such). ``first``:
-    site 0's data, already loaded and checked by the caller."""
+def every_site(cfg: RunConfig, sites: tuple[str, ...], clients: int, first: Any) -> list[str]:
+    """Every site (a path of ``client-data-paths``, or a natural partition's site, by
+    name) loaded as its client will (in parallel threads) and checked against the run,
+    then the sites' class names compared (pflower.data.compare_site_classes). Each site
+    is read whole, as its client reads it: a sample would pass a site whose other files
+    fail. One line per site: its sample counts and class name -> label id (a class it
+    lacks is listed as such). ``first``: site 0's data, already loaded and checked by
+    the caller. A natural partition of more than MAX_CHECKED_SITES sites (a writer a
+    site) is checked at its first site only: its clients check their own."""
     from concurrent.futures import ThreadPoolExecutor
 
     from pflower.data import (
@@ -184,8 +193,13 @@ def every_site(cfg: RunConfig, paths: list[str], clients: int, first: Any) -> li
         site_class_names,
     )
 
+    if not cfg.client_data_paths.strip() and len(sites) > MAX_CHECKED_SITES:
+        return [f"{len(sites)} sites ({', '.join(sites[:3])}, ...): the first checked"]
+    paths = cfg.client_data_paths.strip()
+    key = "client-data-paths" if paths else "dataset"
+
     def one(i: int) -> tuple[str, Any, tuple[str, ...]]:
-        where = f"site {i} ({Path(paths[i]).name})"
+        where = f"site {i} ({Path(sites[i]).name})" if paths else f"site {sites[i]}"
         try:
             data = first if i == 0 else load_client_data(cfg, i, clients)
             check_site_data(cfg, data, where)
@@ -193,13 +207,13 @@ def every_site(cfg: RunConfig, paths: list[str], clients: int, first: Any) -> li
         except ConfigError as err:
             raise ConfigError(f"{where}: {err}") from None
         except (FileNotFoundError, OSError, ValueError, RuntimeError, KeyError) as err:
-            raise ConfigError(f"{where}: {_as_config_error(err, 'client-data-paths')}") from None
+            raise ConfigError(f"{where}: {_as_config_error(err, key)}") from None
 
-    with ThreadPoolExecutor(max_workers=min(4, len(paths))) as pool:
-        sites = list(pool.map(one, range(len(paths))))
-    compare_site_classes(cfg, [(where, names) for where, _, names in sites])
+    with ThreadPoolExecutor(max_workers=min(4, len(sites))) as pool:
+        loaded = list(pool.map(one, range(len(sites))))
+    compare_site_classes(cfg, [(where, names) for where, _, names in loaded])
     lines = []
-    for where, data, names in sites:
+    for where, data, names in loaded:
         ids = " ".join(f"{n}->{i}" for n, i in class_ids(cfg, names).items())
         lacks = [n for n in run_class_names(cfg) if n not in names]
         missing = f" (lacks {', '.join(lacks)})" if lacks else ""
@@ -277,6 +291,7 @@ def preflight(
     roster_checks(cfg)
     pretrained_checks(cfg)
     described, (info, data) = data_checks(cfg, clients)
-    check_against_data(cfg, info.num_classes)
-    model_checks(cfg, info, data)
+    if info is not None:  # else a deployment's sites give the shape (server_app/site_info.py)
+        check_against_data(cfg, info.num_classes)
+        model_checks(cfg, info, data)
     return cfg, raw, described

@@ -91,7 +91,10 @@ class TaskKeys(BaseModel):
     split_column: str = _field("split", alias="split-column")
     feature_columns: str = _field("", alias="feature-columns")
     categorical_columns: str = _field("", alias="categorical-columns")
-    model: Literal["logreg", "mlp", "cnn4", "resnet8", "resnet10", "resnet18"] = "mlp"
+    model: Literal["logreg", "mlp", "cnn4", "resnet8", "resnet9", "resnet10", "resnet18"] = "mlp"
+    # every ``auto`` key as our reading of the method's paper sets it, or as its
+    # authors' code ran it (Factorized-FL, FedFac: docs/factorized_fl.md, docs/fedfac.md)
+    profile: Literal["ours", "authors"] = "ours"
     hidden_dim: int = _field(200, alias="hidden-dim", ge=1)
     pretrained_weights: str = _field("", alias="pretrained-weights")
 
@@ -202,6 +205,9 @@ class RunConfig(TaskKeys):
     output_dir: str = _field("outputs", alias="output-dir")
     run_name: str = _field("", alias="run-name")
     checkpoint_every: int = _field(1, alias="checkpoint-every", ge=0)  # 0: never
+    # > 0: stop cleanly after the round during which this many minutes have passed since
+    # the run (or its resume) began; its checkpoint is written (strategies/budget.py)
+    max_minutes: float = _field(0.0, alias="max-minutes", ge=0)
     tensorboard: bool = False  # event files under the run dir (the tensorboard extra)
     # one `pflower-phases {...}` log line per ClientApp message: where its time goes
     log_phases: bool = _field(False, alias="log-phases")
@@ -232,6 +238,9 @@ class RunConfig(TaskKeys):
     sim_shared_neurons: float = _field(0.8, alias="sim-shared-neurons", ge=0, le=1)
     sim_shared_covariates: float = _field(0.8, alias="sim-shared-covariates", ge=0, le=1)
     sim_noise: float = _field(0.1, alias="sim-noise", ge=0)
+    # each client's data from its own random stream, seeded by (seed, client): any client
+    # drawn alone at once (a million clients); false: the study's one stream (the default)
+    sim_client_streams: bool = _field(False, alias="sim-client-streams")
 
     @model_validator(mode="after")
     def _secure_aggregation_fits_the_method(self, info: ValidationInfo) -> RunConfig:
@@ -266,6 +275,17 @@ class RunConfig(TaskKeys):
             raise ValueError(
                 "config key 'aggregation': differential privacy averages the clipped updates "
                 "with equal weights (its noise is calibrated to that); leave it 'default'"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _profile_fits_the_method(self, info: ValidationInfo) -> RunConfig:
+        spec = (info.context or {}).get("spec")
+        profiles = spec.params.profiles if spec is not None else ("ours",)
+        if self.profile not in profiles:
+            raise ValueError(
+                f"config key 'profile': method '{self.method}' has no '{self.profile}' "
+                f"profile (it has {', '.join(repr(p) for p in profiles)})"
             )
         return self
 

@@ -62,7 +62,8 @@ def simulation_study(  # noqa: ANN201 (SimulationStudy)
 ):
     """The generated federation for this config (cached); ``teachers`` keeps the
     per-client teacher weights too (FedFac's oracle split)."""
-    return generate_simulation_study(num_partitions, *study_arguments(cfg), teachers)
+    args = study_arguments(cfg)
+    return generate_simulation_study(num_partitions, *args, teachers, cfg.sim_client_streams)
 
 
 def study_arguments(cfg: RunConfig) -> StudyArgs:
@@ -283,9 +284,10 @@ def build_client_data(
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition id {partition_id} not in [0, {num_partitions})")
     if cfg.dataset == "synthetic" and not data_path and not cfg.client_data_paths:
-        x, y = simulated_client(partition_id, num_partitions, study_arguments(cfg))
+        args = study_arguments(cfg)
+        x, y = simulated_client(partition_id, num_partitions, args, cfg.sim_client_streams)
         return _to_tensors(*split_train_test(x, y, cfg.test_fraction, cfg.seed + partition_id))
-    from pflower.data.hf import load_client_arrays
+    from pflower.data.client_arrays import load_client_arrays
 
     def build() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         return load_client_arrays(cfg, partition_id, num_partitions, data_path)

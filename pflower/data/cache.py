@@ -56,6 +56,7 @@ SHAPING_KEYS = (
     "sim-shared-neurons",
     "sim-shared-covariates",
     "sim-noise",
+    "sim-client-streams",
     "pretrained-weights",  # ImageNet normalisation
 )
 

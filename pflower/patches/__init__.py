@@ -1,7 +1,8 @@
 """Every Flower or torch internal the product patches, in one module.
 
 Each patch replaces a private function or default of one library version, for a
-speed measured in docs/PERFORMANCE.md; none changes what is computed or sent.
+speed measured (docs/PERFORMANCE.md; each measurement in docs/notes/); none changes
+what is computed or sent.
 
 | patch | what it replaces | why | checked against |
 |---|---|---|---|
@@ -19,12 +20,14 @@ speed measured in docs/PERFORMANCE.md; none changes what is computed or sent.
 | ``ray-app-once`` | flwr ``BasicActorPool.submit`` (put in place by ``vce_api.run_api``, as the next) | the Ray simulation cloudpickled the whole ClientApp into every message's actor call | flwr 1.39.0, 1.42.0 |
 | ``ray-two-in-flight`` | flwr ``BasicActorPool.add_actors_to_pool`` / ``terminate_all_actors``, ``RayBackend.num_workers`` | a Ray actor was handed its next message only once its last reply was back (a median 11 ms idle between messages) | flwr 1.39.0, 1.42.0 |
 | ``ray-weights-once`` | flwr ``BasicActorPool.submit`` (as the last), Ray's pickling of flwr ``Array`` in the simulation process (``ray.util.register_serializer``) | the Ray simulation pickled the round's weights into every message's actor call, and each actor unpickled its own copy | flwr 1.39.0, 1.42.0 |
+| ``sparse-node-stores`` | flwr ``vce_api._register_node_info_stores`` and ``run_api``, ``DeprecatedRunInfoStore.register_context`` | the simulation engine made a Context for every node before the first round, with the run config parsed again for each under ``flwr run``: 18.7 KB and 2.3 ms a node | flwr 1.39.0, 1.42.0 |
 | ``activation-retry`` | the Fleet client's ``ActivateNode`` (1.39: the gRPC stub, through ``grpc_rere_client.connection.wrap_stub``; 1.42: ``FleetHttpClient.ActivateNode``), in ``deploy.fast_supernode`` | a SuperNode restarted within a minute of a crash exited 305 (the SuperLink refuses its key until the old session's heartbeat lapses); now it asks again, 1-10 s apart, for up to 150 s | flwr 1.39.0, 1.42.0 (the 1.42 client read in its wheel) |
 | ``serverapp-after-ray`` | nothing: the ServerApp waits on the thread flwr ``run_serverapp_th`` starts (its target by name) | Flower's simulation starts the ServerApp's thread before Ray, whose services are forked with a Python ``preexec_fn`` beside it: once a forked ``gcs_server`` blocked before its exec and the run hung | flwr 1.39.0, 1.42.0 |
 
 Each patch is its own module, in the table's order: ``linkstate``, ``backoff``,
 ``long_poll``, ``retries``, ``fab``, ``fork``, ``task_end``, ``optim``, ``secagg``, ``npy``,
-``wakeups``, ``ray_app``, ``ray_pipeline``, ``ray_weights``, ``activation``, ``start_order``;
+``wakeups``, ``ray_app``, ``ray_pipeline``, ``ray_weights``, ``node_stores``, ``activation``,
+``start_order``;
 ``core`` holds the switch and the version check, ``timing`` the waits the polling
 patches share. Callers import them from here.
 
@@ -47,10 +50,11 @@ from pflower.patches.fab import fab_reuse, installed_fab
 from pflower.patches.fork import superexec_fork
 from pflower.patches.linkstate import linkstate_index
 from pflower.patches.long_poll import fleet_long_poll
+from pflower.patches.node_stores import sparse_node_stores
 from pflower.patches.npy import npy_headers, read_only_arrays
 from pflower.patches.optim import optimizers
 from pflower.patches.ray_app import ray_app_once
-from pflower.patches.ray_app import when_the_engine_starts as ray_when_the_engine_starts
+from pflower.patches.ray_engine import when_the_engine_starts as ray_when_the_engine_starts
 from pflower.patches.ray_pipeline import IN_FLIGHT, ray_two_in_flight
 from pflower.patches.ray_weights import ray_weights_once
 from pflower.patches.retries import object_retries
@@ -90,6 +94,7 @@ __all__ = [
     "read_only_arrays",
     "secagg_masks",
     "serverapp_after_ray",
+    "sparse_node_stores",
     "superexec_fork",
     "supernode_backoff",
 ]

@@ -26,6 +26,7 @@ PATCHES: dict[str, tuple[str, tuple[str, ...]]] = {
     "ray-two-in-flight": ("flwr", (FLWR_39, FLWR_42)),
     "ray-weights-once": ("flwr", (FLWR_39, FLWR_42)),
     "serverapp-after-ray": ("flwr", (FLWR_39, FLWR_42)),
+    "sparse-node-stores": ("flwr", (FLWR_39, FLWR_42)),
     "activation-retry": ("flwr", (FLWR_39, FLWR_42)),
 }
 # library -> every version prefix some patch of it was checked against

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -157,8 +158,9 @@ class RunRecorder:
 
     def finish(self) -> None:
         self.write()
-        plot_accuracy([self.summary()], self.dir / "accuracy.png")
-        print(summary_table(self.summary()), flush=True)
+        summary = self.summary()
+        plot_accuracy([summary], self.dir / "accuracy.png", committed_curves(summary))
+        print(summary_table(summary), flush=True)
         print(
             f"results: {self.results_path} (per round: rounds.csv; plot: accuracy.png)",
             flush=True,
@@ -326,8 +328,8 @@ def summary_table(summary: dict[str, Any]) -> str:
     from pflower.results.reference import reference_rows
 
     size = summary.get("federation_size") or 0
-    method = summary["method"]
-    rows += reference_rows(summary["config"], size, len(summary["rounds"]), method)
+    method, final = summary["method"], summary["final_accuracy_mean"]
+    rows += reference_rows(summary["config"], size, len(summary["rounds"]), method, final)
     if "dp_epsilon" in summary:
         eps = summary["dp_epsilon"]
         spent = "no guarantee (no noise)" if eps is None else f"epsilon {eps:.3g}"
@@ -337,23 +339,55 @@ def summary_table(summary: dict[str, Any]) -> str:
     return "\n".join([line, *(f"{k.ljust(width)}  {v}" for k, v in rows), line])
 
 
-def plot_accuracy(summaries: list[dict[str, Any]], path: Path) -> None:
-    """Mean per-client accuracy per round, one line per run."""
+def committed_curves(summary: dict[str, Any]) -> list[tuple[str, list[list[float]]]]:
+    """The committed curves of the other methods on this run's data, federation and
+    rounds (pflower/results/reference.py), for its plot."""
+    from pflower.results.reference import reference_curves
+
+    size = summary.get("federation_size") or 0
+    rounds = len(scored_rounds(summary["rounds"]))
+    return reference_curves(summary["config"], size, rounds, summary["method"])
+
+
+SERIES_KEY = "pflower:series"  # the PNG text chunk with the lines a plot draws
+
+
+def plot_accuracy(
+    summaries: list[dict[str, Any]],
+    path: Path,
+    committed: Sequence[tuple[str, list[list[float]]]] = (),
+) -> None:
+    """Mean per-client accuracy per round, one line per run; ``committed``: other
+    methods' runs on the same data (label, each seed's accuracy per round), drawn as
+    their mean over the seeds with the range between the lowest and highest seed.
+    The lines drawn are stored in the PNG (``SERIES_KEY``: label -> rounds, values),
+    read back from the figure."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
     from matplotlib.ticker import MaxNLocator
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for s in summaries:
         scored = scored_rounds(s["rounds"])
+        seed = f", seed {s['config'].get('seed', 0)}" if committed else ""
         ax.plot(
             [r["round"] for r in scored],
             [r["accuracy_mean"] for r in scored],
             marker="o",
             ms=3,
-            label=s["method"],
+            lw=2 if committed else 1.5,
+            label=f"{s['method']} (this run{seed})" if committed else s["method"],
+            zorder=3,
+        )
+    for label, curves in committed:
+        values = np.array(curves, dtype=float)
+        x = np.arange(1, values.shape[1] + 1)
+        (line,) = ax.plot(x, values.mean(axis=0), ls="--", lw=1.3, label=f"{label}: mean")
+        ax.fill_between(
+            x, values.min(axis=0), values.max(axis=0), color=line.get_color(), alpha=0.15
         )
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
@@ -363,8 +397,27 @@ def plot_accuracy(summaries: list[dict[str, Any]], path: Path) -> None:
         ax.set_title(
             f"{cfg['method']} on {Path(str(cfg['dataset'])).name} ({cfg['model']})", fontsize=10
         )
+        if committed:
+            ax.set_title(
+                ax.get_title() + "; shaded: the range over the committed seeds", fontsize=9
+            )
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8 if committed else None)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    series = {
+        str(line.get_label()): [
+            [float(v) for v in line.get_xdata()],
+            [float(v) for v in line.get_ydata()],
+        ]
+        for line in ax.get_lines()
+    }
+    fig.savefig(path, dpi=120, metadata={SERIES_KEY: json.dumps(series)})
     plt.close(fig)
+
+
+def plotted_series(path: Path) -> dict[str, list[list[float]]]:
+    """The lines a plot of ``plot_accuracy`` drew: label -> [rounds, values]."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return json.loads(image.text[SERIES_KEY])  # type: ignore[attr-defined]

@@ -5,6 +5,7 @@ checkpoint are both written and read through here (neither side imports the othe
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import tempfile
 from collections import deque
@@ -22,6 +23,29 @@ PERSONAL_STATE_DIR = "personal-state"
 # in that task's ledger line and empties it (deploy/site_guard.py); bounded, as nothing
 # empties it in a simulation
 STATE_EVENTS: deque[dict[str, Any]] = deque(maxlen=32)
+
+
+def clients_that_train(num_clients: int, rounds: int, fraction_fit: float) -> int:
+    """The most clients a simulated run of ``rounds`` rounds can train, each round
+    asking ceil(fraction-fit x clients) (at least 1), as the sampler does: only these
+    can hold personal state, whatever the federation's size."""
+    per_round = max(1, math.ceil(fraction_fit * num_clients))
+    return min(num_clients, max(0, rounds) * per_round)
+
+
+def state_on_disk(run_dir: Path) -> tuple[int, int]:
+    """(clients, bytes) of the personal state a simulated run keeps on disk."""
+    clients, size = 0, 0
+    root = Path(run_dir) / PERSONAL_STATE_DIR
+    if not root.is_dir():
+        return 0, 0
+    with os.scandir(root) as folders:
+        for folder in folders:
+            if folder.is_dir():
+                clients += 1
+                with os.scandir(folder.path) as files:
+                    size += sum(f.stat().st_size for f in files if f.is_file())
+    return clients, size
 
 
 def _digest(arrays: dict[str, np.ndarray]) -> str:
