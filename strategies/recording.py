@@ -235,8 +235,9 @@ class Rounds(dict[int, RoundLog]):
     ) -> tuple[float | None, dict[str, Scalar]]:
         """One round's record in results.json, from its clients' evaluations and
         what the round noted (the robust bounds' counts, the method's own entries)."""
-        if not evals:
+        if not evals:  # recorded all the same, unscored: what it trained is not lost
             log.error("round %d: no usable evaluation replies", server_round)
+            self.record_unscored(server_round)
             return None, {}
         per_client = {str(e.client_key): float(e.metrics["accuracy"]) for e in evals}
         counts = {str(e.client_key): int(e.num_examples) for e in evals}

@@ -172,6 +172,7 @@ def test_a_site_requiring_secure_aggregation_sends_no_metric_it_has_not_accepted
     raw = {"method": "fedper", "sim-samples": 40, "hidden-dim": 8, "secure-aggregation": True}
     strict = {"site": "h", "partition-id": 0, "num-partitions": 2}
     strict["require-secure-aggregation"] = "true"
+    strict["secagg-unverified-keys"] = "true"  # no roster here (development opt-in)
     cfg = parse_run_config(raw)
     for node, withheld in ((strict, True), ({**strict, "accept-disclosures": "metrics"}, False)):
         client = build_client(Context(0, 1, node, RecordDict(), raw)).numpy_client  # type: ignore[attr-defined]

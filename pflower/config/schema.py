@@ -36,6 +36,11 @@ class ConfigError(ValueError):
     """A run config value is invalid; the message names the key."""
 
 
+# resume-from="latest": a run started again by the same command (a supervisor, a
+# restart policy) goes on from its own last checkpoint (strategies/checkpoint.py)
+RESUME_LATEST = "latest"
+
+
 def _field(default: Any, **kw: Any) -> Any:
     return Field(default, **kw)
 
@@ -206,7 +211,13 @@ class RunConfig(TaskKeys):
     tensorboard: bool = False  # event files under the run dir (the tensorboard extra)
     # one `pflower-phases {...}` log line per ClientApp message: where its time goes
     log_phases: bool = _field(False, alias="log-phases")
-    resume_from: str = _field("", alias="resume-from")  # a server-state.npz or its run dir
+    # every accepted fit reply as it entered its round's sum, and each aggregate's
+    # digest, under <run dir>/replies/ (strategies/reply_log.py): an audit trail that a
+    # replay checks; streamed rounds only
+    reply_log: bool = _field(False, alias="reply-log")
+    # a server-state.npz or its run dir; "latest" (RESUME_LATEST): this run-name's own last
+    # checkpoint if there is one, num-server-rounds then counting the whole run
+    resume_from: str = _field("", alias="resume-from")
     # a deployment's sites and their authenticated node ids (strategies/roster.py): a
     # client key is then bound only to its own site's node
     roster: str = ""

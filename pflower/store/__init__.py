@@ -8,7 +8,9 @@ import hashlib
 import math
 import os
 import tempfile
+from collections import deque
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -16,6 +18,11 @@ _CHECKSUM = "__sha256__"
 # a simulated run's clients keep their personal state here, inside the run's directory
 # (beside the server's checkpoint), so that the run can resume with it
 PERSONAL_STATE_DIR = "personal-state"
+# what a site's personal-state store did during this process's current ClientApp task
+# (restored, corrupt, saved: each with its sha256): the site's own SuperExec puts it
+# in that task's ledger line and empties it (deploy/site_guard.py); bounded, as nothing
+# empties it in a simulation
+STATE_EVENTS: deque[dict[str, Any]] = deque(maxlen=32)
 
 
 def clients_that_train(num_clients: int, rounds: int, fraction_fit: float) -> int:
@@ -66,9 +73,10 @@ def read_checked_npz(path: Path) -> tuple[dict[str, np.ndarray], str]:
     return arrays, stored
 
 
-def write_checked_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+def write_checked_npz(path: Path, arrays: dict[str, np.ndarray]) -> str:
     """Write ``arrays`` with a sha256 of their contents: to a temporary file in the
-    same directory, fsync, then rename (a crash leaves the old file or the new)."""
+    same directory, fsync, then rename (a crash leaves the old file or the new);
+    returns the sha256."""
     path.parent.mkdir(parents=True, exist_ok=True)
     checksum = np.array(_digest(arrays))
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
@@ -81,3 +89,23 @@ def write_checked_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return str(checksum)
+
+
+def append_line(path: Path, data: bytes) -> None:
+    """Append one line whole or not at all (O_APPEND: concurrent appends never
+    interleave): a write cut short (a full disk) is truncated away and raised, so a
+    log read later never holds half a line."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            written = os.write(fd, data)
+        except OSError:
+            os.ftruncate(fd, size)
+            raise
+        if written != len(data):
+            os.ftruncate(fd, size)
+            raise OSError(28, f"{path}: {written} of {len(data)} bytes written (no space left?)")
+    finally:
+        os.close(fd)
