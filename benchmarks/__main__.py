@@ -1,4 +1,4 @@
-"""``python -m benchmarks list | run PRESET [...] | scale [...] | reference PRESET SETTING``: run a preset's missing cells,
+"""``python -m benchmarks list | run PRESET [...] | scale [...] | reference PRESET SETTING | ablation PRESET``: run a preset's missing cells,
 then write its report (docs/results/<preset>.md, .csv and plots by default; with
 ``--out DIR`` the runs go to DIR/runs and the report to DIR). docs/PRESETS.md."""
 
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["scale"]:  # the scale-1m preset, then its memory model (benchmarks/scale.py)
         from benchmarks.scale import main as scale
 
-        return scale(argv[1:])
+        return scale(argv[1:], run=main)
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="the presets and what each runs")
@@ -35,6 +35,14 @@ def main(argv: list[str] | None = None) -> int:
     ref.add_argument("preset")
     ref.add_argument("setting")
     ref.add_argument("--runs", type=Path, default=presets.RUNS, help="where the cells ran")
+    abl = sub.add_parser(
+        "ablation",
+        help="write docs/results/<preset>-ablation.md and .png: each row against its "
+        "method's default row, paired by seed (run the preset first)",
+    )
+    abl.add_argument("preset")
+    abl.add_argument("--runs", type=Path, default=presets.RUNS, help="where the cells ran")
+    abl.add_argument("--out", type=Path, default=presets.REPO / "docs" / "results")
     run = sub.add_parser("run", help="run a preset's missing cells, then report")
     run.add_argument("preset", help="a name under benchmarks/presets, or a .toml path")
     run.add_argument("--seeds", nargs="+", type=int, help="default: the preset's")
@@ -44,6 +52,19 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--rerun", action="store_true", help="rerun complete cells too")
     run.add_argument("--report-only", action="store_true", help="only rewrite the report")
     run.add_argument("--cell-timeout", type=float, help="seconds per cell")
+    run.add_argument(
+        "--max-minutes",
+        type=float,
+        default=0.0,
+        help="this call's budget: each cell stops cleanly after the round that passes it "
+        "(resumable: the same command goes on from there); no cell starts after it",
+    )
+    run.add_argument(
+        "--estimate",
+        action="store_true",
+        help="print the estimated device time of the cells left (measured img/s) and stop; "
+        "a GPU preset prints it before it starts",
+    )
     run.add_argument("--runs", type=Path, help="where the cells run (default: OUT/runs)")
     run.add_argument(
         "--out",
@@ -70,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         made = "python -m benchmarks " + shlex.join(argv)
         runs = args.runs.expanduser().resolve()
         return report.write_reference(presets.load(args.preset), args.setting, runs, made)
+    if args.command == "ablation":
+        runs = args.runs.expanduser().resolve()
+        return report.write_ablation(presets.load(args.preset), runs, args.out)
 
     try:
         preset = presets.load(args.preset)
@@ -80,7 +104,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = args.out.expanduser().resolve() if args.out else None
     args.runs = args.runs or (out / "runs" if out else presets.RUNS)
-    problems = preset.problems(preset.cells(args.seeds, args.rounds, args.runs, args.equal_budget))
+    try:  # a placeholder that cannot resolve (a missing weight file): one line, exit 2
+        cells = preset.cells(args.seeds, args.rounds, args.runs, args.equal_budget)
+    except SystemExit as err:
+        print(f"preset error: {preset.name}: {err.code}", file=sys.stderr)
+        return 2
+    problems = preset.problems(cells)
     if problems:  # every cell checked before any runs
         print("\n".join(f"preset error: {p}" for p in problems), file=sys.stderr)
         return 2
@@ -106,9 +135,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"unknown settings {sorted(unknown)}; {preset.name} has {list(preset.settings)}"
             )
         todo = [c for c in todo if c.setting in args.settings]
+    if args.estimate or (preset.gpu and not args.report_only):
+        left = [c for c in todo if args.rerun or not runner.is_complete(c)]
+        print(runner.estimate_report(left, args.max_minutes), flush=True)
+        if args.estimate:
+            return 0
     failed = []
     if not args.report_only:
-        failed = runner.run_preset(preset, todo, args.cell_timeout, args.rerun)
+        failed = runner.run_preset(preset, todo, args.cell_timeout, args.rerun, args.max_minutes)
     cells = preset.cells(seeds, args.rounds, args.runs, args.equal_budget)
     path = report.write(preset, cells, manifest.get("commands", []), out, args.equal_budget)
     print(f"report: {path}" + (f"; {len(failed)} failed: {failed}" if failed else ""))

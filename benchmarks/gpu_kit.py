@@ -265,7 +265,7 @@ def truncated(res: dict[str, Any], last_round: int) -> dict[str, Any]:
 
 
 def rounds_reached(cell: Cell) -> int:
-    from benchmarks.runner import load_results, same_experiment
+    from benchmarks.presets import load_results, same_experiment
 
     res = load_results(cell)
     if not res or not res.get("rounds") or not same_experiment(cell, res.get("config", {})):
@@ -276,7 +276,7 @@ def rounds_reached(cell: Cell) -> int:
 def common_view(preset: presets.Preset, cells: list[Cell], view: Path) -> tuple[int, list[Cell]]:
     """The last round every cell with a record reached, and the cells re-pointed at
     copies of their runs truncated to it (under ``view``), for the reporter."""
-    from benchmarks.runner import load_results
+    from benchmarks.presets import load_results
 
     reached = [rounds_reached(c) for c in cells]
     common = min((r for r in reached if r > 0), default=0)
@@ -334,7 +334,7 @@ def summary_lines(preset: presets.Preset, cells: list[Cell], common: int) -> lis
     round and the mean of its last LAST_K records (with partial participation each
     record scores only the clients sampled next round), beside the paper's figure;
     then every cell that did not complete, and why."""
-    from benchmarks.runner import load_results
+    from benchmarks.presets import load_results
 
     lines = [f"## {preset.name}", ""]
     lines += [f"Compared at round {common}, the last round every cell reached.", ""]

@@ -202,10 +202,8 @@ REPORT_KEYS = (
 def _found_elsewhere(cell: Cell, runs: Path) -> Cell:
     """A cell with no run of its own, pointed at a complete run of the same
     experiment under another preset's folder (a renamed or copied preset file): runs
-    are matched by their content, the cell's config (runner.is_complete), not by the
+    are matched by their content, the cell's config (``is_complete``), not by the
     file name."""
-    from benchmarks.runner import is_complete
-
     if (cell.dir / "results.json").exists() or not runs.is_dir():
         return cell
     for found in sorted(runs.glob(f"*/*/{cell.config['run-name']}/results.json")):
@@ -337,17 +335,57 @@ def resolve(value: Any) -> Any:
         return value
     if value == "{fed-heart-disease}":
         return heart_parquet()
+    if value in WEIGHT_FILES:
+        return WEIGHT_FILES[value]()
     match = re.fullmatch(r"\{(dev|fashion|dev-domains)(?::(\d+))?\}", value)
     if not match:
         raise SystemExit(
             f"unknown data placeholder {value!r}: {{dev}}, {{dev:N}}, {{fashion}}, "
-            "{dev-domains:K}, {fed-heart-disease}"
+            "{dev-domains:K}, {fed-heart-disease}, " + ", ".join(WEIGHT_FILES)
         )
     if match[1] == "fashion":
         return fashion_parquet()
     if match[1] == "dev-domains":
         return ",".join(domain_folders(int(match[2] or 4)))
     return subset_parquet(int(match[2] or 0), seed=0)
+
+
+RESNET18_IMAGENET = Path(
+    os.environ.get("PFLOWER_RESNET18_WEIGHTS") or SHARED_DATA / "resnet18-imagenet.pt"
+)
+
+
+def imagenet_resnet18() -> str:
+    """``{resnet18-imagenet}``: the ImageNet-pretrained ResNet-18 the FedFac authors
+    start from ($PFLOWER_RESNET18_WEIGHTS, else resnet18-imagenet.pt beside the dev
+    set); none can be fetched here, so a missing file stops the preset in one line."""
+    if not RESNET18_IMAGENET.is_file():
+        raise SystemExit(
+            f"{{resnet18-imagenet}}: no ImageNet ResNet-18 weights at {RESNET18_IMAGENET} "
+            "(torchvision's resnet18 IMAGENET1K_V1 state_dict saved with torch.save; set "
+            "PFLOWER_RESNET18_WEIGHTS to its file)"
+        )
+    return str(RESNET18_IMAGENET)
+
+
+def random_resnet18(out_dir: Path = DATA_CACHE) -> str:
+    """``{resnet18-random-init}``: a seeded random-init ResNet-18 state_dict (made once),
+    to run a profile that needs a weight file where ImageNet's cannot be had: the
+    rows that use it train from random init, as their labels say."""
+    path = out_dir / "resnet18-random-init-seed0.pt"
+    if not path.exists():
+        import torch
+        from torchvision.models import resnet18
+
+        torch.manual_seed(0)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save(resnet18().state_dict(), tmp)
+        tmp.replace(path)
+    return str(path)
+
+
+WEIGHT_FILES = {"{resnet18-imagenet}": imagenet_resnet18, "{resnet18-random-init}": random_resnet18}
 
 
 def require_shared_data() -> None:
@@ -446,3 +484,52 @@ def fashion_parquet() -> str:
         cmd = [sys.executable, "-m", "pflower.data.convert_idx", str(FASHION_IDX), str(path)]
         subprocess.run(cmd, cwd=REPO, check=True)
     return str(path)
+
+
+# ----------------------------------------------------------------------------- a cell's stored run
+
+
+def load_results(cell: Cell) -> dict[str, Any] | None:
+    try:
+        return json.loads((cell.dir / "results.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+# where and how a run keeps its files, not what it computes; and the rounds, which a
+# resumed run asks only the rest of (the rounds recorded are compared instead)
+NOT_COMPARED = (
+    "output-dir",
+    "personal-state",
+    "personal-state-budget-mb",
+    "resume-from",
+    "num-server-rounds",
+    "max-minutes",  # when a run stops, not what it computes (a stopped cell resumes)
+)
+
+
+def same_experiment(cell: Cell, stored: dict[str, Any]) -> bool:
+    """Whether a run's stored config is this cell's experiment."""
+    given = {k: v for k, v in cell.config.items() if k not in NOT_COMPARED and v != "auto"}
+    if any(stored.get(k) != v for k, v in given.items()):
+        return False
+    # an ``auto`` key (left out, or set to "auto" as a setting may) must still resolve to
+    # what the run used, so a run made before a default changed is redone (a key the run
+    # predates is not compared)
+    from methods import parse_run_config
+
+    wanted = parse_run_config(cell.config)
+    now = wanted.as_dict()
+    return all(stored[k] == now[k] for k in wanted.auto_resolved if k in stored)
+
+
+def is_complete(cell: Cell) -> bool:
+    """results.json reached the last round, for exactly this cell's config. (A round
+    none of whose clients could evaluate has no record: DP noise can do that.)"""
+    res = load_results(cell)
+    rounds = (res or {}).get("rounds", [])
+    if not rounds or max(len(rounds), rounds[-1].get("round", 0)) < cell.rounds:
+        return False
+    if res.get("federation_size", cell.clients) != cell.clients:  # not in the config
+        return False
+    return same_experiment(cell, res.get("config", {}))

@@ -30,8 +30,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import machine
-from benchmarks.presets import REPO, RESERVED, Cell, Preset
-from benchmarks.runner import is_complete, load_results
+from benchmarks.presets import REPO, RESERVED, Cell, Preset, is_complete, load_results
 from pflower.results import git_commit, scored_rounds
 from pflower.results.reference import REFERENCE_FILE
 
@@ -597,4 +596,131 @@ def write_reference(preset: Preset, setting: str, runs: Path, command: str) -> i
     }
     REFERENCE_FILE.write_text(json.dumps({"made": made, "settings": [entry]}, indent=1) + "\n")
     print(f"wrote {REFERENCE_FILE}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- ablations
+
+
+def ablation_rows(preset: Preset, runs: Path) -> dict[str, dict[str, Any]]:
+    """label -> {method, seeds, final (per seed, %), up, down (MB a client-round), extras}."""
+    out: dict[str, dict[str, Any]] = {}
+    for cell in preset.cells(runs=runs):
+        if not is_complete(cell):
+            continue
+        res = load_results(cell) or {}
+        row = out.setdefault(
+            cell.label,
+            {
+                "method": cell.config["method"],
+                "authors": cell.config.get("profile") == "authors",
+                **{k: [] for k in ("seeds", "final", "up", "down")},
+            },
+        )
+        n = len(res["rounds"]) * cell.clients
+        row["seeds"].append(cell.seed)
+        row["final"].append(100 * res["final_accuracy_mean"])
+        row["up"].append(sum(r.get("bytes_up", 0) for r in res["rounds"]) / n / 1e6)
+        row["down"].append(sum(r.get("bytes_down", 0) for r in res["rounds"]) / n / 1e6)
+        for spec in preset.report.get("extras", []):
+            value = extra_value(res, spec)
+            if value is not None:  # a byte count: as MB a client and round, as the others
+                value = value / n / 1e6 if "bytes" in spec else value
+                row.setdefault(spec, []).append(value)
+    return out
+
+
+def _paired(row: dict[str, Any], base: dict[str, Any]) -> list[float]:
+    """The row's final accuracy minus its default's, seed by seed (common seeds)."""
+    mine = dict(zip(row["seeds"], row["final"], strict=True))
+    theirs = dict(zip(base["seeds"], base["final"], strict=True))
+    return [mine[s] - theirs[s] for s in sorted(mine) if s in theirs]
+
+
+def _mean_sd(values: list[float], digits: int = 1) -> str:
+    if not values:
+        return ""
+    sd = f" ± {np.std(values, ddof=1):.{digits}f}" if len(values) > 1 else ""
+    return f"{np.mean(values):.{digits}f}{sd}"
+
+
+def ablation_table(preset: Preset, data: dict[str, dict[str, Any]]) -> list[str]:
+    extras = [e for e in preset.report.get("extras", []) if not e.startswith("total_bytes")]
+    head = ["row", "seeds", "final acc (%)", "each seed", "Δ vs default (paired)"]
+    head += ["MB up / client-round", "MB down / client-round"]
+    head += [f"{e} (MB / client-round)" if "bytes" in e else e for e in extras]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for label, row in data.items():
+        base = data.get(row["method"]) if label != row["method"] else None
+        diff = _paired(row, base) if base else []
+        cells = [f"`{label}`", str(len(row["seeds"])), _mean_sd(row["final"])]
+        cells.append(" / ".join(f"{v:.1f}" for v in row["final"]))
+        cells.append(("+" if np.mean(diff) >= 0 else "") + _mean_sd(diff) if diff else "")
+        cells += [f"{np.mean(row['up']):.4g}", f"{np.mean(row['down']):.4g}"]
+        cells += [f"{np.mean(row[e]):.4g}" if row.get(e) else "" for e in extras]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def ablation_plot(preset: Preset, data: dict[str, dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = list(data)
+    fig, (acc, up) = plt.subplots(
+        1, 2, figsize=(11, 0.42 * len(labels) + 1.5), sharey=True, width_ratios=(3, 2)
+    )
+    y = np.arange(len(labels))[::-1]
+    means = [np.mean(data[k]["final"]) for k in labels]
+    sds = [np.std(data[k]["final"], ddof=1) if len(data[k]["final"]) > 1 else 0 for k in labels]
+    colours = ["tab:blue" if data[k]["method"] == k else "tab:gray" for k in labels]
+    colours = [
+        "tab:orange" if data[k]["authors"] else c for k, c in zip(labels, colours, strict=True)
+    ]
+    acc.barh(y, means, xerr=sds, color=colours, alpha=0.8)
+    for yi, k in zip(y, labels, strict=True):
+        acc.plot(data[k]["final"], [yi] * len(data[k]["final"]), "k.", ms=4)
+    acc.set_yticks(y, labels, fontsize=8)
+    acc.set_xlabel("final mean client accuracy (%): mean ± std over seeds, dots: seeds")
+    up.barh(y, [np.mean(data[k]["up"]) for k in labels], color=colours, alpha=0.8)
+    up.set_xscale("log")
+    up.set_xlabel("MB up a client and round (log)")
+    fig.suptitle(f"{preset.name}: blue our default, orange the authors' profile", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_ablation(preset: Preset, runs: Path, out: Path) -> int:
+    """An ablation's table and plot (out/<preset>-ablation.md and .png) from a preset's
+    runs: each row against its method's default row (the row named as the method alone),
+    seed by seed on the same seeds, data and budget; MB up and down a client and round,
+    and the preset's ``[report] extras``."""
+    data = ablation_rows(preset, runs)
+    if not data:
+        print(f"no complete runs of {preset.name}: python -m benchmarks run {preset.name}")
+        return 1
+    out.mkdir(parents=True, exist_ok=True)
+    png = out / f"{preset.name}-ablation.png"
+    ablation_plot(preset, data, png)
+    text = [
+        f"# {preset.name}: the ablation",
+        "",
+        preset.description,
+        "",
+        f"Made with `python -m benchmarks run {preset.name}` then "
+        f"`python -m benchmarks ablation {preset.name}` (generated: do not edit by hand). "
+        "Final mean client accuracy after the last round; Δ: the row minus its method's "
+        "default row (the method alone), seed by seed, mean ± std of those differences; "
+        "MB: serialized fit payloads a client and round.",
+        "",
+        *ablation_table(preset, data),
+        "",
+        f"![ablation]({png.name})",
+        "",
+    ]
+    (out / f"{preset.name}-ablation.md").write_text("\n".join(text))
+    print(f"ablation: {out / f'{preset.name}-ablation.md'}")
     return 0

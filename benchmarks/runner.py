@@ -38,55 +38,10 @@ import numpy as np
 import psutil
 
 from benchmarks.machine import RoundCpuWatcher, process_tree, reference_ms
-from benchmarks.presets import REPO, Cell, Preset
+from benchmarks.presets import REPO, Cell, Preset, is_complete, load_results, same_experiment
 from pflower.store import PERSONAL_STATE_DIR
 
 # ----------------------------------------------------------------------------- resume
-
-
-def load_results(cell: Cell) -> dict[str, Any] | None:
-    try:
-        return json.loads((cell.dir / "results.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-# where and how a run keeps its files, not what it computes; and the rounds, which a
-# resumed run asks only the rest of (the rounds recorded are compared instead)
-NOT_COMPARED = (
-    "output-dir",
-    "personal-state",
-    "personal-state-budget-mb",
-    "resume-from",
-    "num-server-rounds",
-)
-
-
-def same_experiment(cell: Cell, stored: dict[str, Any]) -> bool:
-    """Whether a run's stored config is this cell's experiment."""
-    given = {k: v for k, v in cell.config.items() if k not in NOT_COMPARED and v != "auto"}
-    if any(stored.get(k) != v for k, v in given.items()):
-        return False
-    # an ``auto`` key (left out, or set to "auto" as a setting may) must still resolve to
-    # what the run used, so a run made before a default changed is redone (a key the run
-    # predates is not compared)
-    from methods import parse_run_config
-
-    wanted = parse_run_config(cell.config)
-    now = wanted.as_dict()
-    return all(stored[k] == now[k] for k in wanted.auto_resolved if k in stored)
-
-
-def is_complete(cell: Cell) -> bool:
-    """results.json reached the last round, for exactly this cell's config. (A round
-    none of whose clients could evaluate has no record: DP noise can do that.)"""
-    res = load_results(cell)
-    rounds = (res or {}).get("rounds", [])
-    if not rounds or max(len(rounds), rounds[-1].get("round", 0)) < cell.rounds:
-        return False
-    if res.get("federation_size", cell.clients) != cell.clients:  # not in the config
-        return False
-    return same_experiment(cell, res.get("config", {}))
 
 
 def resume_point(cell: Cell) -> int:
@@ -377,6 +332,9 @@ PROBES: dict[str, Callable[[dict[str, Any], int], dict[str, float]]] = {
 # ----------------------------------------------------------------------------- the runner
 
 
+CLUSTER_PIDS = "PFLOWER_BENCH_CLUSTER_PIDS"  # comma-separated: counted in a cell's peak
+
+
 def _tree_rss(pid: int, others: list[int] | None = None) -> int:
     """Resident memory of a process and all its descendants (Ray workers included),
     and of ``others`` (processes of the run that are not its children) and theirs."""
@@ -439,10 +397,12 @@ def run_cell(
 
         def sample() -> None:
             detached: list[int] = []  # flwr-run: the local SuperLink flwr starts detached
+            # and the processes of a Ray cluster the run joins (benchmarks/scale.py)
+            cluster = [int(p) for p in os.environ.get(CLUSTER_PIDS, "").split(",") if p]
             while proc.poll() is None:
                 if cell.engine == "flwr-run" and not detached:
                     detached = [p.pid for p in run_processes(flwr_home(cell))]
-                peak[0] = max(peak[0], _tree_rss(proc.pid, detached))
+                peak[0] = max(peak[0], _tree_rss(proc.pid, detached + cluster))
                 time.sleep(0.2)
 
         threading.Thread(target=sample, daemon=True).start()
@@ -456,13 +416,21 @@ def run_cell(
             reason = f"timed out after {timeout:.0f}s"
     seconds = time.perf_counter() - t0
     after = reference_ms() if reference else 0.0
+    stopped = (load_results(cell) or {}).get("stopped")
     if not reason and not is_complete(cell):
         reason = "no complete results.json"
-    if reason:
+        if stopped:  # max-minutes: stopped cleanly after a round, resumable
+            reason = (
+                f"stopped by {stopped['reason']} after round {stopped['after_round']} of "
+                f"{stopped['of_rounds']}: run the same command again to go on from its checkpoint"
+            )
+    if reason and not stopped:
         lines = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
         errors = [ln for ln in lines if "rror" in ln] or lines or ["empty log"]
         reason += f": {errors[-1].strip()[:300]} (log: {log_path})"
     status = {"ok": not reason, "seconds": seconds, "reason": reason, "peak_rss": peak[0]}
+    if stopped and reason:
+        status["stopped"] = stopped
     status["engine"] = cell.engine
     status["launched_at"] = launched
     if reference:
@@ -478,8 +446,12 @@ def run_preset(
     cells: list[Cell],
     timeout: float | None = None,
     rerun: bool = False,
+    max_minutes: float = 0.0,
 ) -> list[str]:
-    """Run the cells not complete yet, printing progress; returns the failed labels."""
+    """Run the cells not complete yet, printing progress; returns the failed labels.
+    ``max_minutes`` > 0: the whole call's budget; each cell runs with what is left as
+    its ``max-minutes`` (it stops cleanly after a round, resumable), and no cell starts
+    once it is spent (the same command later goes on where this one stopped)."""
     failed: list[str] = []
     started, ran = time.perf_counter(), 0
     reference = bool(preset.report.get("machine-reference", False))
@@ -488,6 +460,12 @@ def run_preset(
         if not rerun and is_complete(cell):
             print(f"{head}: complete, reused", flush=True)
             continue
+        left_minutes = max_minutes - (time.perf_counter() - started) / 60
+        if max_minutes > 0 and left_minutes <= 0:
+            print(f"{head}: not started, --max-minutes {max_minutes:g} spent", flush=True)
+            continue
+        if max_minutes > 0:
+            cell = dataclasses.replace(cell, config={**cell.config, "max-minutes": left_minutes})
         resume_at = 0 if rerun else resume_point(cell)
         start = f", from its checkpoint of round {resume_at}" if resume_at else ""
         print(f"{head}: running ({cell.engine}, {cell.clients} clients{start}) ...", flush=True)
@@ -497,6 +475,8 @@ def run_preset(
         if ok:
             best = (load_results(cell) or {}).get("best_accuracy_mean", 0.0)
             print(f"{head}: ok in {seconds:.0f}s, best acc {best:.4f} (~{left:.0f}s left)")
+        elif reason.startswith("stopped by max-minutes"):
+            print(f"{head}: {reason}", flush=True)
         else:
             failed.append(f"{cell.setting} / {cell.label} / seed {cell.seed}")
             print(f"{head}: FAILED in {seconds:.0f}s: {reason}", flush=True)
@@ -594,3 +574,145 @@ def run_flwr(cell: Cell) -> None:
         stop_flwr(flwr_home(cell))
     if proc.returncode != 0:
         raise RuntimeError(f"dev.sh run exited with {proc.returncode}")
+
+
+# ----------------------------------------------------------------------------- estimates
+#
+# A preset's device time, estimated before it starts from a measured rate.
+#
+# For each distinct (method, model, batch size, input shape) of the cells left to run,
+# the rate is measured where the cells will train (CUDA when there is one, else this
+# CPU): the method's own model (its transform included: Factorized-FL's factors,
+# FedFac's wire aside) trained on random inputs of the data's shape, a few seconds of
+# optimizer steps after a warm-up, in images a second. The work is counted from the
+# cells' configs and their clients' partitions (rows only; no image is decoded):
+# every round, each sampled client's training images times its local epochs, and its
+# test images (scored at a third of a training step's cost). Local training is the
+# bulk of a round for every method here; the server's work (Factorized-FL's per-client
+# mixtures, FedFac's factor analysis) and start-up are not counted, so the estimate is
+# a floor.
+
+EVAL_COST = 1 / 3  # a scored image, against a training step's image (forward only)
+
+
+@dataclasses.dataclass(frozen=True)
+class Work:
+    """One cell's images a run: trained (image-steps) and scored."""
+
+    trained: float
+    scored: float
+
+
+def device_name() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return f"cuda ({torch.cuda.get_device_name(0)})"
+    return f"cpu ({torch.get_num_threads()} threads)"
+
+
+def measure_rate(config: dict[str, Any], seconds: float = 3.0, warmup: int = 2) -> float:
+    """Training images a second of the cell's model and optimizer at its batch size,
+    on the device the cells use."""
+    import torch
+    import torch.nn.functional as F
+
+    from client_app.train import make_optimizer
+    from methods import get_method, parse_run_config
+    from pflower.data import data_info
+
+    cfg = parse_run_config(config)
+    info = data_info(cfg)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = get_method(cfg.method).build_model(cfg, info).to(device).train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = make_optimizer(params, cfg)
+    x = torch.randn(cfg.batch_size, *info.input_shape, device=device)
+    y = torch.randint(0, info.num_classes, (cfg.batch_size,), device=device)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    for _ in range(warmup):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    done, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds or done == 0:
+        step()
+        done += cfg.batch_size
+        if device.type == "cuda" and done % (cfg.batch_size * 8) == 0:
+            torch.cuda.synchronize()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return done / (time.perf_counter() - start)
+
+
+def cell_work(cell: Cell, rounds: int | None = None) -> Work:
+    """The images ``cell`` trains and scores in ``rounds`` (default: all of its
+    rounds), from its config and its clients' partitions."""
+    from methods import parse_run_config
+    from pflower.data.hf import load_source
+    from pflower.data.partitions import _partition
+
+    cfg = parse_run_config(cell.config)
+    if cfg.dataset == "synthetic":  # the generated study: every client alike, made at once
+        from pflower.data import load_client_data
+
+        d = load_client_data(cfg, 0, cell.clients)
+        sizes = [(d.y_train, d.y_test)] * cell.clients
+    else:
+        src = load_source(cfg.dataset)
+        sizes = [_partition(cfg, src, i, cell.clients)[:2] for i in range(cell.clients)]
+    train = sum(len(tr) for tr, _ in sizes) / cell.clients  # a client's mean
+    test = sum(len(te) for _, te in sizes) / cell.clients
+    sampled = max(1, math.ceil(cfg.fraction_fit * cell.clients))
+    rounds = cell.rounds if rounds is None else rounds
+    steps = cfg.local_steps * cfg.batch_size if cfg.local_steps > 0 else train
+    return Work(
+        trained=rounds * sampled * cfg.local_epochs * steps,
+        scored=rounds * cell.clients * test,
+    )
+
+
+def rate_key(cell: Cell) -> tuple[Any, ...]:
+    c = cell.config
+    return (c["method"], c.get("model"), c.get("batch-size"), c.get("profile"), c.get("dataset"))
+
+
+def estimate(cells: list[Cell], seconds: float = 3.0) -> tuple[float, list[str]]:
+    """(estimated device seconds of ``cells``, one line for each measured rate)."""
+    rates: dict[tuple[Any, ...], float] = {}
+    lines, total = [], 0.0
+    for cell in cells:
+        key = rate_key(cell)
+        if key not in rates:
+            rates[key] = measure_rate(cell.config, seconds)
+            c = cell.config
+            lines.append(
+                f"  {c['method']} on {c.get('model')} at batch {c.get('batch-size', 'auto')}: "
+                f"{rates[key]:,.0f} img/s"
+            )
+        work = cell_work(cell, cell.rounds - resume_point(cell))  # a stopped cell: the rest
+        total += (work.trained + EVAL_COST * work.scored) / rates[key]
+    return total, lines
+
+
+def estimate_report(cells: list[Cell], max_minutes: float = 0.0, seconds: float = 3.0) -> str:
+    """What ``python -m benchmarks run`` prints before a GPU preset starts."""
+    if not cells:
+        return "estimated device time: nothing left to run"
+    total, lines = estimate(cells, seconds)
+    out = [
+        f"estimated device time: {total / 60:,.1f} min for {len(cells)} cell(s) left, "
+        f"local training and scoring only (measured on {device_name()}):",
+        *lines,
+    ]
+    if max_minutes > 0:
+        out.append(
+            f"--max-minutes {max_minutes:g}: each cell stops cleanly after the round that "
+            "passes it (checkpoint written); the same command again goes on from there"
+        )
+    return "\n".join(out)

@@ -26,6 +26,7 @@ from flwr.client import Client, ClientApp
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.common import Context, Message, MessageType
+from flwr.common.constant import MessageTypeLegacy
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 from torch import nn
 
@@ -41,7 +42,7 @@ from client_app.site_data import data_info_properties, site_declared
 from client_app.state import ContextStore, DiskStore, PersonalStore, RoundStore
 from methods import disclosure_kinds, get_method, method_names, parse_run_config
 from models.roles import DP_PARTICIPANTS, reset_entries
-from pflower.config.schema import RunConfig
+from pflower.config.schema import RESUME_LATEST, RunConfig
 from pflower.data import (
     check_site_data,
     class_fingerprint,
@@ -53,7 +54,13 @@ from pflower.data import (
 )
 from pflower.data.sites import site_name as natural_site
 from pflower.packing import is_packed, pack, unpack
-from pflower.privacy.policy import DEFAULT_MIN_SECAGG_SITES, REFUSED, PolicyError, SitePolicy
+from pflower.privacy.policy import (
+    DEFAULT_MIN_SECAGG_SITES,
+    REFUSED,
+    PolicyError,
+    SitePolicy,
+    roster_refusal,
+)
 from pflower.privacy.secagg import ROSTER_KEY, sign_setup_reply, stage_refusal
 from pflower.store import PERSONAL_STATE_DIR, clients_that_train
 
@@ -307,6 +314,9 @@ def resumed_personal_state(cfg: RunConfig) -> Path | None:
     """The personal-state folder of the run ``resume-from`` names, if it kept one."""
     if not cfg.resume_from:
         return None
+    if cfg.resume_from == RESUME_LATEST:  # the run's own folder (strategies/checkpoint.py)
+        folder = Path(cfg.output_dir).expanduser().resolve() / cfg.run_name / PERSONAL_STATE_DIR
+        return folder if cfg.run_name and folder.is_dir() else None
     folder = Path(cfg.resume_from).expanduser().resolve()
     folder = (folder if folder.is_dir() else folder.parent) / PERSONAL_STATE_DIR
     return folder if folder.is_dir() else None
@@ -315,6 +325,16 @@ def resumed_personal_state(cfg: RunConfig) -> Path | None:
 @lru_cache(maxsize=8)
 def _warn_once(message: str) -> None:
     log.warning("%s", message)
+
+
+# what a site that requires SecAgg+ answers at all: not a legacy get_parameters, whose
+# reply is its shared tensors in the clear (the properties query carries scalars only)
+ANSWERED = (
+    MessageType.TRAIN,
+    MessageType.EVALUATE,
+    MessageType.QUERY,
+    MessageTypeLegacy.GET_PROPERTIES,
+)
 
 
 class PolicyRefusal(PublicError):
@@ -334,6 +354,10 @@ def policy_refusal(
     if policy is not None:
         disclosures = get_method(cfg.method).disclosures(cfg)
         why = policy.refusal(cfg.method, cfg.secure_aggregation, disclosures)
+        # no roster: a server could play its SecAgg+ neighbours (pflower/privacy/policy.py)
+        why = why or roster_refusal(node)
+        if why is None and policy.require_secure_aggregation and message_type not in ANSWERED:
+            why = f"site policy 'require-secure-aggregation' answers no '{message_type}' message"
         if why is None and policy.require_secure_aggregation:
             if message_type == MessageType.TRAIN and not masked:
                 why = "site policy 'require-secure-aggregation' refuses an unmasked fit"

@@ -85,6 +85,24 @@ def misfits(
     ]
 
 
+def train_every_parameter(
+    client: PFLClient, generator: torch.Generator, optimizer: torch.optim.Optimizer | None = None
+) -> float:
+    """The base schedule: every parameter of ``client``'s model for ``local-epochs`` on
+    its ``loss``, with ``optimizer`` (None: a fresh one of the run's settings)."""
+    return train_epochs(
+        client.model,
+        list(client.model.parameters()),
+        client.x_train,
+        client.y_train,
+        client.cfg.local_epochs,
+        client.cfg,
+        generator,
+        loss_fn=client.loss,
+        optimizer=optimizer,
+    )
+
+
 def settle(client: PFLClient, received: bool) -> None:
     """A resident model's entries left as the last client had them for ``receive`` to
     overwrite (``client.stale``: the template and those entries; client_app/app.py):
@@ -294,17 +312,7 @@ class PFLClient(NumPyClient):
 
     def local_train(self, config: dict[str, Scalar], generator: torch.Generator) -> dict[str, Any]:
         """The local schedule: every parameter for ``local-epochs`` on ``loss``."""
-        loss = train_epochs(
-            self.model,
-            list(self.model.parameters()),
-            self.x_train,
-            self.y_train,
-            self.cfg.local_epochs,
-            self.cfg,
-            generator,
-            loss_fn=self.loss,
-        )
-        return {"train-loss": loss}
+        return {"train-loss": train_every_parameter(self, generator)}
 
     def score(self) -> tuple[float, dict[str, Scalar]]:
         """(loss, metrics with at least ``accuracy``) on the local test split."""

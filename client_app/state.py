@@ -10,11 +10,19 @@ personal part survives a SuperNode restart.
 newest); ``save(arrays, server_round, checkpointed, writing)`` names the round that
 wrote it, the round of the server's last checkpoint and of the one it is writing.
 Only the per-round store uses them.
+
+A deployed site's store keeps its newest state and the one before, each naming its
+parent (the sha256 of the state it was trained from) and its generation (the fits
+that made it): a corrupt newest file falls back to the one before, and the site's
+ledger lists what each task restored and saved, a SHA-256 chain (pflower.store's
+``STATE_EVENTS``, deploy/site_guard.py).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Protocol
@@ -22,7 +30,7 @@ from typing import Protocol
 import numpy as np
 from flwr.common import Array, ArrayRecord, Context
 
-from pflower.store import read_checked_npz, write_checked_npz
+from pflower.store import STATE_EVENTS, read_checked_npz, write_checked_npz
 
 log = logging.getLogger("flwr.pflower")
 
@@ -75,31 +83,54 @@ class ContextStore:
 
 class DiskStore:
     """Personal arrays in ``<state_dir>/<experiment>/<site>.npz``, written
-    atomically, with a checksum checked on load."""
+    atomically, with a checksum checked on load; the state before it is kept as
+    ``<site>.previous.npz`` and read when the newest is corrupt."""
+
+    CHAIN = "__chain__"  # in each file: a JSON string, its parent's sha256 and generation
 
     def __init__(self, state_dir: str | Path, experiment: str, site: str) -> None:
         self.path = Path(state_dir) / experiment / f"{file_name(site)}.npz"
+        self.restored: tuple[str, int] | None = None  # sha256 and generation of the last load
+        self.newest_corrupt = False  # the last load found the newest file corrupt
+
+    @property
+    def previous(self) -> Path:
+        return self.path.with_name(f"{self.path.stem}.previous.npz")
 
     def load(self, upto: int | None = None) -> dict[str, np.ndarray] | None:
-        if not self.path.exists():
-            return None
-        try:
-            arrays, digest = read_checked_npz(self.path)
-        except ValueError as err:
-            log.error(
-                "personal state %s is corrupt (%s): re-initialising the personal part",
-                self.path,
-                err,
+        self.restored, self.newest_corrupt = None, False
+        for path in (self.path, self.previous):
+            if not path.exists():
+                continue
+            try:
+                arrays, digest = read_checked_npz(path)
+            except ValueError as err:
+                then = "the state before it" if path == self.path else "the initial personal part"
+                log.error("personal state %s is corrupt (%s): using %s", path, err, then)
+                STATE_EVENTS.append({"corrupt": path.name, "why": str(err)[:120]})
+                self.newest_corrupt |= path == self.path
+                continue
+            chain = json.loads(str(arrays.pop(self.CHAIN, "{}")))
+            self.restored = (digest, int(chain.get("generation", 0)))
+            log.info("restored personal state from %s (digest %s)", path, digest)
+            STATE_EVENTS.append(
+                {"restored": digest, "parent": chain.get("parent"), "generation": self.restored[1]}
+                | ({"from": "previous"} if path != self.path else {})
             )
-            return None
-        log.info("restored personal state from %s (%s)", self.path, digest)
-        return arrays
+            return arrays
+        return None
 
     def set_aside(self, why: str) -> None:
-        aside = self.path.with_name(
-            f"{self.path.stem}.foreign-{time.strftime('%Y%m%d-%H%M%S')}.npz"
-        )
-        self.path.replace(aside)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        aside = self.path.with_name(f"{self.path.stem}.foreign-{stamp}.npz")
+        kept = False  # the newest file is kept aside (the one before only if it is all)
+        for path in (self.path, self.previous):
+            if path.exists() and not kept:
+                path.replace(aside)
+                kept = True
+            elif path.exists():
+                path.unlink()
+        self.restored = None
         log.warning("personal state %s %s: kept as %s, starting afresh", self.path, why, aside.name)
 
     def save(
@@ -109,7 +140,17 @@ class DiskStore:
         checkpointed: int | None = None,
         writing: int | None = None,
     ) -> None:
-        write_checked_npz(self.path, arrays)
+        parent, generation = self.restored or (None, 0)
+        chain = {"parent": parent, "generation": generation + 1}
+        if self.path.exists() and not self.newest_corrupt:  # the newest becomes the one
+            # before (a hard link: the newest stays in place until the rename replaces it)
+            linked = self.previous.with_suffix(".link")
+            linked.unlink(missing_ok=True)
+            os.link(self.path, linked)
+            os.replace(linked, self.previous)
+        digest = write_checked_npz(self.path, {**arrays, self.CHAIN: np.array(json.dumps(chain))})
+        self.restored = (digest, chain["generation"])
+        STATE_EVENTS.append({"saved": digest, **chain})
 
 
 def file_name(site: str) -> str:

@@ -11,7 +11,9 @@ round quickly while the federation is busy and costs the SuperLink no more than
 Flower's own pace when it is idle. The waits for a local ClientApp's reply and for
 each of its parts (0.5 s in Flower) become 0.02 s, and a message part not yet on the
 SuperLink is asked for again after 0.05 s (Flower: 1 s), then every 0.1 s. Nothing
-else changes: same flags, same protocol.
+else changes: same flags, same protocol. A restart right after a crash is taken
+back once the SuperLink lets the old session go (``activation-retry``: asked again,
+1-10 s apart, for up to 150 s, where Flower exits 305 at once).
 """
 
 from __future__ import annotations
@@ -27,21 +29,12 @@ def secagg_refusal(argv: list[str]) -> str | None:
     ``--unverified-secagg-keys``)."""
     from flwr.common.config import parse_config_args
 
+    from pflower.privacy.policy import roster_refusal
+
     given = [a.split("=", 1)[1] for a in argv if a.startswith("--node-config=")]
     given += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--node-config"]
-    config = parse_config_args(given) if given else {}
-
-    def on(key: str) -> bool:
-        return str(config.get(key, "false")).lower() == "true"
-
-    roster = str(config.get("secagg-roster", "")).strip()
-    if on("require-secure-aggregation") and not roster and not on("secagg-unverified-keys"):
-        return (
-            "require-secure-aggregation=true needs a roster (node config secagg-roster) to "
-            "check the SecAgg+ neighbours' keys: without one a server can play them and "
-            "read this site's upload; run the site with `python -m deploy.site --roster`"
-        )
-    return None
+    why = roster_refusal(parse_config_args(given) if given else {})
+    return None if why is None else why + "; run the site with `python -m deploy.site --roster`"
 
 
 def main() -> None:
@@ -50,6 +43,7 @@ def main() -> None:
     refusal = secagg_refusal(sys.argv[1:])
     if refusal is not None:
         sys.exit(f"supernode: {refusal}")
+    pflower.patches.activation_retry()  # restarted right after a crash: it asks again
     pflower.patches.supernode_backoff()
     pflower.patches.object_retries()
     from flwr.supernode.cli.flower_supernode import flower_supernode

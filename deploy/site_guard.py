@@ -14,8 +14,11 @@ imported, and a submitted app cannot skip them:
 - **The ledger.** Every reply the site sends (and every refusal) appends one JSON
   line to ``<state-dir>/ledger.jsonl``: run, app hash, method, round, message type,
   each array's key, tensor name (the method's wire order), shape, dtype and bytes, every scalar's key, the declared
-  disclosure kinds, whether it was refused, and the size and digest of what the
-  server had sent in. ``python -m deploy.site --ledger
+  disclosure kinds, whether it was refused, the size and digest of what the
+  server had sent in, the digest of what left, and what the site's personal-state
+  store restored and saved (each state's sha256, its parent's and its generation: a
+  chain). A reply the ledger cannot record (a full disk) is not sent: an error
+  reply says why. ``python -m deploy.site --ledger
   --state-dir DIR`` prints it as a table.
 """
 
@@ -25,7 +28,6 @@ import hashlib
 import io
 import json
 import logging
-import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -121,6 +123,7 @@ class SiteGuard:
         pull, unpack, push = runner.pull_task_input, runner.install_from_fab, runner.push_message
 
         def pull_task_input(client: Any) -> Any:
+            state_events().clear()  # this task's, from here on
             message, context, run, fab = pull(client)
             self.task = {
                 "node_config": dict(context.node_config),
@@ -143,13 +146,27 @@ class SiteGuard:
         def push_message(client: Any, message: Any, context: Any) -> None:
             try:
                 self.record(message)
-            except Exception as err:  # noqa: BLE001 - the ledger must not lose the reply
-                log.error("site ledger: could not record a reply (%s)", err)
+            except Exception as err:  # noqa: BLE001 - a reply the ledger lacks is not sent
+                message = self.unrecorded(message, err)
             push(client, message, context)
 
         runner.pull_task_input = pull_task_input
         runner.install_from_fab = install_from_fab
         runner.push_message = push_message
+
+    def unrecorded(self, reply: Any, err: BaseException) -> Any:
+        """What goes out in place of a reply the ledger could not record (a full disk):
+        an error naming why, so the site sends nothing its ledger does not list."""
+        from flwr.common import Error, Message
+        from flwr.common.constant import ErrorCode
+
+        site = self.task.get("node_config", {}).get("site", "?")
+        line = f"site {site!r} could not record its reply in its ledger ({err}): not sent"
+        log.error("site ledger: %s", line)
+        received = self.task.get("received")
+        if received is None:  # nothing to answer (not expected: every task pulls one)
+            raise err
+        return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, line[:300]), reply_to=received)
 
     def record(self, reply: Any) -> None:
         """Append the ledger line of one reply (the site's state-dir; none without)."""
@@ -166,12 +183,22 @@ class SiteGuard:
             approved_any=self.approved is None,
             refused=self.task.get("refused", ""),
         )
+        line["state"] = list(state_events())  # what its personal-state store did
         line["run"] = self.task.get("run_id")
         line["run_name"] = str(self.task.get("run_config", {}).get("run-name", "") or "")
         names = upload_names(self.task.get("run_config", {}), node, len(line["arrays"]))
         for entry, name in zip(line["arrays"], names):
             entry["tensor"] = name
         append(Path(state_dir) / LEDGER_FILE, line)
+
+
+def state_events() -> Any:
+    """pflower.store's record of what the personal-state store did in this process's
+    task (the module the ClientApp imported: a worker imports the app after the
+    SuperExec has imported ``pflower``, so both name the same one)."""
+    from pflower.store import STATE_EVENTS
+
+    return STATE_EVENTS
 
 
 def _shape_and_dtype(array: Any) -> tuple[list[int], str]:
@@ -289,6 +316,9 @@ def ledger_line(
         if received is None or not received.has_content()
         else [a for r in _unpacked(received.content).array_records.values() for a in r.values()]
     )
+    sent = (
+        [] if content is None else [a for r in content.array_records.values() for a in r.values()]
+    )
     return {
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "app": app + (" (any app: not checked)" if approved_any else ""),
@@ -297,6 +327,9 @@ def ledger_line(
         "type": str(meta.message_type),
         "arrays": arrays,
         "bytes": sum(a["bytes"] for a in arrays),
+        # a digest of the arrays' bytes as they left, in order (what a server's reply log
+        # can be matched against: the same bytes arrive as the fit's tensors)
+        "sha256": hashlib.sha256(b"".join(a.data for a in sent)).hexdigest() if sent else "",
         "metrics": metrics,
         # what the server sent in: its size and a digest (which payload this site got)
         "received": {
@@ -310,14 +343,11 @@ def ledger_line(
 
 
 def append(path: Path, line: dict[str, Any]) -> None:
-    """Append one JSON line (O_APPEND: concurrent tasks never interleave a line)."""
+    """Append one JSON line, whole or not at all (pflower.store.append_line)."""
+    from pflower.store import append_line
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = (json.dumps(line, sort_keys=True) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
+    append_line(path, (json.dumps(line, sort_keys=True) + "\n").encode())
 
 
 def read_ledger(state_dir: str | Path) -> list[dict[str, Any]]:

@@ -77,7 +77,7 @@ def settings_markdown() -> str:
         "where its values come from.",
         "",
     ]
-    for model in ("mlp", "cnn4", "resnet8", "resnet10", "resnet18"):
+    for model in ("mlp", "cnn4", "resnet8", "resnet9", "resnet10", "resnet18"):
         out += [
             f"## model = {model}",
             "",
@@ -93,7 +93,35 @@ def settings_markdown() -> str:
             cells = [str(data[k]) for k in SETTINGS_SHOWN] + [", ".join(own)]
             out.append(f"| `{name}` | " + " | ".join(cells) + " |")
         out.append("")
+    out += profile_rows(SETTINGS_SHOWN)
     return "\n".join(out)
+
+
+def profile_rows(shown: tuple[str, ...]) -> list[str]:
+    """What ``profile = "authors"`` resolves to, for each method that has it, on its
+    authors' backbone (docs/factorized_fl.md, docs/fedfac.md say where each comes from)."""
+    out = [
+        '## profile = "authors"',
+        "",
+        "Every `auto` key as the method's authors' code ran it (the rest as above); the",
+        "profile needs the authors' backbone (and, for FedFac, `pretrained-weights`).",
+        "",
+        "| method | model | " + " | ".join(shown) + " | method keys |",
+        "|---" * (len(shown) + 3) + "|",
+    ]
+    for name, method in registry().items():
+        if "authors" not in method.params.profiles:
+            continue
+        model = method.params.authors_model
+        raw = {"method": name, "model": model, "dataset": "images.parquet", "profile": "authors"}
+        if model == "resnet18":
+            raw["pretrained-weights"] = "imagenet"
+        data = _parse(raw, registry()).as_dict()
+        ns = method.params.namespace
+        own = [f"{k}={data[f'{ns}.{k}']}" for k in method.params.auto_keys]
+        cells = [str(data[k]) for k in shown] + [", ".join(own)]
+        out.append(f"| `{name}` | {model} | " + " | ".join(cells) + " |")
+    return [*out, ""]
 
 
 if __name__ == "__main__":

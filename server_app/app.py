@@ -23,7 +23,8 @@ from server_app import site_info
 from server_app.grid import PollingGrid
 from server_app.method_strategy import build_method_strategy
 from server_app.nodes import run_simulated, simulated_grid
-from strategies import checkpoint, outcome
+from strategies import checkpoint, outcome, streaming
+from strategies.reply_log import ReplyLog
 
 log = logging.getLogger("flwr.pflower")
 pflower.patches.linkstate_index()  # simulation: the engine runs in this process (pflower.patches)
@@ -45,6 +46,10 @@ class _NoEvaluateEachRound(logging.Filter):
 def build_server(context: Context, overrides: dict[str, Any] | None = None) -> ServerAppComponents:
     raw = {**context.run_config, **(overrides or {})}
     cfg = parse_run_config(raw)
+    resolved = checkpoint.latest(cfg)  # resume-from="latest": this run's own checkpoint
+    if resolved:
+        raw.update(resolved)
+        cfg = parse_run_config(raw)
     if cfg.eval_in_fit and not any(
         isinstance(f, _NoEvaluateEachRound) for f in logging.getLogger("flwr").filters
     ):
@@ -71,6 +76,14 @@ def build_server(context: Context, overrides: dict[str, Any] | None = None) -> S
         recorder.dir,
     )
     strategy = build_method_strategy(method, cfg, model, recorder)
+    if cfg.reply_log:  # strategies/reply_log.py
+        if not streaming.streams(strategy):
+            raise ConfigError(
+                "config key 'reply-log': the log holds streamed rounds (a mean of the "
+                "replies); this run's aggregation is held (SecAgg+, DP, a robust rule, or "
+                "the method's own)"
+            )
+        strategy.reply_log = ReplyLog(recorder.dir, int(context.run_id))
     if cfg.resume_from:
         strategy.resume(cfg.resume_from)
     return ServerAppComponents(
@@ -119,7 +132,11 @@ def _run(grid: Grid, context: Context, overrides: dict[str, Any] | None) -> None
     if not site_info.deployed(grid):  # the sites its data define: before any message
         site_info.check_simulated_federation(grid, parse_run_config(raw))
     declared, answers = site_info.from_sites(grid, parse_run_config(raw))
-    components = build_server(context, {**(overrides or {}), **declared})
+    try:
+        components = build_server(context, {**(overrides or {}), **declared})
+    except checkpoint.RunComplete as done:  # started again after its last checkpoint
+        log.info("resume-from latest: %s", done)
+        return
     strategy = components.strategy
     if answers and not strategy.cfg.class_names.strip():  # their class lists came too
         strategy.class_lists.check(1, answers, before=True)

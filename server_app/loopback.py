@@ -123,6 +123,8 @@ class CountingRelay:
     real gRPC/HTTP2 stream, which no Flower hook exposes.
     """
 
+    host = "127.0.0.1"  # where it listens (a subclass may listen on another address)
+
     def __init__(self, target: int) -> None:
         self.target = target
         (self.port,) = free_ports(1)
@@ -136,7 +138,7 @@ class CountingRelay:
         asyncio.run(self._main())
 
     async def _main(self) -> None:
-        server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+        server = await asyncio.start_server(self._handle, self.host, self.port)
         self._ready.set()
         async with server:
             await server.serve_forever()
@@ -385,6 +387,8 @@ class LoopbackFederation(FlwrCli):
     # SuperNodes deploy.fast_supernode (an idle poll that backs off) and the SuperLink
     # deploy.fast_superlink (an empty pull held open until a message comes)
     warm: bool = False
+    # the SuperLink's --database (runs and registrations survive its restart); None: memory
+    database: Path | None = None
     procs: list[Proc] = field(default_factory=list)
     nodes: dict[str, Proc] = field(default_factory=dict)  # for callers' bookkeeping
 
@@ -417,7 +421,9 @@ class LoopbackFederation(FlwrCli):
 
     # ---- SuperLink ---------------------------------------------------------------------------
 
-    def start_superlink(self) -> Proc:
+    def start_superlink(self, name: str = "superlink") -> Proc:
+        """The SuperLink (``name``: its log's name, a new one for a restart), and with
+        isolation "process" the ServerApp's SuperExec unless one is running."""
         # warm: deploy.fast_superlink, whose Fleet API holds an empty pull open
         superlink = [sys.executable, "-m", "deploy.fast_superlink"] if self.warm else []
         cmd = [
@@ -441,11 +447,14 @@ class LoopbackFederation(FlwrCli):
             cmd.append("--insecure")
         if self.auth:
             cmd.append("--enable-supernode-auth")
+        if self.database is not None:
+            cmd += ["--database", str(self.database)]
         cmd += self._isolation_args()
-        proc = self._spawn("superlink", cmd, self.root / "home" / "superlink")
+        proc = self._spawn(name, cmd, self.root / "home" / "superlink")
         self._write_cli_config()
         self.wait_for(lambda: "Uvicorn running on" in proc.text(), 60, "SuperLink start", proc)
-        if self.isolation == "process":  # the ServerApp's SuperExec, over the Runtime API
+        serving = any(p.name == "superexec-serverapp" and p.alive() for p in self.procs)
+        if self.isolation == "process" and not serving:  # the ServerApp's SuperExec
             tls = [f"--root-certificates={self.pki / 'ca.crt'}"] if self.tls else ["--insecure"]
             self._spawn(
                 "superexec-serverapp",
@@ -529,12 +538,18 @@ class LoopbackFederation(FlwrCli):
         return proc
 
     def start_site(
-        self, site: str, data_path: Path, device: str = "cpu", extra: tuple[str, ...] = ()
+        self,
+        site: str,
+        data_path: Path | None,
+        device: str = "cpu",
+        extra: tuple[str, ...] = (),
+        prefix: tuple[str, ...] = (),
     ) -> Proc:
         """A site as an operator starts one: ``python -m deploy.site`` on its own data
-        folder (warm by default; ``extra`` adds launcher flags), its state in
-        ``root/state-<site>``, with this federation's CA and the site's key when TLS /
-        authentication are on."""
+        folder (None: none, for ``--partition-id`` in ``extra``; warm by default;
+        ``extra`` adds launcher flags, ``prefix`` goes before
+        the command, e.g. ``ip netns exec NS``), its state in ``root/state-<site>``,
+        with this federation's CA and the site's key when TLS / authentication are on."""
         (runtime_port,) = free_ports(1)
         cmd = [
             sys.executable,
@@ -544,8 +559,7 @@ class LoopbackFederation(FlwrCli):
             f"127.0.0.1:{self.fleet_port}",
             "--site",
             site,
-            "--data-path",
-            str(data_path),
+            *(["--data-path", str(data_path)] if data_path is not None else []),
             "--device",
             device,
             "--state-dir",
@@ -556,7 +570,7 @@ class LoopbackFederation(FlwrCli):
         cmd += ["--root-certificates", str(self.pki / "ca.crt")] if self.tls else ["--insecure"]
         if self.auth:
             cmd += ["--auth-key", str(self.key(site))]
-        proc = self._spawn(site, cmd + list(extra), self.root / site)
+        proc = self._spawn(site, [*prefix, *cmd, *extra], self.root / site)
         self.nodes[site] = proc
         return proc
 

@@ -11,6 +11,7 @@ for server state beyond the global tensors, ``server_state``/``restore_server_st
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import Any
@@ -53,6 +54,7 @@ from strategies.replies import (
     payload_bytes,
     take_arrays,
 )
+from strategies.reply_log import ReplyLog
 from strategies.robust import Bounds, NormHistory, bound_round, mean_by_rule, weighted_mean
 from strategies.roster import load_roster
 from strategies.sampling import Sampler
@@ -94,6 +96,7 @@ class PFLStrategy(Strategy):
         self.streamed: StreamedRound | None = None  # this round's if streamed (streaming.py)
         self.spare_sum: tuple[NDArrays, NDArrays] | None = None  # the last one's sum buffers
         self.bystanders = Bystanders()  # clients that do not train (FedFac's new clients)
+        self.reply_log: ReplyLog | None = None  # reply-log: set by the ServerApp
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(method={self.cfg.method})"
@@ -167,9 +170,9 @@ class PFLStrategy(Strategy):
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
-        if server_round - 1 in self.rounds:
-            self.rounds[server_round - 1].ended = time.perf_counter()
-        self.rounds[server_round] = rl = RoundLog()
+        rl = self.rounds.begin(server_round)
+        if rl is None:  # max-minutes ended the run after an earlier round
+            return []
         self.bystanders.prepare(client_manager)
         sent = instructions(self, server_round, client_manager, self.cfg.fraction_fit, fit=True)
         if server_round == 1 and not self.cfg.class_names.strip():  # ids from each site's data
@@ -177,6 +180,9 @@ class PFLStrategy(Strategy):
         rl.marks["configure"] = time.perf_counter()
         self.rounds.participation.asked[server_round] = nodes = [p.node_id for p, _, _ in sent]
         self.streamed = streaming.open_round(self, server_round, nodes, self.sampler.places(sent))
+        if self.streamed is not None and self.reply_log is not None:  # reply-log
+            done = self.rounds.offset + server_round
+            self.streamed.log = functools.partial(self.reply_log.reply, server_round, done)
         sent = streaming.folding(self.streamed, sent)  # each reply folded as it arrives
         return [(proxy, FitIns(payload, config)) for proxy, payload, config in sent]
 
@@ -210,6 +216,9 @@ class PFLStrategy(Strategy):
             return self.global_payload(), {}
         if streamed is not None:
             streaming.finish_round(self, streamed)
+            if self.reply_log is not None:
+                done = self.rounds.offset + server_round
+                self.reply_log.aggregate(server_round, done, self.global_arrays, len(accepted))
             checkpoint.save_if_due(self, server_round)
             rl.marks["aggregate"] = time.perf_counter()
             return self.global_payload(), {}

@@ -6,6 +6,9 @@ FedFac's split) and the round it was taken after; it is checksummed and written
 atomically, like a client's personal state (both through ``pflower.store``). The run config
 key ``resume-from`` (the file or its run directory) starts a new run from it:
 rounds go on from the saved one, and the results so far are carried over.
+``resume-from="latest"`` names the run's own checkpoint, if it has one: the same
+command, given again after a crash (by ``deploy.supervise`` or a restart policy), goes
+on where the run stopped, to the same last round.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from pflower.config.schema import ConfigError
+from pflower.config.schema import RESUME_LATEST, ConfigError
 from pflower.store import PERSONAL_STATE_DIR, read_checked_npz, write_checked_npz
+from strategies.budget import round_done
 
 log = logging.getLogger("flwr.pflower")
 
@@ -71,6 +75,41 @@ class CheckpointWrite:
         if self.error is not None:
             raise self.error
         return self.round
+
+
+class RunComplete(Exception):
+    """``resume-from="latest"``: the run's checkpoint is of its last round already."""
+
+
+def latest(cfg: Any) -> dict[str, Any]:
+    """The run config keys that make ``resume-from="latest"`` concrete for ``cfg``:
+    this run-name's checkpoint and the rounds left of ``num-server-rounds`` (the whole
+    run's); no resume while there is no checkpoint yet; {} for any other resume-from.
+    RunComplete when the checkpoint is of the run's last round."""
+    if cfg.resume_from.strip() != RESUME_LATEST:
+        return {}
+    if not cfg.run_name:
+        raise ConfigError(
+            f"config key 'resume-from': '{RESUME_LATEST}' resumes the run of this run-name "
+            "from its own checkpoint: give run-name"
+        )
+    run_dir = Path(cfg.output_dir).expanduser().resolve() / cfg.run_name
+    path = run_dir / SERVER_STATE
+    if not path.exists():
+        log.info("resume-from latest: no checkpoint at %s yet; the run starts at round 1", path)
+        return {"resume-from": ""}
+    done, _ = load_server_state(path, cfg.method)
+    left = cfg.num_server_rounds - done
+    if left <= 0:
+        raise RunComplete(f"{path} holds round {done} of {cfg.num_server_rounds}: nothing to run")
+    log.info(
+        "resume-from latest: %s holds round %d of %d; %d to go",
+        path,
+        done,
+        cfg.num_server_rounds,
+        left,
+    )
+    return {"resume-from": str(run_dir), "num-server-rounds": left}
 
 
 def checkpoint_path(resume_from: str) -> Path:
@@ -142,17 +181,17 @@ def resume(
 
 
 def save_if_due(strategy: Any, server_round: int) -> None:
-    """Write the strategy's ``server_state()`` after ``server_round`` when
-    ``checkpoint-every`` asks for it (and after the last round); nothing without a
-    run directory (the strategy's recorder)."""
+    """After ``server_round`` aggregated: write the strategy's ``server_state()`` when
+    ``checkpoint-every`` asks for it (and after the last round, which ``max-minutes`` may
+    bring forward); nothing without a run directory (the strategy's recorder)."""
     cfg, recorder, rounds = strategy.cfg, strategy.recorder, strategy.rounds
+    round_done(strategy, server_round)  # max-minutes spent: this round is the run's last
     done = rounds.offset + server_round  # rounds are counted across resumes
-    if recorder is not None and checkpoint_due(
-        done, cfg.checkpoint_every, rounds.offset + cfg.num_server_rounds
-    ):
+    last = rounds.offset + rounds.num_rounds  # the run's last (max-minutes may end it early)
+    if recorder is not None and checkpoint_due(done, cfg.checkpoint_every, last):
         rounds.settle_checkpoint()  # the one before first: they land in order
         state = strategy.server_state()
-        if done == rounds.offset + cfg.num_server_rounds:  # the last: written at once
+        if done == last:  # the last: written at once
             save_server_state(recorder.dir, cfg.method, done, state)
             rounds.checkpointed = done
         else:  # settled by the next checkpoint (Rounds.settle_checkpoint)

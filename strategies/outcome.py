@@ -148,7 +148,7 @@ def judge(strategy: Any) -> dict[str, Any]:
     recorded = len(recorder.rounds) - recorder.round_offset if recorder is not None else 0
     skipped = [
         r
-        for r in range(1, strategy.cfg.num_server_rounds + 1)
+        for r in range(1, strategy.rounds.num_rounds + 1)  # max-minutes may end it early
         if "aggregate" not in strategy.rounds.of(r).marks
     ]
     result = part.outcome(skipped, recorded, dict(strategy.clients.node_keys))

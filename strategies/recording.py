@@ -25,6 +25,7 @@ from models.roles import (
 from pflower.config.schema import RunConfig
 from pflower.results import RunRecorder
 from pflower.store import clients_that_train, state_on_disk
+from strategies.budget import TimeBudget
 from strategies.outcome import Participation
 from strategies.replies import Evaluation, Reply, failure_reason
 
@@ -150,6 +151,7 @@ class Rounds(dict[int, RoundLog]):
         self.unscored = False  # the checkpoint's round has no record yet (eval-in-fit)
         self.facts = ClientFacts()
         self.participation = Participation()  # who was asked, who replied (outcome.py)
+        self.budget = TimeBudget(cfg.max_minutes if cfg is not None else 0.0)  # max-minutes
 
     def resume(self, done: int, carried: list[dict[str, Any]], path: Path) -> None:
         """Go on after the checkpoint of round ``done``, with the records before it.
@@ -168,9 +170,22 @@ class Rounds(dict[int, RoundLog]):
         return (self.offset + server_round) % self.every == 0 or server_round >= self.num_rounds
 
     def evaluates(self, server_round: int, eval_in_fit: bool) -> bool:
-        """Whether round ``server_round`` sends evaluate messages: a scored round, and
-        with eval-in-fit only the run's last (the next round's fits score the others)."""
+        """Whether round ``server_round`` sends evaluate messages: a scored round of the
+        run (max-minutes may end it early), and with eval-in-fit only the run's last (the
+        next round's fits score the others)."""
+        if server_round > self.num_rounds:
+            return False
         return self.scored(server_round) and (not eval_in_fit or server_round >= self.num_rounds)
+
+    def begin(self, server_round: int) -> RoundLog | None:
+        """A fit round begins: the previous one ended now; its log (None past the run's
+        last round, where max-minutes ended it)."""
+        if server_round > self.num_rounds:
+            return None
+        if server_round - 1 in self:
+            self[server_round - 1].ended = time.perf_counter()
+        self[server_round] = log_ = RoundLog()
+        return log_
 
     def scores_previous(self, server_round: int) -> bool:
         """Whether this round's fits score the previous round's model (eval-in-fit)."""
@@ -220,8 +235,9 @@ class Rounds(dict[int, RoundLog]):
     ) -> tuple[float | None, dict[str, Scalar]]:
         """One round's record in results.json, from its clients' evaluations and
         what the round noted (the robust bounds' counts, the method's own entries)."""
-        if not evals:
+        if not evals:  # recorded all the same, unscored: what it trained is not lost
             log.error("round %d: no usable evaluation replies", server_round)
+            self.record_unscored(server_round)
             return None, {}
         per_client = {str(e.client_key): float(e.metrics["accuracy"]) for e in evals}
         counts = {str(e.client_key): int(e.num_examples) for e in evals}

@@ -53,6 +53,7 @@ from strategies.device_fold import DeviceCopies, DeviceMoments, DeviceRunningMea
 from strategies.outcome import NodeProxy
 from strategies.privacy import secure_decoder
 from strategies.replies import ClientKeys, Reply, accept_fit_replies, value_range
+from strategies.reply_log import bytes_digest
 from strategies.robust import (
     Bounds,
     RunningMean,
@@ -266,6 +267,10 @@ class StreamedRound:
         self.most_waiting = 0  # the most replies held at once
         self.lock = threading.Lock()
         self.closed = False
+        # reply-log (strategies/reply_log.py): called with each reply as it is added, its
+        # weight, node and the digest of its bytes as they arrived (kept here until then)
+        self.log: Callable[..., None] | None = None
+        self.origins: dict[int, tuple[int, str]] = {}
 
     def fold(self, proxy: ClientProxy, res: FitRes) -> None:
         """Check one reply; judge and add it, or hold it until the references are fixed."""
@@ -281,6 +286,7 @@ class StreamedRound:
         # (a moved update gets new ones, with_update), and the sum only reads them. The
         # reply is measured on this worker, outside the lock: its values with its moments
         # in one pass where the host folds (``Moments``), else after the check
+        arrived = bytes_digest(res.parameters.tensors) if self.log is not None else ""
         taken: dict[int, Moments | DeviceMoments] = {}
         check = self.check if self.limit is None else self._measuring_check(centre, taken)
         accepted, rejected, received = accept_fit_replies(
@@ -289,6 +295,7 @@ class StreamedRound:
         )  # fmt: skip
         measured = {id(r): taken.get(id(r.arrays)) or self._measure(r, centre) for r in accepted}
         with self.lock:
+            self.origins.update({id(r): (proxy.node_id, arrived) for r in accepted})
             self.bytes_up += received
             self.rejected += rejected
             self.measured.update(measured)
@@ -382,6 +389,9 @@ class StreamedRound:
                     continue
                 weight = float(reply.num_examples) if self.weighted else 1.0
                 self.sum.add(reply.arrays, weight)
+                if self.log is not None:
+                    node, arrived = self.origins.pop(id(reply), (None, ""))
+                    self.log(node, reply.client_key, arrived, weight, reply.arrays)
                 reply.arrays, reply.num_examples = [], reported
                 self.kept.append(reply)
                 self.norms.append(verdict.norm)

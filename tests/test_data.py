@@ -15,13 +15,13 @@ from PIL import Image
 from methods import parse_run_config
 from pflower.config.schema import ConfigError, RunConfig
 from pflower.data import data_info, load_client_data
+from pflower.data.client_arrays import load_client_arrays
 from pflower.data.hf import (
     DOMAIN_SHIFTS,
     NO_TABLE_KEYS,
     apply_domain_shift,
     hf_data_info,
     label_permutation,
-    load_client_arrays,
     load_source,
     source_from_dataset,
 )
@@ -187,7 +187,7 @@ def test_natural_partition_is_flwr_datasets_natural_id_partitioner(tmp_path, ids
     (pflower.data.partitions computes them itself: the library prints a progress bar)."""
     from flwr_datasets.partitioner import NaturalIdPartitioner
 
-    from pflower.data.partitions import _light_dataset, _rows
+    from benchmarks.scale import flower_partitions
     from pflower.data.tables import Tabular
 
     rng = np.random.default_rng(0)
@@ -195,12 +195,13 @@ def test_natural_partition_is_flwr_datasets_natural_id_partitioner(tmp_path, ids
     path = tmp_path / "nat.parquet"
     _tabular(90, 3, site=column).to_parquet(str(path))
     src = load_source(str(path), Tabular(exclude=("site",)))  # an id column, not a feature
-    library = NaturalIdPartitioner(partition_by="site")
-    library.dataset = _light_dataset(src, ("site",))
-    assert library.num_partitions == len(ids)
     capfd.readouterr()
+    library = flower_partitions(
+        NaturalIdPartitioner(partition_by="writer"), src.labels, src.columns["site"]
+    )
+    assert len(library) == len(ids)
     for pid in range(len(ids)):
-        assert natural_partition(src, "site", pid).tolist() == _rows(library, pid).tolist()
+        assert natural_partition(src, "site", pid).tolist() == library[pid].tolist()
     assert "partition_id_to_indices" in capfd.readouterr().err  # the library's bar, ours none
     natural_partition(src, "site", 0)
     assert capfd.readouterr().err == ""

@@ -31,13 +31,13 @@ def test_the_cache_gives_the_same_data_and_is_used_again(site, tmp_path, caplog)
     plain = build_client_data(cfg, 0, 1, site)
     first = build_client_data(cfg, 0, 1, site, str(state))
     assert "data cache: wrote" in caplog.text and len(entries(state)) == 1
-    import pflower.data.hf
+    import pflower.data.client_arrays
 
     def no_decode(*args, **kwargs):
         raise AssertionError("the cached data were decoded again")
 
     with pytest.MonkeyPatch.context() as patch:  # a read of the cache, not a decode
-        patch.setattr(pflower.data.hf, "load_client_arrays", no_decode)
+        patch.setattr(pflower.data.client_arrays, "load_client_arrays", no_decode)
         again = build_client_data(cfg, 0, 1, site, str(state))
     assert "data cache: loaded" in caplog.text
     for name in ("x_train", "y_train", "x_test", "y_test"):

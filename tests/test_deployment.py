@@ -376,7 +376,7 @@ def test_secure_supernode_restart_restores_personal_state(federations) -> None:
     time.sleep(1)  # the atomic rename is done; let the reply go out
     with np.load(path) as saved:
         digest = str(saved["__sha256__"])
-        head = {k: saved[k] for k in saved.files if k != "__sha256__"}
+        head = {k: saved[k] for k in saved.files if not k.startswith("__")}
     assert set(head) == {"head.weight", "head.bias"}
 
     assert _rounds_done(fed.root) < ROUNDS, "the run ended before the restart could be tested"
@@ -448,7 +448,10 @@ def test_plain_deployment_completes_and_keeps_personal_state_on_each_site(federa
     heads = []
     for site in SITES:
         with np.load(_state_file(fed.root, site)) as z:
-            assert sorted(k for k in z.files if k != "__sha256__") == ["head.bias", "head.weight"]
+            assert sorted(k for k in z.files if not k.startswith("__")) == [
+                "head.bias",
+                "head.weight",
+            ]
             heads.append(z["head.weight"])
     # personal heads are per site (each trained on its own partition)
     assert not np.array_equal(heads[0], heads[1]) and not np.array_equal(heads[1], heads[2])
@@ -945,7 +948,7 @@ def test_a_supernode_that_requires_secagg_without_a_roster_refuses_to_start() ->
     )  # fmt: skip
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 1 and len(lines) == 1, proc.stderr
-    assert lines[0].startswith("supernode: require-secure-aggregation=true needs a roster")
+    assert lines[0].startswith("supernode: site policy 'require-secure-aggregation' needs a roster")
     assert secagg_refusal(["--node-config", policy + ' secagg-roster="/r.toml"']) is None
     assert secagg_refusal([f"--node-config={policy} secagg-unverified-keys=true"]) is None
     assert secagg_refusal(['--node-config=require-secure-aggregation="false"']) is None

@@ -122,19 +122,24 @@ def test_element_entries_cover_weight_bias_and_bn():
         element_entries(model, ["features.2"])
 
 
+def noisy_replies(initial: list[np.ndarray], rng: np.random.Generator, sizes: list[int]) -> list:
+    """One reply a size: the initial arrays plus standard normal noise."""
+    return [
+        Reply(
+            f"client-{k}",
+            [a + rng.standard_normal(a.shape).astype(a.dtype) for a in initial],
+            n,
+            {},
+        )
+        for k, n in enumerate(sizes)
+    ]
+
+
 def test_personal_elements_never_aggregated_and_mask_matches_split():
     cfg, m, model, roles, strategy = make()
     rng = np.random.default_rng(0)
     initial = [a.copy() for a in strategy.global_arrays]
-    replies = [
-        Reply(
-            f"client-{k}",
-            [a + rng.standard_normal(a.shape).astype(a.dtype) for a in initial],
-            10 * (k + 1),
-            {},
-        )
-        for k in range(4)
-    ]
+    replies = noisy_replies(initial, rng, sizes=[10 * (k + 1) for k in range(4)])
     strategy.rounds[1] = __import__("strategies.base", fromlist=["RoundLog"]).RoundLog()
     strategy.aggregate(1, replies)
     shared = strategy.shared["features.1"]
@@ -451,3 +456,48 @@ def test_fa_smoothing_averages_communalities_over_rounds():
     *_, plain = make("fedfac-dynamic")
     plain.smoothed("features.1", np.ones(200))
     np.testing.assert_allclose(plain.smoothed("features.1", np.zeros(200)), 0.0)
+
+
+def test_fa_in_torch_matches_numpy_to_float64_rounding():
+    """The server's GPU path (torch, float64; run here on the CPU): the same
+    communalities, G, iterations and split as numpy's. Measured (docs/fedfac.md): on a
+    256-channel conv of 5 clients, communalities within 2e-14 of numpy's, G, the 100
+    iterations and the split identical; asserted here within 1e-10."""
+    from methods.fedfac.factor_analysis import principal_factors_torch
+
+    rng = np.random.default_rng(0)
+    layers = [
+        planted(),
+        layer_matrix([rng.standard_normal((64, 27)) for _ in range(5)]),  # 5 clients' conv rows
+    ]
+    for z in layers:
+        a = principal_factors(z, 0.85, tol=1e-4, max_iter=100)
+        b = principal_factors_torch(z, 0.85, tol=1e-4, max_iter=100, device="cpu")
+        assert (a.num_factors, a.iterations) == (b.num_factors, b.iterations)
+        assert np.max(np.abs(a.communalities - b.communalities)) < 1e-10
+        np.testing.assert_array_equal(
+            shared_elements(a.communalities, 0.5), shared_elements(b.communalities, 0.5)
+        )
+
+
+def test_the_strategy_runs_fa_on_the_servers_device(monkeypatch):
+    cfg, m, model, roles, strategy = make()
+    rng = np.random.default_rng(0)
+    initial = [a.copy() for a in strategy.global_arrays]
+    replies = [
+        Reply(
+            f"client-{k}",
+            [a + rng.standard_normal(a.shape).astype(a.dtype) for a in initial],
+            10,
+            {},
+        )
+        for k in range(4)
+    ]
+    splits = {}
+    for device in (None, "cpu"):
+        strategy.fa_device = device
+        strategy.wire.shared = None
+        strategy.rounds[1] = __import__("strategies.base", fromlist=["RoundLog"]).RoundLog()
+        strategy.aggregate(1, replies)
+        splits[device] = strategy.shared["features.1"].copy()
+    np.testing.assert_array_equal(splits[None], splits["cpu"])

@@ -23,7 +23,7 @@ def test_the_table_lists_every_patch_and_every_patch_function_is_in_it() -> None
     functions |= {"fab-reuse", "clientapp-task-end"}
     functions |= {"optimizers-without-dynamo", "secagg-masks", "npy-headers"}
     functions |= {"engine-wakeups", "ray-app-once", "ray-two-in-flight", "ray-weights-once"}
-    functions |= {"serverapp-after-ray", "sparse-node-stores"}
+    functions |= {"serverapp-after-ray", "sparse-node-stores", "activation-retry"}
     assert set(pflower.patches.PATCHES) == functions
     for name in functions:
         assert f"``{name}``" in doc  # the table row

@@ -1,174 +1,49 @@
-"""A simulation past one machine (#60): a Ray cluster of two nodes, a head and a
-worker in two network namespaces joined by a veth pair, each with its own address,
-and ``bash scripts/dev.sh run`` (the real ``flwr run``) joining it through
-``RAY_ADDRESS``: clients run on both nodes (docs/DEPLOYMENT.md section 11)."""
+"""A simulation past one machine (#60, #94): a Ray cluster of two nodes, a head and a
+worker in two network namespaces joined by a veth pair, each with its own address
+(deploy/ray_cluster.py), and the scale benchmark's ``flwr run`` cell (``bash
+scripts/dev.sh run``, the real ``flwr run``) joining it through ``RAY_ADDRESS``:
+clients run on both nodes (docs/DEPLOYMENT.md section 11)."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from server_app.loopback import BIN, REPO, free_ports
+from deploy.ray_cluster import pids_in, sh, sweep_leftovers, temp_of, two_node_cluster
 
 pytestmark = pytest.mark.slow
 
 
-def sh(*args: str) -> None:
-    subprocess.run(args, check=True, capture_output=True)
-
-
-def netns_inode(name: str) -> int:
-    return os.stat(f"/run/netns/{name}").st_ino
-
-
-def pids_in(name: str) -> list[int]:
-    out = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
-
-
-def actors_in(name: str) -> list[int]:
-    """Ray's ClientApp actors whose process lives in the network namespace ``name``."""
-    inode, found = netns_inode(name), []
-    for proc in Path("/proc").iterdir():
-        try:
-            if (
-                os.stat(proc / "ns" / "net").st_ino == inode
-                and b"ClientAppActor" in (proc / "cmdline").read_bytes()
-            ):
-                found.append(int(proc.name))
-        except (OSError, ValueError):
-            continue
-    return found
-
-
-def temp_of(ns: str) -> Path:
-    """The Ray temp folder of the node in ``ns`` (short: Ray's socket paths)."""
-    return Path(f"/tmp/pflr{ns}")
-
-
-def stop_and_delete(ns: str) -> None:
-    """Stop every process in ``ns`` (TERM, then KILL), delete it and its temp folder."""
-    for signal_name in ("TERM", "KILL"):
-        pids = pids_in(ns)
-        if pids:
-            subprocess.run(["kill", f"-{signal_name}", *map(str, pids)])
-            time.sleep(3)
-    subprocess.run(["ip", "netns", "del", ns])
-    shutil.rmtree(temp_of(ns), ignore_errors=True)
-
-
-def sweep_leftovers() -> list[str]:
-    """The namespaces an earlier run of this test left when it was killed (its
-    ``finally`` never ran): named by this test (``pflh``/``pflw`` and the pid of the
-    test process that made them) and that process gone. What is in them was started
-    by that run; stopped, and deleted with their temp folders. Returns their names."""
-    swept = []
-    for path in Path("/run/netns").glob("pfl[hw]*"):
-        owner = path.name[4:]
-        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
-            stop_and_delete(path.name)
-            swept.append(path.name)
-    return swept
-
-
-def ray_node(ns: str, address: str, temp: Path, head: str = "") -> subprocess.Popen:
-    role = ["--address", f"{head}"] if head else ["--head", f"--port={address.split(':')[1]}"]
-    return subprocess.Popen(
-        ["ip", "netns", "exec", ns, str(BIN / "ray"), "start", "--block", *role]
-        + [f"--node-ip-address={address.split(':')[0]}", "--num-cpus=1", "--num-gpus=0"]
-        + ["--object-store-memory=100000000", "--disable-usage-stats", f"--temp-dir={temp}"]
-        + (["--include-dashboard=false"] if not head else []),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-    )
-
-
-def test_flwr_run_places_clients_on_both_nodes_of_a_two_namespace_ray_cluster(tmp_path):
+def test_the_scale_cell_runs_through_flwr_run_on_both_nodes_of_a_two_namespace_cluster(tmp_path):
+    """scale-1m's ci-2000 cell (2,000 clients, 20 a round, 2 rounds) as ``python -m
+    benchmarks scale --ray-cluster`` runs it: from the head's namespace, joined to the
+    cluster; a ClientApp actor ran in each namespace, every round has its 20 clients,
+    and the cluster report has the cell's row."""
     # not skipped: CI runs as root (the compose end-to-end needs it too)
-    assert os.geteuid() == 0, "network namespaces need root"
-    (port,) = free_ports(1)
-    nodes: list[subprocess.Popen] = []
-    sweep_leftovers()
-    # named by this process: a run killed before its cleanup is swept by the next
-    head_ns, worker_ns = f"pflh{os.getpid()}", f"pflw{os.getpid()}"
-    net = f"10.{200 + port % 50}.{port % 250}"
-    head_ip, worker_ip = f"{net}.1", f"{net}.2"
-    temp = {ns: temp_of(ns) for ns in (head_ns, worker_ns)}
-    sh("ip", "netns", "add", head_ns)
-    sh("ip", "netns", "add", worker_ns)
-    try:
-        sh("ip", "link", "add", f"h{port}", "type", "veth", "peer", "name", f"w{port}")
-        for ns, dev, ip in ((head_ns, f"h{port}", head_ip), (worker_ns, f"w{port}", worker_ip)):
-            sh("ip", "link", "set", dev, "netns", ns)
-            sh("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev)
-            sh("ip", "-n", ns, "link", "set", dev, "up")
-            sh("ip", "-n", ns, "link", "set", "lo", "up")
-        address = f"{head_ip}:{port}"
-        nodes = [ray_node(head_ns, address, temp[head_ns])]
-        deadline = time.monotonic() + 120
-        while not list(temp[head_ns].glob("session_*/logs/gcs_server.out")):
-            assert time.monotonic() < deadline, "the Ray head did not start"
-            time.sleep(1)
-        nodes.append(ray_node(worker_ns, f"{worker_ip}:0", temp[worker_ns], head=address))
-        alive = [
-            str(BIN / "python"),
-            "-c",
-            f"import ray; ray.init(address='{address}', logging_level='ERROR'); "
-            "print(sorted(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']))",
-        ]
-        while True:  # the worker registered with the head, from its own address
-            out = subprocess.run(
-                ["ip", "netns", "exec", head_ns, *alive], capture_output=True, text=True
-            ).stdout
-            if str(sorted([head_ip, worker_ip])) in out:
-                break
-            assert time.monotonic() < deadline, f"the worker did not join: {out}"
-            time.sleep(2)
+    from benchmarks.scale import cluster_cells, cluster_report
 
-        home = tmp_path / "flwr-home"
-        env = {
-            **os.environ,
-            "RAY_ADDRESS": address,
-            "FLWR_HOME": str(home),
-            "PFLOWER_SKIP_SETUP": "1",
-            "VENV": str(BIN.parent),
-        }
-        out_dir = tmp_path / "out"
-        run = subprocess.Popen(
-            ["ip", "netns", "exec", head_ns, "bash", "scripts/dev.sh", "run"]
-            + ["--run-config", f"num-server-rounds=3 output-dir='{out_dir}'"]
-            + ["--federation-config", "num-supernodes=6"],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        on_head: set[int] = set()
-        on_worker: set[int] = set()
-        while run.poll() is None:  # the actors each node runs, while they run
-            on_head.update(actors_in(head_ns))
-            on_worker.update(actors_in(worker_ns))
-            time.sleep(0.5)
-        log = run.stdout.read() if run.stdout else ""
-        assert run.returncode == 0, log[-3000:]
-        assert on_worker, "no ClientApp actor ran in the worker's namespace"
-        assert on_head, "no ClientApp actor ran in the head's namespace"
-        (results,) = out_dir.glob("*/results.json")
-        rounds = json.loads(results.read_text())["rounds"]
-        assert [r["round"] for r in rounds] == [1, 2, 3]
-        assert len(rounds[-1]["per_client_accuracy"]) == 6
-    finally:
-        for ns in (head_ns, worker_ns):  # every process in them was started here
-            stop_and_delete(ns)
-        for node in nodes:  # reaped: no zombie left to the test process
-            node.wait(timeout=30)
+    runs = tmp_path / "runs"
+    with two_node_cluster() as cluster:
+        nodes = cluster.node_pids()
+        seen = cluster_cells(cluster, ["ci-2000"], runs)
+    log = next(runs.glob("scale-1m/ci-2000/*/cell.log"), None)
+    assert seen["ci-2000"]["exit"] == 0, log.read_text()[-3000:] if log else "no cell log"
+    assert seen["ci-2000"]["worker"], "no ClientApp actor ran in the worker's namespace"
+    assert seen["ci-2000"]["head"], "no ClientApp actor ran in the head's namespace"
+    (results,) = runs.glob("scale-1m/ci-2000/flwr_run-seed0/results.json")
+    res = json.loads(results.read_text())
+    assert res["federation_size"] == 2000
+    assert [len(r["per_client_train_loss"]) for r in res["rounds"]] == [20, 20]
+    assert json.loads((results.parent / "cell.json").read_text())["peak_rss"] > 0
+    table = cluster_report(tmp_path / "none", runs, ["ci-2000"], ["(the test)"])
+    (row,) = [line for line in table if line.startswith("| 2,000 |")]
+    assert row.endswith(f"| {seen['ci-2000']['head']}, {seen['ci-2000']['worker']} |")
+    assert not any(Path(f"/proc/{pid}").exists() for pid in nodes)  # Ray stopped
 
 
 def test_a_killed_runs_namespaces_are_swept_and_a_live_runs_are_not() -> None:

@@ -83,21 +83,30 @@ def test_cifar10_dev_and_check_files_are_disjoint_and_balanced(tmp_path, capsys)
 
 
 @pytest.mark.parametrize(
-    ("recipe", "columns", "size", "channels"),
+    ("recipe", "columns", "size", "channels", "clients"),
     [
-        ("cifar100", {"img": "image", "fine_label": 100, "coarse_label": 20}, 32, 3),
-        ("femnist", {"image": "image", "character": 62, "writer_id": "w", "hsf_id": "h"}, 28, 1),
-        ("tiny-imagenet", {"image": "image", "label": 200}, 64, 3),
+        ("cifar100", {"img": "image", "fine_label": 100, "coarse_label": 20}, 32, 3, 4),
+        # femnist's sites are its writers (10 here): one SuperNode each
+        (
+            "femnist",
+            {"image": "image", "character": 62, "writer_id": "w", "hsf_id": "h"},
+            28,
+            1,
+            10,
+        ),
+        ("tiny-imagenet", {"image": "image", "label": 200}, 64, 3, 4),
     ],
 )
 def test_hub_recipes_build_a_file_the_preflight_accepts(
-    recipe, columns, size, channels, tmp_path
+    recipe, columns, size, channels, clients, tmp_path
 ) -> None:
     source = hub_parquet(tmp_path / "hub.parquet", columns, 80, size, channels)
     (path,) = build(recipe, str(source), tmp_path / f"{recipe}.parquet")
     table = pq.read_table(path)
     assert "label" in table.column_names and set(RECIPES[recipe].keep) <= set(table.column_names)
-    assert _check(path, recipe) == 0
+    assert _check(path, recipe, clients) == 0
+    if clients > 4:  # a natural partition with more sites than SuperNodes is refused
+        assert _check(path, recipe, 4) == 2
     # the source without the recipe's label column: one line naming it
     wrong = hub_parquet(tmp_path / "wrong.parquet", {"image": "image", "y": 3}, 8, 8)
     with pytest.raises(RecipeError, match=f"no label column '{RECIPES[recipe].label}'"):

@@ -5,6 +5,7 @@ The counts printed here feed docs/RELIABILITY.md.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -226,6 +227,68 @@ def test_a_corrupt_state_file_is_detected_and_reinitialised(
         np.testing.assert_array_equal(fresh.personal_state()[k], v)
     fresh.fit(parameters_to_ndarrays(make_strategy(cfg).global_payload()), {"server-round": 2})
     assert store.load() is not None  # the next save repairs the file
+
+
+def test_a_corrupt_newest_state_falls_back_to_the_one_before_and_the_chain_says_so(
+    tmp_path: Path,
+) -> None:
+    """#93: a deployed site keeps its state before the newest. After two fits a
+    corrupt newest file costs one fit's personal training, not all of it, and what
+    each load and save did is noted with its sha256, parent and generation (the chain
+    the site's ledger carries, deploy/site_guard.py)."""
+    from pflower.store import STATE_EVENTS
+
+    cfg = config(method="fedper")
+    store = DiskStore(tmp_path, "exp", "client-0")
+    client, _ = make_client(cfg)
+    client.store = store
+    payload = parameters_to_ndarrays(make_strategy(cfg).global_payload())
+    STATE_EVENTS.clear()
+    client.fit(payload, {"server-round": 1})
+    after_one = {k: v.copy() for k, v in client.personal_state().items()}
+    client.fit(payload, {"server-round": 2})
+    saves = [e for e in STATE_EVENTS if "saved" in e]
+    assert [e["generation"] for e in saves] == [1, 2]
+    assert saves[1]["parent"] == saves[0]["saved"]  # the chain: each names its parent
+    assert store.previous.exists()
+    raw = bytearray(store.path.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    store.path.write_bytes(bytes(raw))
+    STATE_EVENTS.clear()
+    fresh, _ = make_client(cfg)
+    fresh.store = store
+    fresh.restore_personal()
+    for k, v in after_one.items():  # round 1's state, not the initial one
+        np.testing.assert_array_equal(fresh.personal_state()[k], v)
+    corrupt, restored = list(STATE_EVENTS)
+    assert corrupt["corrupt"] == store.path.name
+    assert restored == {
+        "restored": saves[0]["saved"],
+        "parent": None,
+        "generation": 1,
+        "from": "previous",
+    }
+    fresh.fit(payload, {"server-round": 3})  # repairs the newest, keeps the good one before
+    assert store.load() is not None and store.restored[1] == 2
+    with np.load(store.previous) as before:
+        assert str(before["__sha256__"]) == saves[0]["saved"]
+
+
+def test_a_round_before_one_with_no_reply_keeps_its_record(tmp_path: Path) -> None:
+    """#93 (found by the soak: a SuperLink killed in a round left it without a reply):
+    with eval-in-fit a round is scored by the next round's fits; when the next round
+    has none, the round is still recorded, unscored, with what it trained (before,
+    results.json lost it). Seed 7 drops client 0 in round 1 and every client in
+    round 2."""
+    from server_app.inprocess import run_inprocess
+    from strategies.outcome import RunFailed
+
+    cfg = {**SMALL, "method": "fedper", "num-server-rounds": 3, "dropout-rate": 0.5, "seed": 7}
+    with pytest.raises(RunFailed, match="round 2: no reply was aggregated"):
+        run_inprocess({**cfg, "output-dir": str(tmp_path), "run-name": "r"}, 3)
+    rounds = json.loads((tmp_path / "r" / "results.json").read_text())["rounds"]
+    assert [(r["round"], r["replies"]) for r in rounds] == [(1, 1), (2, 0), (3, 2)]
+    assert rounds[0]["accuracy_mean"] is None and rounds[1]["failures"] == 3
 
 
 # ---- config fuzzing ------------------------------------------------------------------------

@@ -184,19 +184,9 @@ def _message(content: RecordDict, node: int, monkeypatch: pytest.MonkeyPatch) ->
 
 
 def _setup(node: int, monkeypatch: pytest.MonkeyPatch, protocol: str | None) -> Message:
-    configs: dict[str, Any] = {
-        Key.STAGE: Stage.SETUP,
-        Key.SAMPLE_NUMBER: 3,
-        Key.SHARE_NUMBER: 3,
-        Key.THRESHOLD: 2,
-        Key.CLIPPING_RANGE: 8.0,
-        Key.TARGET_RANGE: 4194304,
-        Key.MOD_RANGE: 2**32,
-        Key.MAX_WEIGHT: 1000.0,
-    }
-    if protocol is not None:
-        configs[PROTOCOL_KEY] = protocol
-    return _message(RecordDict({RECORD_KEY_CONFIGS: ConfigRecord(configs)}), node, monkeypatch)
+    from tests.apps.eavesdrop.eavesdrop_app import setup_content
+
+    return _message(setup_content(protocol), node, monkeypatch)
 
 
 RUN_CONFIG = {"method": "fedavg", "secure-aggregation": True, "sim-samples": 40, "hidden-dim": 8}
@@ -207,19 +197,18 @@ def test_a_server_that_plays_the_neighbours_gets_nothing_from_a_site_with_a_rost
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, verifies: bool
 ) -> None:
     """The server answers a site's set-up with two "neighbours" whose private keys it
-    holds. Without a roster (Flower's SecAgg+) the site encrypts its shares of its
-    mask seed and of its pairwise key to them: the server decrypts them and holds
-    both secrets, i.e. everything needed to unmask the site's upload. With the
-    roster the site refuses the round at that stage, sends no share, and logs why."""
+    holds. Without a roster (Flower's SecAgg+, a site that does not require it) the
+    site encrypts its shares of its mask seed and of its pairwise key to them: the
+    server decrypts them and holds both secrets, i.e. everything needed to unmask the
+    site's upload. With the roster the site refuses the round at that stage, sends no
+    share, and logs why. (A site that requires SecAgg+ and has no roster answers
+    nothing at all: the next test.)"""
     victim = 11
     _roster(tmp_path, {"victim": victim, "a": 12, "b": 13})
-    node = {
-        "site": "victim",
-        "require-secure-aggregation": "true",
-        "identity-key": str(tmp_path / "victim"),
-    }
+    node = {"site": "victim", "identity-key": str(tmp_path / "victim")}
     if verifies:
         node["secagg-roster"] = str(tmp_path / "roster.toml")
+        node["require-secure-aggregation"] = "true"
     app = make_client_app(RUN_CONFIG)
     context = Context(
         run_id=RUN, node_id=victim, node_config=node, state=RecordDict(), run_config={}
@@ -268,6 +257,51 @@ def test_a_server_that_plays_the_neighbours_gets_nothing_from_a_site_with_a_rost
     state = context.state.config_records["secaggplus_state"]
     assert seed == state["rd_seed"] and sk1 == state["sk1"]
     assert private_key_to_bytes(bytes_to_private_key(sk1)) == sk1
+
+
+def test_a_site_requiring_secagg_without_a_roster_answers_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#93: the ClientApp itself refuses, whatever process hosts it (Flower's own
+    flower-supernode included): a SecAgg+ set-up (its keys would let a server play its
+    neighbours), a plain fit, an evaluation and a legacy get_parameters (its shared
+    tensors in the clear) all raise before anything is computed. The development
+    opt-in ``secagg-unverified-keys`` (deploy.site --unverified-secagg-keys) waives it."""
+    from flwr.common import GetParametersIns
+    from flwr.common.constant import MessageTypeLegacy
+    from flwr.compat.common.recorddict_compat import getparametersins_to_recorddict
+
+    _identity(tmp_path, "victim")
+    node = {
+        "site": "victim",
+        "require-secure-aggregation": "true",
+        "accept-disclosures": "metrics",
+        "identity-key": str(tmp_path / "victim"),
+    }
+    app = make_client_app(RUN_CONFIG)
+
+    def context(node: dict[str, str]) -> Context:
+        return Context(run_id=RUN, node_id=11, node_config=node, state=RecordDict(), run_config={})
+
+    setup = _setup(11, monkeypatch, pflower.patches.SECAGG_PROTOCOL)
+    plain = _message(
+        RecordDict({"fitins.config": ConfigRecord({"server-round": 1})}), 11, monkeypatch
+    )
+    params = _message(getparametersins_to_recorddict(GetParametersIns({})), 11, monkeypatch)
+    params.metadata.message_type = MessageTypeLegacy.GET_PARAMETERS
+    evaluate = _message(RecordDict(), 11, monkeypatch)
+    evaluate.metadata.message_type = MessageType.EVALUATE
+    for message in (setup, plain, params, evaluate):
+        with pytest.raises(PolicyRefusal, match="'require-secure-aggregation' needs a roster"):
+            app(message, context(node))
+    # with a roster, a legacy get_parameters is still refused (the roster file is read
+    # only at a SecAgg+ stage)
+    rostered = {**node, "secagg-roster": str(tmp_path / "roster.toml")}
+    with pytest.raises(PolicyRefusal, match="answers no 'get_parameters' message"):
+        app(params, context(rostered))
+    # the development opt-in: the set-up is answered (its keys, signed)
+    reply = app(setup, context({**node, "secagg-unverified-keys": "true"}))
+    assert SIGNATURE_KEY in reply.content.config_records[RECORD_KEY_CONFIGS]
 
 
 def test_a_site_refuses_a_set_up_in_another_protocol(

@@ -113,6 +113,64 @@ def test_an_error_reply_is_listed_with_the_text_that_left(tmp_path) -> None:
     assert f"error: {text}" in row and f" {len(text.encode())} " in row
 
 
+def test_a_reply_the_ledger_cannot_record_is_not_sent(tmp_path, monkeypatch) -> None:
+    """#93: a full disk under the state directory. The reply the ledger cannot list
+    does not leave: an error reply saying why goes in its place. The ledger line of a
+    reply that is recorded carries the digest of its arrays as they left and what the
+    personal-state store did in the task (the chain)."""
+    from flwr.supernode.runtime import run_clientapp as runner
+
+    from pflower.store import STATE_EVENTS
+
+    pushed = []
+    for name in ("pull_task_input", "install_from_fab", "push_message"):
+        monkeypatch.setattr(runner, name, getattr(runner, name))  # restored after the test
+    monkeypatch.setattr(runner, "push_message", lambda client, msg, ctx: pushed.append(msg))
+    guard = SiteGuard(None)
+    guard.install()
+    meta = Metadata(7, "", 1, 0, "m", "3", 0.0, 60.0, "train")
+    received = Message(RecordDict(), metadata=meta)
+    reply = _fit_reply([np.ones(3, np.float32)], {"client-key": "h"})
+    guard.task = {"node_config": {"site": "h", "state-dir": str(tmp_path)}, "received": received}
+    STATE_EVENTS.clear()
+    STATE_EVENTS.append({"saved": "ab" * 32, "parent": None, "generation": 1})
+    runner.push_message(None, reply, None)
+    (line,) = read_ledger(tmp_path)
+    assert pushed == [reply] and line["state"] == [
+        {"saved": "ab" * 32, "parent": None, "generation": 1}
+    ]
+    import hashlib
+
+    data = b"".join(a.data for r in reply.content.array_records.values() for a in r.values())
+    assert line["sha256"] == hashlib.sha256(data).hexdigest()
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(site_guard, "append", full)
+    runner.push_message(None, reply, None)
+    sent = pushed[-1]
+    assert sent is not reply and sent.has_error() and not sent.has_content()
+    assert "could not record its reply in its ledger" in sent.error.reason
+    assert "No space left on device" in sent.error.reason
+
+
+def test_a_line_the_disk_had_no_room_for_is_not_left_half_written(tmp_path, monkeypatch) -> None:
+    """#93 (found by the soak's full disk): a write cut short leaves the log as it was."""
+    import os as os_module
+
+    from pflower.store import append_line
+
+    path = tmp_path / "log.jsonl"
+    append_line(path, b'{"a": 1}\n')
+    write = os_module.write
+    monkeypatch.setattr(os_module, "write", lambda fd, data: write(fd, data[:5]))
+    with pytest.raises(OSError, match="5 of 9 bytes"):
+        append_line(path, b'{"b": 2}\n')
+    monkeypatch.undo()
+    assert path.read_bytes() == b'{"a": 1}\n'
+
+
 def test_the_ledger_of_a_folder_without_one_exits_2(tmp_path, capsys) -> None:
     from deploy.site import main
 

@@ -172,6 +172,7 @@ def test_a_site_requiring_secure_aggregation_sends_no_metric_it_has_not_accepted
     raw = {"method": "fedper", "sim-samples": 40, "hidden-dim": 8, "secure-aggregation": True}
     strict = {"site": "h", "partition-id": 0, "num-partitions": 2}
     strict["require-secure-aggregation"] = "true"
+    strict["secagg-unverified-keys"] = "true"  # no roster here (development opt-in)
     cfg = parse_run_config(raw)
     for node, withheld in ((strict, True), ({**strict, "accept-disclosures": "metrics"}, False)):
         client = build_client(Context(0, 1, node, RecordDict(), raw)).numpy_client  # type: ignore[attr-defined]
@@ -285,10 +286,10 @@ def test_a_reply_carrying_another_nodes_client_key_is_rejected(tmp_path) -> None
 
 
 def test_the_privacy_docs_table_is_generated_from_the_declarations() -> None:
-    from pflower.privacy import table
+    from pflower.cli import disclosures as table
 
     text = table.DOC.read_text()
-    assert table.replace_in(text) == text, "run: python -m pflower.privacy.table --write"
+    assert table.replace_in(text) == text, "run: python -m pflower.cli.disclosures --write"
 
 
 def test_every_disclosure_is_of_a_kind_its_method_declares() -> None:

@@ -25,8 +25,8 @@ from flwr.common import EvaluateRes, FitRes, parameters_to_ndarrays
 
 from client_app.method_client import client_class
 from methods import get_method, parse_run_config
+from pflower.cli.disclosures import MODES as TABLE_MODES
 from pflower.privacy.audit import recover
-from pflower.privacy.table import MODES as TABLE_MODES
 from server_app.inprocess import build_inprocess
 from tests.helpers import image_folder
 
@@ -45,6 +45,16 @@ MODES = TABLE_MODES + [
     ("factorized-fl-beta", {"factorized-fl.rank": 2, "factorized-fl.l1": 0.0}),
     ("feddecomp", {"feddecomp.rank-basis": "out", "feddecomp.linear-rank-abs": 2}),
     ("fedfac-static", {"fedfac.fa-split": "random"}),
+    # the authors' keys (issue #92): mu whole on the wire, momentum kept as personal state;
+    # every Lambda channel and every BN statistic personal
+    (
+        "factorized-fl-beta",
+        {"factorized-fl.mu-wire": "dense", "factorized-fl.optimizer-state": "kept"},
+    ),
+    (
+        "fedfac-dynamic",
+        {"model": "resnet8", "dataset": IMAGES, "fedfac.tau": "inf", "fedfac.bn-stats": "local"},
+    ),
     ("fedfac-dynamic", {"fedfac.new-clients": 1, "fedfac.new-client-mode": "localtrain"}),
     (
         "fedfac-dynamic",

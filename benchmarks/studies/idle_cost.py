@@ -8,8 +8,10 @@ left is Flower's node registration, about 340 B a client resident at a million
 asked costs, piece by piece, per engine. Each piece is built as its engine builds it, at
 N clients (default 10,000, 100,000 and 1,000,000), and measured: Python's heap by
 tracemalloc, and the resident memory the process gained (protobuf messages live outside
-Python's heap), both over N; the seconds it took. A piece Flower builds that the project
-now avoids is measured where it fits this machine (``--flower-max``: its N at most).
+Python's heap), both over N; the seconds it took (under tracemalloc, which slows
+allocation: ``--untraced`` gives the seconds a run spends, no traced bytes). A piece
+Flower builds that the project now avoids is measured where it fits this machine
+(``--flower-max``: its N at most); ``--pieces`` picks rows.
 
 One markdown table on stdout.
 """
@@ -34,16 +36,21 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * 4096 / 2**20
 
 
+TRACED = [True]  # --untraced: seconds as a run spends them (tracemalloc slows allocation)
+
+
 def measure(build: Callable[[], Any]) -> tuple[Any, float, float, float]:
-    """(what ``build`` returned, traced bytes, resident bytes gained, seconds)."""
+    """(what ``build`` returned, traced bytes (0 untraced), resident bytes gained,
+    seconds)."""
     gc.collect()
     before = rss_mb()
-    tracemalloc.start()
+    if TRACED[0]:
+        tracemalloc.start()
     t0 = time.perf_counter()
     out = build()
     seconds = time.perf_counter() - t0
     gc.collect()
-    traced, _ = tracemalloc.get_traced_memory()
+    traced = tracemalloc.get_traced_memory()[0] if TRACED[0] else 0
     tracemalloc.stop()
     return out, traced, (rss_mb() - before) * 2**20, seconds
 
@@ -187,6 +194,18 @@ def _inprocess_now(n: int) -> Any:
     return measure(lambda: build_inprocess(INPROCESS, n))
 
 
+def _partitions(n: int) -> Any:
+    """A partitioned data set's partitions (Dirichlet 0.5 over 10 classes, 40 rows a
+    client; pflower/data/compact.py), built as each process that serves clients
+    builds them; the labels are the data set's, made before measuring."""
+    import numpy as np
+
+    from pflower.data import compact
+
+    labels = np.random.default_rng(0).integers(0, 10, 40 * n)
+    return measure(lambda: compact.dirichlet(labels, n, 0.5, 0, seed=0))
+
+
 RAY, BOTH, LOCAL = "Ray (flwr run)", "both (each process that draws data)", "in-process"
 # (engine, what is held, how it is measured, whether the project still builds it)
 PIECES: list[tuple[str, str, Callable[[int], Any], bool]] = [
@@ -202,6 +221,8 @@ PIECES: list[tuple[str, str, Callable[[int], Any], bool]] = [
     (RAY, "the sampler's registration order, a dict", _registration_order, False),
     (BOTH, "the study's one stream: where each client's draws begin", _one_stream, False),
     (BOTH, "sim-client-streams: the last client drawn alone", _client_streams, True),
+    (BOTH, "a partitioned set's partitions: an offset a client, a row index a row (40)",
+     _partitions, True),
     (LOCAL, "a proxy, a Context and a ClientApp a client", _inprocess_before, False),
     (LOCAL, "build_inprocess now: the strategy and a count", _inprocess_now, True),
 ]  # fmt: skip
@@ -226,7 +247,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("sizes", nargs="*", type=int, default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--flower-max", type=int, default=100_000)
     parser.add_argument("--one", nargs=2, type=int, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--untraced", action="store_true", help="no tracemalloc: the seconds a run spends"
+    )
+    parser.add_argument("--pieces", nargs="+", type=int, help="only these rows (from 0)")
     args = parser.parse_args(argv)
+    TRACED[0] = not args.untraced
     if args.one:
         print(json.dumps(one(*args.one)))
         return 0
@@ -235,12 +261,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| engine | what is held | now | {head} |")
     print("|---|---|---|" + "---|" * len(args.sizes))
     for i, (engine, piece, _, now) in enumerate(PIECES):
+        if args.pieces and i not in args.pieces:
+            continue
         cells = []
         for n in args.sizes:
             if not now and n > args.flower_max:
                 cells.append("not built here")
                 continue
             cmd = [sys.executable, "-m", "benchmarks.studies.idle_cost", "--one", str(n), str(i)]
+            cmd += ["--untraced"] if args.untraced else []
             out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
             if out.returncode != 0:
                 cells.append("failed")

@@ -39,11 +39,20 @@ DENSE, INDEX, MASK = 0, 1, 2  # the first byte of a layout
 class FactorizedWeight(nn.Module):
     """The parametrization (u, v, mu) -> W for one layer."""
 
-    def __init__(self, shape: tuple[int, ...], rank: int, threshold: float) -> None:
+    def __init__(
+        self,
+        shape: tuple[int, ...],
+        rank: int,
+        threshold: float,
+        init: str = "scaled",
+        dense_mu: bool = False,
+    ) -> None:
         super().__init__()
         self.shape = tuple(shape)
         self.rank = rank
         self.threshold = threshold
+        self.init = init  # factorized-fl.init
+        self.dense_mu = dense_mu  # init 'authors': this layer's mu Xavier-dense (the head)
 
     def factor_dims(self) -> tuple[int, int]:
         """(rows of u, columns of v): (I, O) for linear, (kh*kw, O*I) for conv."""
@@ -66,20 +75,25 @@ class FactorizedWeight(nn.Module):
         init). The paper is silent on the init; the reference draws u (rows x r)
         and v (r x cols) Xavier-uniform, which makes u v^T 2-7x smaller than the
         layer's default init; without BatchNorm (cnn4) that net does not train.
-        So the Xavier factors are scaled (both by the same factor) until u v^T
-        has the standard deviation of the default-initialised weight."""
+        So by default (``init`` 'scaled') the Xavier factors are scaled (both by the
+        same factor) until u v^T has the standard deviation of the default-initialised
+        weight, and mu starts at zero. ``init`` 'authors' keeps the factors as drawn
+        and, for the head (``dense_mu``), draws mu Xavier-uniform too, as the
+        reference's FactorizedDense does (layers.py:17-30): its head is then
+        effectively full rank from the start."""
         rows, cols = self.factor_dims()
         u = torch.empty(rows, self.rank, dtype=weight.dtype, device=weight.device)
         v = torch.empty(self.rank, cols, dtype=weight.dtype, device=weight.device)
         nn.init.xavier_uniform_(u)
         nn.init.xavier_uniform_(v)
+        mu = torch.zeros(rows, cols, dtype=weight.dtype, device=weight.device)
+        if self.init == "authors":
+            if self.dense_mu:
+                nn.init.xavier_uniform_(mu)
+            return u, v, mu
         with torch.no_grad():
             scale = (weight.std() / (u @ v).std().clamp_min(1e-12)).sqrt()
-        return (
-            u * scale,
-            v * scale,
-            torch.zeros(rows, cols, dtype=weight.dtype, device=weight.device),
-        )
+        return u * scale, v * scale, mu
 
 
 _FACTORIZABLE = (nn.Linear, nn.Conv2d)
@@ -88,6 +102,8 @@ _FACTORIZABLE = (nn.Linear, nn.Conv2d)
 def factorize(model: nn.Module, cfg: RunConfig) -> nn.Module:
     """The method transform: factorize every Linear/Conv2d weight in place.
     BatchNorm is left alone; biases stay as they are."""
+    p = FactorizedFLParams.of(cfg)
+    head = getattr(model, "head", None)
     targets = [m for m in model.modules() if isinstance(m, _FACTORIZABLE)]
     for module in targets:
         weight = module.weight
@@ -95,9 +111,7 @@ def factorize(model: nn.Module, cfg: RunConfig) -> nn.Module:
             module,
             "weight",
             FactorizedWeight(
-                tuple(weight.shape),
-                FactorizedFLParams.of(cfg).rank,
-                FactorizedFLParams.of(cfg).mu_threshold,
+                tuple(weight.shape), p.rank, p.mu_threshold, p.init, dense_mu=module is head
             ),
             unsafe=True,  # right_inverse returns three tensors of other shapes
         )
@@ -219,7 +233,9 @@ class FactorizedWire(Wire):
         self.shapes = {n: tuple(state[n].shape) for n in (*self.shared, self.match)}
         self.sparse = frozenset(n for n in self.shared if n.endswith(MU))  # (layout, values)
         self.match_extra = self.match not in self.shared  # alpha: v is personal, appended
-        self.threshold = FactorizedFLParams.of(cfg).mu_threshold
+        p = FactorizedFLParams.of(cfg)
+        # mu-wire 'dense' (the authors' code): every entry travels and is averaged
+        self.threshold = 0.0 if p.mu_wire == "dense" else p.mu_threshold
 
     def down_spec(self) -> list[TensorSpec]:
         """What the server sends (the encoded shared tensors)."""

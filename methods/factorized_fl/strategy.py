@@ -17,13 +17,13 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from flwr.common import Parameters
+from flwr.common import Parameters, ndarrays_to_parameters
 from torch import nn
 
 from methods.factorized_fl import FactorizedFLParams
-from methods.factorized_fl.model import FactorizedWire
+from methods.factorized_fl.model import FactorizedWire, encode_sparse
 from pflower.config.schema import RunConfig
-from strategies.base import PFLStrategy, Reply, weighted_mean
+from strategies.base import PFLStrategy, Reply, payload_bytes, weighted_mean
 from strategies.robust import lower_median
 
 
@@ -77,6 +77,34 @@ def cap_matches(keeps: list[np.ndarray], sim: np.ndarray, cap: float) -> list[np
     return [np.array([i for i in keep if i in out[k]]) for k, keep in enumerate(keeps)]
 
 
+def mixing_device() -> str | None:
+    """Where the per-client aggregates are mixed: the server's GPU when it has one
+    (torch, float64), else None (numpy, each client's weighted mean, as on every
+    CPU-only server)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else None
+
+
+def mix_all(
+    dense: list[list[np.ndarray]], mixture: np.ndarray, device: str
+) -> list[list[np.ndarray]]:
+    """Every client's aggregate at once: for each shared tensor, the mixture matrix
+    (row k: client k's weights over the uploads) times the uploads stacked, in float64
+    on ``device``, cast back to each tensor's dtype. The same numbers as each client's
+    ``weighted_mean`` to float64 rounding (tests/test_factorized_fl.py measures it)."""
+    import torch
+
+    m = torch.as_tensor(mixture, dtype=torch.float64, device=device)
+    out: list[list[np.ndarray]] = [[] for _ in dense]
+    for j, first in enumerate(dense[0]):
+        stacked = torch.stack([torch.as_tensor(d[j]).reshape(-1) for d in dense])
+        mixed = (m @ stacked.to(device=device, dtype=torch.float64)).cpu().numpy()
+        for k, row in enumerate(mixed):
+            out[k].append(row.reshape(first.shape).astype(first.dtype))
+    return out
+
+
 class FactorizedFLStrategy(PFLStrategy):
     """Per-client similarity-weighted aggregation over the Factorized-FL wire."""
 
@@ -89,6 +117,7 @@ class FactorizedFLStrategy(PFLStrategy):
         v0 = model.state_dict()[self.wire.match].detach().cpu().numpy().reshape(-1)
         change = FactorizedFLParams.of(cfg).match == "v-change"
         self.match_origin = v0.astype(np.float32) if change else None
+        self.mix_device = mixing_device()  # None: numpy (mixing_device)
 
     def aggregate(self, server_round: int, replies: list[Reply]) -> None:
         decoded = [self.wire.decode_up(r.arrays) for r in replies]
@@ -106,13 +135,19 @@ class FactorizedFLStrategy(PFLStrategy):
             for k in range(len(replies))
         ]
         keeps = cap_matches(keeps, sim, p.match_cap)
-        for k, reply in enumerate(replies):
+        for k in range(len(replies)):
             keep = keeps[k]
-            w = softmax_weights(sim[k, keep], p.epsilon)
             kept_counts.append(len(keep))
-            mixture[k, keep] = w
-            mine = weighted_mean([dense[i] for i in keep], list(w))
-            new[reply.client_key] = self.payloads.encode(mine)
+            mixture[k, keep] = softmax_weights(sim[k, keep], p.epsilon)
+        if self.mix_device is not None:  # every client's aggregate in one matmul a tensor
+            mixed = mix_all(dense, mixture, self.mix_device)
+        else:
+            mixed = [
+                weighted_mean([dense[i] for i in keeps[k]], list(mixture[k, keeps[k]]))
+                for k in range(len(replies))
+            ]
+        for k, reply in enumerate(replies):
+            new[reply.client_key] = self.payloads.encode(mixed[k])
         self.payloads.per_client.update(new)  # only after every aggregate is built
         sizes = [float(r.num_examples) for r in replies]
         self.set_global(weighted_mean(dense, sizes))
@@ -124,11 +159,31 @@ class FactorizedFLStrategy(PFLStrategy):
             "ffl_similarity": {"clients": keys, "matrix": np.round(sim, 4).tolist()},
             "ffl_mixture": {"clients": keys, "matrix": np.round(mixture, 4).tolist()},
         }
-        if self.wire.sparse:  # beta: the share of mu entries kept (|mu| >= threshold)
+        if self.wire.sparse:  # beta: the share of mu entries sent, and of |mu| >= threshold
             mus = [a for d in dense for n, a in zip(self.wire.shared, d) if n in self.wire.sparse]
-            kept = sum(int(np.count_nonzero(a)) for a in mus)
-            extra["ffl_mu_density"] = kept / max(1, sum(a.size for a in mus))
+            size = max(1, sum(a.size for a in mus))
+            extra["ffl_mu_density"] = sum(int(np.count_nonzero(a)) for a in mus) / size
+            # what evaluation keeps and the paper's cost count counts (client.py:139-159)
+            above = sum(int((np.abs(a) >= p.mu_threshold).sum()) for a in mus)
+            extra["ffl_mu_above_threshold"] = above / size
+            if p.mu_wire == "dense":  # what the round's uploads cost with mu thresholded
+                extra["ffl_bytes_up_thresholded"] = sum(
+                    self.thresholded_bytes(d, m) for d, m in decoded
+                )
         self.note(server_round, **extra)
+
+    def thresholded_bytes(self, dense: list[np.ndarray], match: np.ndarray | None) -> int:
+        """Bytes of one upload had its mu travelled as ``mu-wire='sparse'`` sends it
+        (entries with |mu| >= mu-threshold, the cheapest layout): what the paper's
+        cost count counts (the authors' client.py:139-159) while their code sends it
+        whole."""
+        threshold = FactorizedFLParams.of(self.cfg).mu_threshold
+        arrays: list[np.ndarray] = []
+        for n, a in zip(self.wire.shared, dense, strict=True):
+            arrays += list(encode_sparse(a, threshold)) if n in self.wire.sparse else [a]
+        if self.wire.match_extra and match is not None:
+            arrays.append(match)
+        return payload_bytes(ndarrays_to_parameters(arrays))
 
 
 STRATEGIES = {

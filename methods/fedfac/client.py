@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from flwr.common import NDArrays, Scalar
+from torch import nn
 
 from client_app.base import PFLClient, message_round
 from client_app.train import evaluate, train_epochs
@@ -36,6 +38,11 @@ class FedFacClient(PFLClient):
     the wire's (``FedFacWire``: the split, then the shared rows or every row)."""
 
     wire: FedFacWire
+
+    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy, the batch mean or (``fedfac.ce-reduction='sum'``, the
+        authors' code) its sum."""
+        return F.cross_entropy(model(x), y, reduction=FedFacParams.of(self.cfg).ce_reduction)
 
     # ---- personal state: own values of every Lambda entry ------------------------------------
 
@@ -148,6 +155,7 @@ class FedFacClient(PFLClient):
                 self.cfg.local_epochs,
                 self.cfg,
                 self.round_generator(config),
+                loss_fn=self.loss,
             )
         finally:
             for h in hooks:

@@ -10,6 +10,7 @@ the iterated principal-factor method the paper describes, and sklearn's
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -85,19 +86,31 @@ def principal_factors(
     """
     r = correlation(z) if r is None else r
     g = num_factors(np.linalg.eigvalsh(r), kappa)
-    a = _top_loadings(r, g)
-    psi = np.clip(1.0 - (a**2).sum(axis=1), 0.0, 1.0)
+
+    def with_diagonal(m: np.ndarray, d: np.ndarray) -> np.ndarray:
+        reduced = m.copy()
+        np.fill_diagonal(reduced, d)
+        return reduced
+
+    a, psi, iterations = _refine(r, g, _top_loadings, with_diagonal, tol, max_iter)
+    return FactorResult(a, 1.0 - psi, g, iterations)
+
+
+def _refine(r: Any, g: int, top: Any, with_diagonal: Any, tol: float, max_iter: int) -> Any:
+    """The iteration, for numpy arrays or torch tensors alike: A from R, then Psi =
+    diag(R - A A^T) and A again from R with 1 - Psi on its diagonal, until Psi moves
+    less than ``tol``. Returns (A, Psi, iterations)."""
+    a = top(r, g)
+    psi = (1.0 - (a**2).sum(axis=1)).clip(0.0, 1.0)
     iterations = 0
     for iterations in range(1, max_iter + 1):  # noqa: B007 - reported
-        reduced = r.copy()
-        np.fill_diagonal(reduced, 1.0 - psi)
-        a = _top_loadings(reduced, g)
-        new_psi = np.clip(1.0 - (a**2).sum(axis=1), 0.0, 1.0)
-        done = np.max(np.abs(new_psi - psi)) < tol
+        a = top(with_diagonal(r, 1.0 - psi), g)
+        new_psi = (1.0 - (a**2).sum(axis=1)).clip(0.0, 1.0)
+        done = bool(abs(new_psi - psi).max() < tol)
         psi = new_psi
         if done:
             break
-    return FactorResult(a, 1.0 - psi, g, iterations)
+    return a, psi, iterations
 
 
 def shared_elements(communalities: np.ndarray, quantile: float) -> np.ndarray:
@@ -111,3 +124,52 @@ def layer_matrix(per_client: list[np.ndarray]) -> np.ndarray:
     the K clients into column chi_j; shape (K * d_in, d_l)."""
     columns = [w.reshape(w.shape[0], -1).T for w in per_client]  # each (d_in, d_l)
     return np.concatenate(columns, axis=0)
+
+
+def server_device() -> str | None:
+    """The device the server's factor analysis runs on: CUDA when the server has one
+    (torch, float64), else None (numpy, as on every CPU-only server)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else None
+
+
+def principal_factors_torch(
+    z: np.ndarray,
+    kappa: float = 0.85,
+    tol: float = 1e-6,
+    max_iter: int = 200,
+    r: np.ndarray | None = None,
+    device: str = "cpu",
+) -> FactorResult:
+    """``principal_factors`` in torch on ``device``, float64 throughout: the same steps
+    (correlation, G from kappa, top-G loadings sqrt(gamma) u, Psi iterated), so the
+    communalities agree with numpy's to float64 rounding (tests/test_fedfac.py measures
+    it). eigh's eigenvectors may differ in sign between libraries; loadings enter only
+    squared, so communalities do not."""
+    import torch
+
+    if r is None:
+        x = torch.as_tensor(np.asarray(z, dtype=np.float64), device=device)
+        centred = x - x.mean(dim=0)
+        std = centred.std(dim=0, unbiased=False)
+        std = torch.where(std == 0, torch.ones_like(std), std)
+        standard = centred / std
+        rt = standard.T @ standard / x.shape[0]
+        rt.fill_diagonal_(1.0)
+    else:
+        rt = torch.as_tensor(r, dtype=torch.float64, device=device)
+    g = num_factors(torch.linalg.eigvalsh(rt).cpu().numpy(), kappa)
+
+    def top(m: torch.Tensor, g: int) -> torch.Tensor:
+        gamma, u = torch.linalg.eigh(m)
+        order = torch.argsort(gamma, descending=True)[:g]
+        return u[:, order] * gamma[order].clamp_min(0.0).sqrt()
+
+    def with_diagonal(m: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        reduced = m.clone()
+        reduced.diagonal().copy_(d)
+        return reduced
+
+    a, psi, iterations = _refine(rt, g, top, with_diagonal, tol, max_iter)
+    return FactorResult(a.cpu().numpy(), (1.0 - psi).cpu().numpy(), g, iterations)

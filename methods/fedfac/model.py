@@ -11,7 +11,7 @@ from torch import nn
 
 from methods import ModelSide
 from methods.fedfac import FedFacParams, parse_layers
-from models.roles import Roles, TensorSpec, get_arrays, nothing_personal
+from models.roles import Roles, TensorSpec, batchnorm_entries, get_arrays
 from models.wire import Wire
 from pflower.config.schema import ConfigError, RunConfig
 
@@ -81,6 +81,25 @@ def unpack_mask(data: bytes, size: int) -> np.ndarray:
     return np.unpackbits(np.frombuffer(data, dtype=np.uint8), count=size).astype(bool)
 
 
+LOCAL_BN_STATS = "fedfac_local_bn_stats"  # the model's mark: fedfac.bn-stats = "local"
+
+
+def mark_bn_stats(model: nn.Module, cfg: RunConfig) -> nn.Module:
+    """The transform: mark the model whose BatchNorm running statistics stay local
+    (``fedfac.bn-stats``), for the split rule, which sees the model alone."""
+    setattr(model, LOCAL_BN_STATS, FedFacParams.of(cfg).bn_stats == "local")
+    return model
+
+
+def fedfac_personal(model: nn.Module) -> set[str]:
+    """By layer, nothing is personal (the split is per element, decided by factor
+    analysis on the server), except every BatchNorm's running statistics under
+    ``fedfac.bn-stats='local'`` (the authors' code averages named_parameters only)."""
+    if getattr(model, LOCAL_BN_STATS, False):
+        return batchnorm_entries(model, running_stats_only=True)
+    return set()
+
+
 class FedFacWire(Wire):
     """FedFac's wire. Every payload starts with one tensor per Lambda layer: the
     packed bits of its personal rows (1 = personal; empty before the first split).
@@ -100,11 +119,16 @@ class FedFacWire(Wire):
         super().__init__(model, roles, cfg)
         p = FedFacParams.of(cfg)
         layers = parse_layers(p.fa_layers)
-        self.entries = element_entries(model, layers)
+        shared = set(self.names)  # a Lambda BN's statistics may be wholly personal (bn-stats)
+        self.entries = {
+            layer: [e for e in es if e in shared]
+            for layer, es in element_entries(model, layers).items()
+        }
         self.sizes = layer_sizes(model, layers)
         self.layer_of = {e: layer for layer, es in self.entries.items() for e in es}
         self.position = {n: i for i, n in enumerate(self.names)}
-        self.dynamic = cfg.method == "fedfac-dynamic" and p.fa_split == "fa"
+        # tau 'inf': every element personal from the start, nothing for FA to decide
+        self.dynamic = cfg.method == "fedfac-dynamic" and p.fa_split == "fa" and p.tau != "inf"
         self.updates = p.fa_input == "updates" and p.fa_split == "fa"
         self.shared: dict[str, np.ndarray] | None = None  # layer -> True where shared
         self.start: NDArrays = []  # a client's personal rows as the round began
@@ -209,8 +233,9 @@ class FedFacWire(Wire):
         return arrays[: len(self.names)], arrays[len(self.names) :]
 
 
-# the split is per element, decided by factor analysis on the server: by layer, nothing
 MODEL_SIDES = {
-    name: ModelSide(nothing_personal, check=check_fa_layers, wire=FedFacWire)
+    name: ModelSide(
+        fedfac_personal, transform=mark_bn_stats, check=check_fa_layers, wire=FedFacWire
+    )
     for name in ("fedfac-static", "fedfac-dynamic")
 }

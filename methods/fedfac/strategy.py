@@ -29,6 +29,7 @@ No input, label or prediction travels.
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -43,6 +44,8 @@ from methods.fedfac.factor_analysis import (
     FactorResult,
     layer_matrix,
     principal_factors,
+    principal_factors_torch,
+    server_device,
     shared_elements,
     site_median_correlation,
 )
@@ -67,6 +70,7 @@ class FedFacStrategy(PFLStrategy):
         self.model_spec = wire_spec(model, list(model.state_dict()))  # Ensemble's shared models
         self._communalities: dict[str, np.ndarray] = {}  # fa-smoothing's running average
         self.bystanders = new_clients.NewClients(self)
+        self.fa_device = server_device()  # None: numpy (factor_analysis.server_device)
 
     @property
     def shared(self) -> dict[str, np.ndarray] | None:
@@ -80,15 +84,21 @@ class FedFacStrategy(PFLStrategy):
     # ---- the split --------------------------------------------------------------------------
 
     def factor_analysis(self, per_client: list[np.ndarray]) -> FactorResult:
-        # one BLAS thread: the simulated clients share the machine's cores. Iterated
-        # until Psi moves < 1e-4 or for 100 steps (a 512-wide layer: ~10 s on one core)
+        # on the server's GPU when it has one (torch, float64: the same communalities
+        # to float64 rounding); else numpy on one BLAS thread: the simulated clients
+        # share the machine's cores. Iterated until Psi moves < 1e-4 or for 100 steps
+        # (a 512-wide layer: ~10 s on one core)
+        kappa = FedFacParams.of(self.cfg).fa_kappa
+        device = self.fa_device
+        fit = (
+            principal_factors if device is None else partial(principal_factors_torch, device=device)
+        )
         with threadpool_limits(1):
-            kappa = FedFacParams.of(self.cfg).fa_kappa
             if FedFacParams.of(self.cfg).fa_robust == "site-median" and len(per_client) > 1:
                 r = site_median_correlation(per_client)
-                return principal_factors(np.zeros((1, 1)), kappa, tol=1e-4, max_iter=100, r=r)
+                return fit(np.zeros((1, 1)), kappa, tol=1e-4, max_iter=100, r=r)
             z = layer_matrix(per_client)
-            return principal_factors(z, kappa, tol=1e-4, max_iter=100)
+            return fit(z, kappa, tol=1e-4, max_iter=100)
 
     def run_fa(self, server_round: int, replies: list[Reply]) -> None:
         """FA per Lambda layer on this round's full uploads -> the new split."""
@@ -169,6 +179,15 @@ class FedFacStrategy(PFLStrategy):
         """The federation's size and held-out clients are known (NewClients.prepare)."""
         if FedFacParams.of(self.cfg).fa_split != "fa":
             self.set_split(imposed_split(self))
+        elif self.fa_decides_nothing:  # tau infinite: every element of Lambda personal
+            self.set_split(
+                {layer: np.zeros(size, dtype=bool) for layer, size in self.sizes.items()}
+            )
+
+    @property
+    def fa_decides_nothing(self) -> bool:
+        """``fedfac.tau='inf'`` (the authors' scripts): no communality reaches tau."""
+        return FedFacParams.of(self.cfg).tau == "inf"
 
     # ---- aggregation ------------------------------------------------------------------------
 
@@ -176,7 +195,11 @@ class FedFacStrategy(PFLStrategy):
         # this round's uploads carry every Lambda row (dynamic: every round; static:
         # until the split is fixed); FA below changes the wire's split, so read it first
         full_upload = self.wire.full_upload()
-        if full_upload and FedFacParams.of(self.cfg).fa_split == "fa":
+        if (
+            full_upload
+            and FedFacParams.of(self.cfg).fa_split == "fa"
+            and not self.fa_decides_nothing
+        ):
             self.run_fa(server_round, replies)
         assert self.shared is not None
         if self.aggregation == "mean":

@@ -28,6 +28,10 @@ class MethodParams(BaseModel):
     namespace: ClassVar[str] = ""
     # the keys whose default is ``auto`` (resolved by ``auto``)
     auto_keys: ClassVar[tuple[str, ...]] = ()
+    # the values of the common key ``profile`` this method has: ``ours`` (our reading
+    # of its paper) and, where its authors' code ran otherwise, ``authors``
+    profiles: ClassVar[tuple[str, ...]] = ("ours",)
+    authors_model: ClassVar[str] = ""  # the backbone the ``authors`` profile runs
 
     @classmethod
     def auto(cls, raw: dict[str, Any]) -> dict[str, Any]:

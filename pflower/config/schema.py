@@ -36,6 +36,11 @@ class ConfigError(ValueError):
     """A run config value is invalid; the message names the key."""
 
 
+# resume-from="latest": a run started again by the same command (a supervisor, a
+# restart policy) goes on from its own last checkpoint (strategies/checkpoint.py)
+RESUME_LATEST = "latest"
+
+
 def _field(default: Any, **kw: Any) -> Any:
     return Field(default, **kw)
 
@@ -86,7 +91,10 @@ class TaskKeys(BaseModel):
     split_column: str = _field("split", alias="split-column")
     feature_columns: str = _field("", alias="feature-columns")
     categorical_columns: str = _field("", alias="categorical-columns")
-    model: Literal["logreg", "mlp", "cnn4", "resnet8", "resnet10", "resnet18"] = "mlp"
+    model: Literal["logreg", "mlp", "cnn4", "resnet8", "resnet9", "resnet10", "resnet18"] = "mlp"
+    # every ``auto`` key as our reading of the method's paper sets it, or as its
+    # authors' code ran it (Factorized-FL, FedFac: docs/factorized_fl.md, docs/fedfac.md)
+    profile: Literal["ours", "authors"] = "ours"
     hidden_dim: int = _field(200, alias="hidden-dim", ge=1)
     pretrained_weights: str = _field("", alias="pretrained-weights")
 
@@ -197,10 +205,19 @@ class RunConfig(TaskKeys):
     output_dir: str = _field("outputs", alias="output-dir")
     run_name: str = _field("", alias="run-name")
     checkpoint_every: int = _field(1, alias="checkpoint-every", ge=0)  # 0: never
+    # > 0: stop cleanly after the round during which this many minutes have passed since
+    # the run (or its resume) began; its checkpoint is written (strategies/budget.py)
+    max_minutes: float = _field(0.0, alias="max-minutes", ge=0)
     tensorboard: bool = False  # event files under the run dir (the tensorboard extra)
     # one `pflower-phases {...}` log line per ClientApp message: where its time goes
     log_phases: bool = _field(False, alias="log-phases")
-    resume_from: str = _field("", alias="resume-from")  # a server-state.npz or its run dir
+    # every accepted fit reply as it entered its round's sum, and each aggregate's
+    # digest, under <run dir>/replies/ (strategies/reply_log.py): an audit trail that a
+    # replay checks; streamed rounds only
+    reply_log: bool = _field(False, alias="reply-log")
+    # a server-state.npz or its run dir; "latest" (RESUME_LATEST): this run-name's own last
+    # checkpoint if there is one, num-server-rounds then counting the whole run
+    resume_from: str = _field("", alias="resume-from")
     # a deployment's sites and their authenticated node ids (strategies/roster.py): a
     # client key is then bound only to its own site's node
     roster: str = ""
@@ -258,6 +275,17 @@ class RunConfig(TaskKeys):
             raise ValueError(
                 "config key 'aggregation': differential privacy averages the clipped updates "
                 "with equal weights (its noise is calibrated to that); leave it 'default'"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _profile_fits_the_method(self, info: ValidationInfo) -> RunConfig:
+        spec = (info.context or {}).get("spec")
+        profiles = spec.params.profiles if spec is not None else ("ours",)
+        if self.profile not in profiles:
+            raise ValueError(
+                f"config key 'profile': method '{self.method}' has no '{self.profile}' "
+                f"profile (it has {', '.join(repr(p) for p in profiles)})"
             )
         return self
 

@@ -287,7 +287,7 @@ def build_client_data(
         args = study_arguments(cfg)
         x, y = simulated_client(partition_id, num_partitions, args, cfg.sim_client_streams)
         return _to_tensors(*split_train_test(x, y, cfg.test_fraction, cfg.seed + partition_id))
-    from pflower.data.hf import load_client_arrays
+    from pflower.data.client_arrays import load_client_arrays
 
     def build() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         return load_client_arrays(cfg, partition_id, num_partitions, data_path)

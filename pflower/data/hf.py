@@ -33,7 +33,6 @@ log = logging.getLogger(__name__)
 
 IMAGE_COLUMNS = ("img", "image")
 LABEL_COLUMNS = ("label", "fine_label", "labels")
-ROW_COLUMN = "__row__"
 DOMAIN_SHIFTS = ("identity", "grayscale", "rotate90", "colour-shift", "blur", "invert")
 _STATS_ROWS = 2048  # rows used to compute per-channel normalisation statistics
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)  # torchvision's weights
@@ -338,51 +337,3 @@ def _client_path(cfg: RunConfig, partition_id: int, num_partitions: int) -> str:
 def _check_local(path: str, key: str) -> None:
     if path != "sklearn-digits" and not Path(path).expanduser().exists():
         raise FileNotFoundError(f"config key '{key}': data path {path!r} does not exist")
-
-
-def load_client_arrays(
-    cfg: RunConfig, partition_id: int, num_partitions: int, data_path: str = ""
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """One client's (x_train, y_train, x_test, y_test): float32 normalised, int64 labels."""
-    whole = data_path or (
-        _client_path(cfg, partition_id, num_partitions) if cfg.client_data_paths else ""
-    )
-    from pflower.data.partitions import _partition, _split  # they read sources from here
-
-    tab = Tabular.of(cfg)
-    if whole:
-        _check_local(whole, "client-data-paths" if not data_path else "dataset")
-        src = load_source(whole, tab)
-        rows = np.arange(len(src.labels))
-        tr, te = _split(cfg, src, rows, partition_id, use_split_column=True)
-        y_tr, y_te = src.labels[tr], src.labels[te]
-    else:
-        src = load_source(cfg.dataset, tab)
-        tr, te, y_tr, y_te = _partition(cfg, src, partition_id, num_partitions)
-    names = tuple(n.strip() for n in cfg.class_names.split(",") if n.strip())
-    if names:  # by name: a site that lacks a class keeps every other class's id
-        table = to_run_classes(src, names, whole or cfg.dataset)
-        y_tr, y_te = table[y_tr], table[y_te]
-    x_tr, x_te = src.raw(tr), src.raw(te)
-    if cfg.domain_shift and src.is_image:
-        shift = partition_id % cfg.num_domains
-        x_tr, x_te = apply_domain_shift(x_tr, shift), apply_domain_shift(x_te, shift)
-    if cfg.permute_labels:
-        perm = label_permutation(src.num_classes, cfg.seed, partition_id)
-        y_tr, y_te = perm[y_tr], perm[y_te]
-    if src.tabular:  # the site's own training rows only: nothing of another site's data
-        mean, std = x_tr.mean(axis=0), x_tr.std(axis=0)
-        std[std < 1e-6] = 1.0  # a constant column (Switzerland's cholesterol) stays 0
-        return (
-            ((x_tr - mean) / std).astype(np.float32),
-            y_tr.astype(np.int64),
-            ((x_te - mean) / std).astype(np.float32),
-            y_te.astype(np.int64),
-        )
-    imagenet = bool(cfg.pretrained_weights)  # pretrained weights expect ImageNet's statistics
-    return (
-        src.normalise(x_tr, imagenet),
-        y_tr.astype(np.int64),
-        src.normalise(x_te, imagenet),
-        y_te.astype(np.int64),
-    )

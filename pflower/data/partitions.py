@@ -1,5 +1,6 @@
 """Partitioners: flwr-datasets' where it has them (iid, dirichlet, pathological,
-natural); ``dirichlet-client`` (FedDecomp's protocol) and ``domain`` (Factorized-FL's
+natural: its partitions, made on arrays and held compactly by pflower/data/compact.py);
+``dirichlet-client`` (FedDecomp's protocol) and ``domain`` (Factorized-FL's
 domain-heterogeneous scenario) written by hand (flwr-datasets has neither); and one
 client's train and test rows."""
 
@@ -12,26 +13,12 @@ from typing import Any
 import numpy as np
 
 from pflower.config.schema import ConfigError, RunConfig
-from pflower.data import split_train_test
-from pflower.data.hf import ROW_COLUMN, _column, _Source, load_source
+from pflower.data import compact, split_train_test
+from pflower.data.compact import Partitions
+from pflower.data.hf import _Source, load_source
 from pflower.data.tables import NO_TABLE_KEYS, SPLIT_COLUMN, Tabular
 
 log = logging.getLogger("pflower.data.hf")  # the name its lines always had
-
-
-def _light_dataset(src: _Source, extra: tuple[str, ...] = ()) -> Any:
-    """Labels, row ids and the named columns only: partitioners never touch images."""
-    import datasets
-
-    cols: dict[str, Any] = {"label": src.labels, ROW_COLUMN: np.arange(len(src.labels))}
-    for c in extra:
-        if c != "label":
-            cols[c] = src.columns[c]
-    return datasets.Dataset.from_dict(cols)
-
-
-def _rows(partitioner: Any, pid: int) -> np.ndarray:
-    return _column(partitioner.load_partition(pid), ROW_COLUMN).astype(np.int64)
 
 
 def library_partitions(
@@ -41,42 +28,20 @@ def library_partitions(
     seed: int,
     alpha: float = 0.5,
     classes_per_client: int = 2,
-) -> tuple[np.ndarray, ...]:
-    """Row indices of every partition, from flwr-datasets' partitioners."""
-    from flwr_datasets.partitioner import (
-        DirichletPartitioner,
-        IidPartitioner,
-        PathologicalPartitioner,
-    )
-
-    ds = _light_dataset(src)
+) -> Partitions:
+    """Row indices of every partition: flwr-datasets' partitions (its IidPartitioner
+    after a seeded shuffle, DirichletPartitioner, PathologicalPartitioner), made on
+    arrays and held as two (pflower/data/compact.py: the same rows for the same seed)."""
     n = len(src.labels)
-    if partitioner == "iid":
-        part = IidPartitioner(num_partitions)
-        ds = ds.shuffle(seed=seed)  # IidPartitioner shards contiguously
-    elif partitioner == "dirichlet":
-        part = DirichletPartitioner(
-            num_partitions,
-            partition_by="label",
-            alpha=alpha,
-            min_partition_size=max(2, min(10, n // (2 * num_partitions))),
-            self_balancing=False,
-            seed=seed,
-        )
-    elif partitioner == "pathological":
-        part = PathologicalPartitioner(
-            num_partitions,
-            partition_by="label",
-            num_classes_per_partition=classes_per_client,
-            # client i surely gets class i % C, so every class is used when N >= C
-            class_assignment_mode="first-deterministic",
-            seed=seed,
-        )
-    else:
-        raise ValueError(f"config key 'partitioner': {partitioner!r} is not a library partitioner")
-    part.dataset = ds
     try:
-        return tuple(_rows(part, i) for i in range(num_partitions))
+        if partitioner == "iid":
+            return compact.iid(n, num_partitions, seed)
+        if partitioner == "dirichlet":
+            min_size = max(2, min(10, n // (2 * num_partitions)))
+            return compact.dirichlet(src.labels, num_partitions, alpha, min_size, seed)
+        if partitioner == "pathological":
+            # client i surely gets class i % C, so every class is used when N >= C
+            return compact.pathological(src.labels, num_partitions, classes_per_client, seed)
     except ValueError as err:
         key = {"dirichlet": "alpha", "pathological": "classes-per-client"}.get(
             partitioner, "partitioner"
@@ -85,6 +50,7 @@ def library_partitions(
             f"config key '{key}': the {partitioner} partition of {n} rows into "
             f"{num_partitions} clients failed: {err}"
         ) from err
+    raise ValueError(f"config key 'partitioner': {partitioner!r} is not a library partitioner")
 
 
 @lru_cache(maxsize=8)
@@ -96,7 +62,7 @@ def _cached_library_partitions(
     alpha: float,
     cpc: int,
     tabular: Tabular = NO_TABLE_KEYS,
-) -> tuple[np.ndarray, ...]:
+) -> Partitions:
     src = load_source(name, tabular)
     return library_partitions(src, partitioner, num_partitions, seed, alpha, cpc)
 
@@ -104,41 +70,27 @@ def _cached_library_partitions(
 def natural_ids(column: np.ndarray) -> tuple[Any, ...]:
     """The distinct values of a natural partition's column, in partition order: sorted,
     as flwr-datasets' NaturalIdPartitioner numbers them."""
-    return _natural_index(column)[1]
-
-
-_NATURAL: dict[int, tuple[np.ndarray, tuple[Any, ...], np.ndarray]] = {}
-
-
-def _natural_index(column: np.ndarray) -> tuple[np.ndarray, tuple[Any, ...], np.ndarray]:
-    """(column, its sorted distinct values, each row's index among them), once per
-    column a process holds (a simulated client asks at every message)."""
-    held = _NATURAL.get(id(column))
-    if held is None or held[0] is not column:
-        values, codes = np.unique(column, return_inverse=True)
-        if len(_NATURAL) >= 8:
-            _NATURAL.clear()
-        held = _NATURAL[id(column)] = (column, tuple(values.tolist()), codes.reshape(-1))
-    return held
+    return tuple(compact.natural_partitions(column).values.tolist())
 
 
 def natural_partition(src: _Source, partition_by: str, partition_id: int) -> np.ndarray:
     """Rows of the ``partition_id``-th id (sorted) of column ``partition_by``: what
-    flwr-datasets' NaturalIdPartitioner gives (tests/test_data.py compares them),
-    computed here because the library's prints a progress bar each time it is built,
-    and a simulated client builds it at every message (in the Ray actors' output)."""
+    flwr-datasets' NaturalIdPartitioner gives (tests/test_partitions.py compares them),
+    from every client's rows computed once per column a process holds
+    (pflower/data/compact.py; the library's prints a progress bar each time it is
+    built, and a simulated client asks at every message)."""
     if partition_by not in src.columns:
         raise ConfigError(
             f"config key 'partition-by': column {partition_by!r} is not in the data set "
             f"(plain columns: {sorted(src.columns)})"
         )
-    _, ids, codes = _natural_index(src.columns[partition_by])
-    if partition_id >= len(ids):
+    parts = compact.natural_partitions(src.columns[partition_by])
+    if partition_id >= len(parts):
         raise ConfigError(
-            f"config key 'partition-by': column {partition_by!r} has {len(ids)} "
+            f"config key 'partition-by': column {partition_by!r} has {len(parts)} "
             f"ids, fewer than partition id {partition_id} + 1 (set num-supernodes to match)"
         )
-    return np.flatnonzero(codes == partition_id).astype(np.int64)
+    return parts.indices(partition_id)
 
 
 def dirichlet_client_partitions(

@@ -27,6 +27,7 @@ PATCHES: dict[str, tuple[str, tuple[str, ...]]] = {
     "ray-weights-once": ("flwr", (FLWR_39, FLWR_42)),
     "serverapp-after-ray": ("flwr", (FLWR_39, FLWR_42)),
     "sparse-node-stores": ("flwr", (FLWR_39, FLWR_42)),
+    "activation-retry": ("flwr", (FLWR_39, FLWR_42)),
 }
 # library -> every version prefix some patch of it was checked against
 TESTED: dict[str, tuple[str, ...]] = {}

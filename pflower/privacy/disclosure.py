@@ -6,7 +6,7 @@ tensors it reveals (fnmatch patterns over the names a client's
 ``personal_tensors()`` gives), and the run keys that cause it. The content audit (tests/test_wire_audit.py) checks the declarations against
 what can really be rebuilt from the wire; a site's policy (pflower/privacy/policy.py)
 refuses the kinds it has not accepted; docs/PRIVACY.md's table is generated from
-them (``python -m pflower.privacy.table``).
+them (``python -m pflower.cli.disclosures``).
 """
 
 from __future__ import annotations

@@ -21,6 +21,13 @@ Node config keys:
   among this site's neighbours, checked from their signed keys when the site has
   its own roster (node config ``secagg-roster``, pflower/privacy/secagg.py). Default 3.
 
+A site that requires SecAgg+ needs its own roster (``secagg-roster``): without one
+a server can play its SecAgg+ neighbours with keys of its own and unmask its upload,
+so it refuses every message until it has one (``roster_refusal``; the node config's
+``secagg-unverified-keys=true``, development only, waives it). The ClientApp
+checks it whatever process hosts it (Flower's own ``flower-supernode`` too), and
+``deploy.site`` and ``deploy.fast_supernode`` refuse to start such a site.
+
 In any SecAgg+ run, a site whose ``accept-disclosures`` does not name ``metrics``
 sends its masked upload beside its client key only: no loss, score, device or
 sample count (the weight travels inside the mask).
@@ -42,6 +49,8 @@ ACCEPT = "accept-disclosures"
 REQUIRE_SECAGG = "require-secure-aggregation"
 ALLOWED_METHODS = "allowed-methods"
 MIN_SECAGG_SITES = "min-secagg-sites"
+ROSTER_KEY = "secagg-roster"  # the site's own copy of the roster (pflower/privacy/secagg.py)
+UNVERIFIED_KEYS = "secagg-unverified-keys"  # development only: no roster, keys unchecked
 DEFAULT_MIN_SECAGG_SITES = 3
 POLICY_KEYS = (ACCEPT, REQUIRE_SECAGG, ALLOWED_METHODS, MIN_SECAGG_SITES)
 REFUSED = "refuses this run by its policy"  # in every refusal: the server looks for it
@@ -74,6 +83,23 @@ def _flag(value: Any, key: str) -> bool:
     if text in ("false", "0", "no", ""):
         return False
     raise PolicyError(f"site policy '{key}' is {value!r}, expected true or false")
+
+
+def roster_refusal(node: Mapping[str, Any]) -> str | None:
+    """Why a site whose node config requires SecAgg+ must answer nothing: it has no
+    roster to check its neighbours' signed keys against; or None."""
+    try:
+        required = _flag(node.get(REQUIRE_SECAGG, False), REQUIRE_SECAGG)
+        waived = _flag(node.get(UNVERIFIED_KEYS, False), UNVERIFIED_KEYS)
+    except PolicyError as err:
+        return str(err)
+    if not required or waived or str(node.get(ROSTER_KEY, "") or "").strip():
+        return None
+    return (
+        f"site policy '{REQUIRE_SECAGG}' needs a roster (node config '{ROSTER_KEY}') to "
+        "check its SecAgg+ neighbours' keys: without one a server can play them and read "
+        "this site's upload, so it answers nothing (deploy.site --roster)"
+    )
 
 
 def _at_least_two(value: Any, key: str) -> int:

@@ -32,6 +32,7 @@ from flwr.server import Grid
 from flwr.server.workflow import SecAggPlusWorkflow
 
 from pflower.patches import SECAGG_PROTOCOL, secagg_masks
+from pflower.privacy.policy import ROSTER_KEY  # noqa: F401 - the node config key, named here too
 
 log = logging.getLogger("flwr.pflower")
 
@@ -39,7 +40,6 @@ PROTOCOL_KEY = "pflower-protocol"  # in the set-up config, and echoed in each re
 SIGNATURE_KEY = "pflower-signature"  # in a site's set-up reply
 SIGNATURES_RECORD = "pflower.secagg-signatures"  # beside the share-keys stage's keys
 IDENTITY_KEY = "identity-key"  # node config: the site's private key (OpenSSH)
-ROSTER_KEY = "secagg-roster"  # node config: the site's own copy of the roster
 
 
 def key_statement(run_id: int, round_id: str, node_id: int, pk1: bytes, pk2: bytes) -> bytes:

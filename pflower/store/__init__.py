@@ -21,6 +21,7 @@ import math
 import os
 import tempfile
 import zipfile
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,11 @@ _CHUNK = 1 << 20  # bytes written and hashed at a time, while in the cache
 # a simulated run's clients keep their personal state here, inside the run's directory
 # (beside the server's checkpoint), so that the run can resume with it
 PERSONAL_STATE_DIR = "personal-state"
+# what a site's personal-state store did during this process's current ClientApp task
+# (restored, corrupt, saved: each with its sha256): the site's own SuperExec puts it
+# in that task's ledger line and empties it (deploy/site_guard.py); bounded, as nothing
+# empties it in a simulation
+STATE_EVENTS: deque[dict[str, Any]] = deque(maxlen=32)
 
 
 def clients_that_train(num_clients: int, rounds: int, fraction_fit: float) -> int:
@@ -83,7 +89,7 @@ def _digest(arrays: dict[str, np.ndarray], algorithm: str = "sha256") -> str:
 
 
 def read_checked_npz(path: Path) -> tuple[dict[str, np.ndarray], str]:
-    """(arrays, "<algorithm> <digest>") of a file written by ``write_checked_npz``;
+    """(arrays, hex digest) of a file written by ``write_checked_npz``;
     ValueError if the file is unreadable (a member's CRC too) or its digest does not
     match."""
     try:
@@ -95,13 +101,13 @@ def read_checked_npz(path: Path) -> tuple[dict[str, np.ndarray], str]:
         raise ValueError(f"unreadable ({type(err).__name__}: {err})") from None
     if stored != _digest(arrays, algorithm):
         raise ValueError("checksum mismatch")
-    return arrays, f"{algorithm} {stored}"
+    return arrays, stored
 
 
-def write_checked_npz(path: Path, arrays: dict[str, np.ndarray], algorithm: str = "sha256") -> None:
+def write_checked_npz(path: Path, arrays: dict[str, np.ndarray], algorithm: str = "sha256") -> str:
     """Write ``arrays`` and their digest (``DIGESTS``) as an .npz (``np.load`` reads
     it): to a temporary file in the same directory, fsync, then rename (a crash leaves
-    the old file or the new)."""
+    the old file or the new); returns the digest (hex), as ``read_checked_npz`` does."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     try:
@@ -110,13 +116,34 @@ def write_checked_npz(path: Path, arrays: dict[str, np.ndarray], algorithm: str 
             with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as npz:
                 for key in sorted(arrays):
                     _member(npz, key, np.require(arrays[key], requirements="C"), h)
-                _member(npz, DIGESTS[algorithm], np.array(h.hexdigest()), None)
+                digest = h.hexdigest()
+                _member(npz, DIGESTS[algorithm], np.array(digest), None)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return digest
+
+
+def append_line(path: Path, data: bytes) -> None:
+    """Append one line whole or not at all (O_APPEND: concurrent appends never
+    interleave): a write cut short (a full disk) is truncated away and raised, so a
+    log read later never holds half a line."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            written = os.write(fd, data)
+        except OSError:
+            os.ftruncate(fd, size)
+            raise
+        if written != len(data):
+            os.ftruncate(fd, size)
+            raise OSError(28, f"{path}: {written} of {len(data)} bytes written (no space left?)")
+    finally:
+        os.close(fd)
 
 
 def _member(npz: zipfile.ZipFile, key: str, array: np.ndarray, h: Any) -> None:
