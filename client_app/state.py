@@ -112,7 +112,7 @@ class DiskStore:
                 continue
             chain = json.loads(str(arrays.pop(self.CHAIN, "{}")))
             self.restored = (digest, int(chain.get("generation", 0)))
-            log.info("restored personal state from %s (sha256 %s)", path, digest)
+            log.info("restored personal state from %s (digest %s)", path, digest)
             STATE_EVENTS.append(
                 {"restored": digest, "parent": chain.get("parent"), "generation": self.restored[1]}
                 | ({"from": "previous"} if path != self.path else {})
@@ -199,7 +199,7 @@ class RoundStore(DiskStore):
         before = self.versions(self.dir)
         now = server_round if server_round is not None else max(before, default=0)
         self.path = self.dir / f"r{now}.npz"
-        write_checked_npz(self.path, arrays)
+        write_checked_npz(self.path, arrays, "xxh3")  # a client-round's: the fast digest
         # a run resumes from the server's last checkpoint, or from the one it is
         # writing: the newest state at or before each is kept beside this round's
         kept = {now}

@@ -136,10 +136,13 @@ class PFLStrategy(Strategy):
         """Per-client instructions sent with every payload, fit and evaluate alike."""
         return {}
 
-    def check_reply(self, client_key: str, arrays: NDArrays, num_examples: int) -> str | None:
-        """None if a reply is acceptable (the wire's upload), else the reason to reject it."""
+    def check_reply(
+        self, client_key: str, arrays: NDArrays, num_examples: int, values: bool = True
+    ) -> str | None:
+        """None if a reply is acceptable (the wire's upload), else the reason to reject it
+        (``values=False``: all but its values' range, which the caller checks)."""
         spec = self.wire.up_spec()
-        problem = check_arrays(spec, arrays, num_examples, self.cfg.max_abs_value)
+        problem = check_arrays(spec, arrays, num_examples, self.cfg.max_abs_value, values)
         return problem or self.wire.check_up(arrays)
 
     # ---- the server checkpoint ---------------------------------------------------------------

@@ -110,7 +110,8 @@ class DeviceMoments:
     ) -> None:
         device = device or torch.device("cpu")
         kept = copies or DeviceCopies(device)
-        self.upload, self.tensors, self.device = upload, tensors, device
+        self.upload, self.reference, self.tensors, self.device = upload, reference, tensors, device
+        self.centre = centre  # what ``dot`` was taken against
         self.pairs = [
             (on_device(upload[t], device).reshape(-1), kept(reference[t]).reshape(-1))
             for t in tensors

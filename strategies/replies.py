@@ -115,16 +115,22 @@ def value_range(array: np.ndarray) -> tuple[bool, float]:
 
 
 def check_arrays(
-    spec: list[TensorSpec], arrays: NDArrays, num_examples: int, max_abs_value: float
+    spec: list[TensorSpec],
+    arrays: NDArrays,
+    num_examples: int,
+    max_abs_value: float,
+    values: bool = True,
 ) -> str | None:
-    """None if ``arrays`` fit ``spec`` and stay within ``max_abs_value``, else why not."""
+    """None if ``arrays`` fit ``spec`` and stay within ``max_abs_value``, else why not
+    (``values=False``: their values are not read; a caller that reads them in a pass
+    of its own, the streamed fold, checks them there)."""
     if len(arrays) != len(spec):
         return f"{len(arrays)} tensors, expected {len(spec)}"
     for s, a in zip(spec, arrays):
         problem = s.matches(a, values=False)
         if problem:
             return problem
-        if a.dtype.kind == "f" and a.size:
+        if values and a.dtype.kind == "f" and a.size:
             finite, largest = value_range(a)  # one pass, no temporary
             if not finite:
                 return f"'{s.name}' has non-finite values"

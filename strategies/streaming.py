@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,7 +52,7 @@ from strategies import kernels
 from strategies.device_fold import DeviceCopies, DeviceMoments, DeviceRunningMean
 from strategies.outcome import NodeProxy
 from strategies.privacy import secure_decoder
-from strategies.replies import ClientKeys, Reply, accept_fit_replies
+from strategies.replies import ClientKeys, Reply, accept_fit_replies, value_range
 from strategies.reply_log import bytes_digest
 from strategies.robust import (
     Bounds,
@@ -148,12 +149,12 @@ class Limits:
 
 class Moments:
     """One reply's update ``d = upload - reference`` over ``tensors``, never written
-    out: its squared norm and its dot with a unit ``centre`` in one compiled pass
-    (strategies/kernels.py), and, for an update the bounds move, its new length and
-    its new arrays in one pass each. In float64, as ``update_vector``'s vector was; the
-    sums in element order (numpy sums in blocks: a norm or a dot within float64's
-    rounding of it; tests/test_streaming.py measures the moved arrays against the
-    vector path)."""
+    out: its squared norm, its dot with a unit ``centre`` and the values of the upload
+    that fail the value check (non-finite, or above ``limit`` in magnitude) in one
+    compiled pass a tensor (strategies/kernels.py ``reply_moments``), and, for an update
+    the bounds move, its new length and its new arrays in one pass each. In float64, as
+    ``update_vector``'s vector was; the sums reordered (vectorized: a norm or a dot within
+    float64's rounding of numpy's; tests/test_streaming.py measures it)."""
 
     def __init__(
         self,
@@ -161,15 +162,19 @@ class Moments:
         reference: NDArrays,
         tensors: list[int],
         centre: np.ndarray | None = None,
+        limit: float = math.inf,
     ) -> None:
         self.upload, self.reference, self.tensors = upload, reference, tensors
+        self.centre = centre  # what ``dot`` was taken against (None: nothing)
         self.unit = centre if centre is not None else np.zeros(0)
         self.flat = [(_flat(upload[t]), _flat(reference[t])) for t in tensors]
-        squares, dot, at = 0.0, 0.0, 0
-        moments = kernels.update_moments()
+        outside, squares, dot, at = 0, 0.0, 0.0, 0
+        moments, none = kernels.reply_moments(), np.zeros(0)
         for u, r in self.flat:
-            s, d = moments(u, r, self.unit, at)
-            squares, dot, at = squares + s, dot + d, at + u.size
+            unit = self.unit[at : at + u.size] if self.unit.size else none
+            o, s, d = moments(u, r, unit, limit)
+            outside, squares, dot, at = outside + o, squares + s, dot + d, at + u.size
+        self.outside = outside  # values that fail the value check (0: none)
         self.norm, self.dot = float(np.sqrt(squares)), dot
 
     def moved_norm(self, scale: float, dot: float) -> float:
@@ -216,9 +221,11 @@ class Verdict:
 class StreamedRound:
     """One streamed round: its reservoir, its references once fixed, its running sum.
 
-    The lock guards the round's lists, counters and sum; a reply's bounds (its update
-    vector, norm and direction) are worked out outside it, so a worker folding one
-    reply, or fixing the references, holds back no other worker's training."""
+    The lock guards the round's lists, counters, key bindings and sum; a reply's checks
+    and bounds (one compiled pass over it: its values, its norm and its dot with the
+    centre) are worked out outside it, so a worker folding one reply, or fixing the
+    references, holds back no other worker's training; the sum is the reply's second
+    and last pass."""
 
     def __init__(
         self,
@@ -228,25 +235,28 @@ class StreamedRound:
         history: list[float],
         weighted: bool,
         decode: Callable[[NDArrays], NDArrays],
-        check: Callable[[str, NDArrays, int], str | None],
+        check: Callable[..., str | None],
         keys: ClientKeys,
         reference_of: Callable[[str], NDArrays],
         direction: np.ndarray | None = None,
         spare: tuple[NDArrays, NDArrays] | None = None,
         device: Any = None,
+        limit: float | None = None,
     ) -> None:
         self.round, self.bounds, self.history = server_round, bounds, history
         self.weighted = weighted
         self.direction = direction  # the last streamed round's unit update, if any
         self.decode, self.check, self.keys, self.reference_of = decode, check, keys, reference_of
+        # max-abs-value: the values are checked in the moments' pass (None: by ``check``)
+        self.limit = limit if device is None else None
         self.members, self.waiting = set(members), set(members)
         # no bound: nothing to wait for
         self.limits: Limits | None = None if members else Limits()
         self.fixing = False  # a worker is fixing the references
         self.pending: list[Reply] = []  # accepted, waiting for the references
         self.sample: list[Reply] = []  # the reservoir's accepted replies
-        # id of a held reply -> its update's norm
-        self.measured: dict[int, float] = {}
+        # id of a reply not judged yet -> its update's moments
+        self.measured: dict[int, Moments | DeviceMoments] = {}
         self.sum = RunningMean(spare) if device is None else DeviceRunningMean(device)  # GPU
         self.device, self.copies = device, None if device is None else DeviceCopies(device)
         self.kept: list[Reply] = []  # each accepted reply, its arrays dropped
@@ -269,23 +279,27 @@ class StreamedRound:
                 log.warning("round %d: a reply after the round closed, dropped", self.round)
                 res.parameters = Parameters(tensors=[], tensor_type=res.parameters.tensor_type)
                 return
-            # read-only views on the reply's bytes: nothing here writes a reply's arrays
-            # (a moved update gets new ones, with_update), and the sum only reads them
-            arrived = bytes_digest(res.parameters.tensors) if self.log is not None else ""
-            accepted, rejected, received = accept_fit_replies(
-                self.round, [(proxy, res)], self.decode, self.check, self.keys, views=True
-            )
+            # the centre a judged reply's dot is taken with (before the references are
+            # fixed: the last round's direction, which they take where there is one)
+            centre = self.limits.centre if self.limits is not None else self.direction
+        # read-only views on the reply's bytes: nothing here writes a reply's arrays
+        # (a moved update gets new ones, with_update), and the sum only reads them. The
+        # reply is measured on this worker, outside the lock: its values with its moments
+        # in one pass where the host folds (``Moments``), else after the check
+        arrived = bytes_digest(res.parameters.tensors) if self.log is not None else ""
+        taken: dict[int, Moments | DeviceMoments] = {}
+        check = self.check if self.limit is None else self._measuring_check(centre, taken)
+        accepted, rejected, received = accept_fit_replies(
+            self.round, [(proxy, res)], self.decode, check, LockedKeys(self.keys, self.lock),
+            views=True,
+        )  # fmt: skip
+        measured = {id(r): taken.get(id(r.arrays)) or self._measure(r, centre) for r in accepted}
+        with self.lock:
             self.origins.update({id(r): (proxy.node_id, arrived) for r in accepted})
             self.bytes_up += received
             self.rejected += rejected
-            fixed = self.limits is not None
-        # a reply that must wait for the references has its update's norm taken now, on
-        # this worker, before it joins the waiting ones (the worker that fixes them reads
-        # it: at 10 clients a round that worker's fix was the round's longest path)
-        measured = {} if fixed else {id(r): self._measure(r) for r in accepted}
-        with self.lock:
             self.measured.update(measured)
-            ready = accepted if self.limits is not None else []  # fixed meanwhile: judged now
+            ready = accepted if self.limits is not None else []  # fixed: judged now
             if not ready:
                 self.pending += accepted
                 self.most_waiting = max(self.most_waiting, len(self.pending))
@@ -295,6 +309,25 @@ class StreamedRound:
         self._judge(ready)
         if sample is not None:
             self._fix(sample)
+
+    def _measuring_check(
+        self, centre: np.ndarray | None, taken: dict[int, Moments | DeviceMoments]
+    ) -> Callable[[str, NDArrays, int], str | None]:
+        """The round's check, its values read in the reply's moments' pass (kept in
+        ``taken`` by the arrays' id); a reply whose values fail, or that fails another
+        check, gets the whole check's verdict, the same first reason as ever."""
+
+        def check(key: str, arrays: NDArrays, num_examples: int) -> str | None:
+            if self.check(key, arrays, num_examples, values=False) is None:
+                reference = self.reference_of(key)
+                tensors = compared([arrays], [reference])
+                measured = moments(self, arrays, reference, tensors, centre, self.limit)
+                if not measured.outside and not _outside(arrays, tensors, self.limit):
+                    taken[id(arrays)] = measured
+                    return None
+            return self.check(key, arrays, num_examples)
+
+        return check
 
     def returned(self, node_id: int) -> None:
         """A node's fit ended without a reply to fold (a failure, a timeout)."""
@@ -314,7 +347,7 @@ class StreamedRound:
 
     def _fix(self, replies: list[Reply]) -> None:
         """Fix the references from ``replies`` and judge every reply waiting for them."""
-        norms = [self.measured.get(id(r)) or self._measure(r) for r in replies]
+        norms = [(self.measured.get(id(r)) or self._measure(r)).norm for r in replies]
         limits = Limits.of(
             replies,
             lambda: [update_of(r.arrays, self.reference_of(r.client_key)) for r in replies],
@@ -332,10 +365,10 @@ class StreamedRound:
             pending, self.pending, self.sample = self.pending, [], []
         self._judge(sorted(pending, key=lambda r: r.client_key))
 
-    def _measure(self, reply: Reply) -> float:
-        """The norm of the reply's update against what it was sent."""
+    def _measure(self, reply: Reply, centre: np.ndarray | None = None) -> Moments | DeviceMoments:
+        """The moments of the reply's update against what it was sent."""
         reference = self.reference_of(reply.client_key)
-        return moments(self, reply.arrays, reference, compared([reply.arrays], [reference])).norm
+        return moments(self, reply.arrays, reference, compared([reply.arrays], [reference]), centre)
 
     def _judge(self, replies: list[Reply]) -> None:
         """Bound each reply, then (under the lock) add it to the sum or reject it."""
@@ -363,21 +396,21 @@ class StreamedRound:
                 self.kept.append(reply)
                 self.norms.append(verdict.norm)
 
-    def _bound(self, reply: Reply, measured: float | None = None) -> Verdict:
-        """The reply with its weight capped and its update bounded (``measured``: its
-        update's norm, if already taken; ``Moments``), or why it is rejected."""
+    def _bound(self, reply: Reply, taken: Moments | DeviceMoments | None = None) -> Verdict:
+        """The reply with its weight capped and its update bounded (``taken``: its
+        update's moments, if taken already: measured again only for a dot with another
+        centre), or why it is rejected."""
         limits = self.limits
         assert limits is not None
         capped = limits.count is not None and reply.num_examples > limits.count
         if capped:
             reply.num_examples = limits.count
-        reference = self.reference_of(reply.client_key)
-        tensors = compared([reply.arrays], [reference])
-        centre = limits.centre
-        if centre is not None and centre.size != sum(reply.arrays[t].size for t in tensors):
-            centre = None  # another layout of update than the centre's: no direction check
-        taken = moments(self, reply.arrays, reference, tensors, centre)
-        norm = taken.norm if measured is None else measured
+        if taken is None:
+            taken = self._measure(reply, limits.centre)
+        centre = fitting(limits.centre, reply.arrays, taken.tensors)
+        if centre is not None and taken.centre is not centre:  # the centre is the median
+            taken = moments(self, reply.arrays, taken.reference, taken.tensors, centre)
+        norm = taken.norm
         scale, clipped, against = 1.0, False, False
         if limits.norm is not None and norm > limits.norm:
             if self.bounds.action == "reject":
@@ -429,11 +462,45 @@ def moments(
     reference: NDArrays,
     tensors: list[int],
     centre: np.ndarray | None = None,
+    limit: float | None = None,
 ) -> Moments | DeviceMoments:
-    """One reply's ``Moments``, on the round's device where it has one."""
+    """One reply's ``Moments`` (its dot with ``centre`` where the centre fits its
+    layout), on the round's device where it has one."""
+    centre = fitting(centre, upload, tensors)
     if streamed.device is None:
-        return Moments(upload, reference, tensors, centre)
+        return Moments(upload, reference, tensors, centre, math.inf if limit is None else limit)
     return DeviceMoments(upload, reference, tensors, centre, streamed.device, streamed.copies)
+
+
+def fitting(centre: np.ndarray | None, upload: NDArrays, tensors: list[int]) -> np.ndarray | None:
+    """``centre`` if it is as long as the update over ``tensors``, else None (another
+    layout of update than the centre's: no direction check)."""
+    if centre is not None and centre.size != sum(upload[t].size for t in tensors):
+        return None
+    return centre
+
+
+def _outside(arrays: NDArrays, tensors: list[int], limit: float) -> bool:
+    """Whether a float tensor of ``arrays`` outside ``tensors`` has a value that is not
+    finite or above ``limit`` in magnitude (``tensors`` were checked with their moments)."""
+    measured = set(tensors)
+    for t, a in enumerate(arrays):
+        if t not in measured and a.dtype.kind == "f" and a.size:
+            finite, largest = value_range(a)
+            if not finite or largest > limit:
+                return True
+    return False
+
+
+class LockedKeys:
+    """A round's ``ClientKeys`` bound under its lock (the replies are checked outside it)."""
+
+    def __init__(self, keys: ClientKeys, lock: threading.Lock) -> None:
+        self.keys, self.lock = keys, lock
+
+    def bind(self, node_id: int, key: str) -> str | None:
+        with self.lock:
+            return self.keys.bind(node_id, key)
 
 
 class FoldingProxy(NodeProxy):
@@ -505,6 +572,7 @@ def open_round(
         strategy.norm_history.direction,
         spare,
         getattr(strategy, "fold_device", None),
+        cfg.max_abs_value,
     )
 
 

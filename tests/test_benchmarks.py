@@ -923,6 +923,16 @@ def test_the_running_sum_benchmark_tables_both_sums_with_the_same_bits(capsys):
     assert len(edges) == 4 and all(float(line.split("|")[2]) > 0 for line in edges)
 
 
+def test_the_fold_pass_study_tables_the_passes_and_the_sums_within_rounding(capsys):
+    from benchmarks.studies.fold_pass import main as fold_pass
+
+    assert fold_pass(["--repeats", "1", "--scale", "0.01"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith(("| before", "| after"))]
+    assert len(rows) == 3 and all(float(row.split("|")[2]) > 0 for row in rows)
+    assert "values outside found: 0 (clean), 1 (one NaN)" in out
+
+
 def test_ray_timeline_splits_rounds_into_busy_actors_gaps_and_the_boundary() -> None:
     from benchmarks.studies.ray_timeline import actor_tasks, summarize
 

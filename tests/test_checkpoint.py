@@ -90,7 +90,7 @@ def test_a_checkpoint_is_written_beside_the_next_round_and_told_as_being_written
     # a write that fails stops the run at the next checkpoint, the last good file kept
     monkeypatch.setattr(
         "strategies.checkpoint.write_checked_npz",
-        lambda path, arrays: (_ for _ in ()).throw(OSError("disk full")),
+        lambda path, arrays, *digest: (_ for _ in ()).throw(OSError("disk full")),
     )
     with caplog.at_level(logging.ERROR, logger="flwr.pflower"):
         _one_round(strategy, 3)  # settles round 2's, starts round 3's (which fails)
@@ -173,3 +173,55 @@ def test_two_rounds_then_a_resumed_round_equal_three_rounds(tmp_path: Path) -> N
     ):
         for name in x.files:
             np.testing.assert_array_equal(x[name], y[name])
+
+
+def test_the_store_writes_what_np_load_reads_and_refuses_a_corrupt_or_cut_file(
+    tmp_path: Path,
+) -> None:
+    """A checked file (either digest) is an .npz whose arrays ``np.load`` gives back
+    as they were (0-d, unicode, int64, a non-contiguous array, one above a write piece);
+    a file of before (``np.savez`` with a sha256 member) still reads; a flipped bit in
+    any member's data, a member dropped or a digest of other arrays is refused."""
+    import zipfile
+
+    from pflower.store import DIGESTS, _digest, read_checked_npz, write_checked_npz
+
+    rng = np.random.default_rng(0)
+    arrays = {
+        "global/w": rng.normal(size=(3 << 18) + 5).astype(np.float32),  # 3 MB + 20 bytes
+        "global/t": rng.normal(size=(6, 4)).T,
+        "n": np.array(7, np.int64),
+        "__meta__": np.array('{"method": "fedavg", "round": 2}'),
+    }
+    for algorithm in DIGESTS:
+        path = tmp_path / f"{algorithm}.npz"
+        written = write_checked_npz(path, arrays, algorithm)
+        got, digest = read_checked_npz(path)
+        assert digest == written == _digest(arrays, algorithm)
+        assert set(got) == set(arrays)
+        for k, a in arrays.items():
+            assert got[k].dtype == a.dtype and np.array_equal(got[k], a)
+        with np.load(path) as npz:
+            assert sorted(npz.files) == sorted([*arrays, DIGESTS[algorithm]])
+        raw = path.read_bytes()
+        for at in (raw.index(b"NUMPY") + 200, len(raw) // 2):
+            broken = bytearray(raw)
+            broken[at] ^= 0x01
+            path.write_bytes(bytes(broken))
+            with pytest.raises(ValueError, match="unreadable|checksum"):
+                read_checked_npz(path)
+        path.write_bytes(raw)
+        with zipfile.ZipFile(path) as whole, zipfile.ZipFile(tmp_path / "cut.npz", "w") as cut:
+            for info in whole.infolist():
+                if info.filename != "n.npy":
+                    cut.writestr(info, whole.read(info))
+        with pytest.raises(ValueError, match="checksum mismatch"):
+            read_checked_npz(tmp_path / "cut.npz")
+    before = tmp_path / "before.npz"
+    np.savez(before, **arrays, __sha256__=np.array(_digest(arrays)))
+    got, digest = read_checked_npz(before)
+    assert digest == _digest(arrays) and np.array_equal(got["global/w"], arrays["global/w"])
+    other = dict(arrays, n=np.array(8, np.int64))
+    np.savez(before, **other, __sha256__=np.array(_digest(arrays)))
+    with pytest.raises(ValueError, match="checksum mismatch"):
+        read_checked_npz(before)

@@ -547,3 +547,54 @@ def test_each_reply_has_its_update_and_norm_taken_once(monkeypatch: pytest.Monke
     # each reply measured once on arrival or while it waited, then judged (the
     # reservoir's replies: their norm kept, their dot with the centre taken once)
     assert len(measured) == 40 + RESERVOIR
+
+
+def test_a_streamed_round_rejects_what_the_held_round_rejects_with_the_same_reasons() -> None:
+    """The fold reads a reply's values in its moments' pass (not a check pass of their
+    own): a NaN, an infinity or a value above max-abs-value rejects the reply with the
+    held check's first reason, also where a later tensor has the wrong shape too; a
+    rejected reply is not summed and binds no key."""
+    strategy = make_strategy(config(method="fedavg"))
+    start = strategy.global_arrays
+    rng = np.random.default_rng(6)
+    uploads = [_near(start, rng) for _ in range(6)]
+    floats = [t for t, a in enumerate(start) if a.dtype.kind == "f"]
+    first, last = floats[0], floats[-1]
+    uploads[1][first].flat[3] = np.nan
+    uploads[2][last].flat[0] = np.inf
+    uploads[3][first].flat[-1] = 2e6  # above the default max-abs-value, 1e6
+    uploads[4][first].flat[0] = np.nan  # and a tensor of another shape after it
+    uploads[4][last] = np.zeros(uploads[4][last].size + 1, uploads[4][last].dtype)
+    reasons = {}
+    for streamed in (True, False):
+        raw = {} if streamed else {"streamed-aggregation": False}
+        strategy = make_strategy(config(method="fedavg", **raw))
+        assert _round(strategy, 1, [[a.copy() for a in u] for u in uploads], [10] * 6) == streamed
+        reasons[streamed] = sorted(strategy.rounds[1].rejected)
+        assert strategy.rounds[1].replies == 2
+        assert set(strategy.clients.key_owner) == {"c0", "c5"}
+    assert reasons[True] == reasons[False] and len(reasons[True]) == 4
+    assert "non-finite values" in reasons[True][0] and "non-finite" in reasons[True][3]
+    assert "max-abs-value" in reasons[True][2]
+
+
+def test_the_moments_pass_counts_bad_values_and_sums_within_rounding_of_an_exact_sum() -> None:
+    """``reply_moments`` (its sums reassociated, vectorized): the norm and the dot within
+    1e-12 of ``math.fsum`` over the same float64 terms; NaN, both infinities and values
+    above the limit counted, the limit itself not."""
+    import math
+
+    rng = np.random.default_rng(7)
+    reference = [rng.normal(size=n).astype(np.float32) for n in (300_007, 1, 4_099)]
+    upload = [(r + rng.normal(size=r.size) * 1e-3).astype(np.float32) for r in reference]
+    d = np.concatenate([u.astype(np.float64) - r for u, r in zip(upload, reference)])
+    centre = rng.normal(size=d.size)
+    centre /= np.linalg.norm(centre)
+    taken = streaming.Moments(upload, reference, [0, 1, 2], centre, limit=10.0)
+    assert taken.outside == 0
+    assert taken.norm == pytest.approx(math.sqrt(math.fsum(d * d)), rel=1e-12)
+    assert taken.dot == pytest.approx(math.fsum(d * centre), rel=1e-12)
+    bad = [u.copy() for u in upload]
+    bad[0][[5, 70_001, 300_000]] = [np.nan, np.inf, -np.inf]
+    bad[2][[0, 1]] = [10.0, -10.5]  # at the limit: kept; beyond it: counted
+    assert streaming.Moments(bad, reference, [0, 1, 2], None, limit=10.0).outside == 4
