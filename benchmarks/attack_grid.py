@@ -121,7 +121,7 @@ def run_cell(args: tuple[Cell, str]) -> str:
     if complete(Path(runs) / cell.name / "results.json", cell.config["num-server-rounds"]):
         return cell.name
     logging.disable(logging.WARNING)
-    from server_app.inprocess import run_inprocess
+    from pflower.engine.inprocess import run_inprocess
     from strategies.outcome import RunFailed
 
     config = {**cell.config, "run-name": cell.name, "output-dir": runs}

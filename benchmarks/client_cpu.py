@@ -5,7 +5,7 @@ everything else, the code before a change and after it side by side in one run.
         [--engines per-client cohort] [--repeats 1] [--out docs/results/client-cpu.md]
 
 Each cell (code tree, model, engine) is its own process of the in-process engine
-(server_app/inprocess.py: Flower's round loop, the real strategy, with its default
+(pflower/engine/inprocess.py: Flower's round loop, the real strategy, with its default
 bounds and checkpoint) on the CIFAR-10 dev set, FedPer, every client a round, one
 torch thread a worker. The process's CPU (all its threads) is read at the start and
 end of each of Flower's rounds (``Server.fit_round``, the same in any tree); the
@@ -138,7 +138,7 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
     from flwr.server import Server
 
     import client_app
-    from server_app.inprocess import run_inprocess
+    from pflower.engine.inprocess import run_inprocess
 
     training, scoring, checkpoint = Meter(), Meter(), Meter()
     hooked = _hook(TRAINING, training) + _hook(SCORING, scoring) + _hook(CHECKPOINT, checkpoint)

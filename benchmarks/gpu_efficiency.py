@@ -7,7 +7,7 @@ device, data, model, batch and optimizer:
 * ``vmap``: a bare ``torch.func`` step of the same clients at once (their weights
   stacked, ``vmap`` of ``grad`` over the clients, Adam or SGD on the stacked tensors;
   BatchNorm on batch statistics), outside any engine: what per-client weights cost;
-* ``per-client``: the in-process engine (server_app/inprocess.py: Flower's round loop,
+* ``per-client``: the in-process engine (pflower/engine/inprocess.py: Flower's round loop,
   a real Message through the ClientApp a client, node config ``device``);
 * ``cohort``: the in-process engine with ``local-training = "cohort"``.
 
@@ -218,7 +218,7 @@ def engine(config: dict[str, Any], device: Any, mode: str, work: Path) -> dict[s
     the median round after the first (its server work and scoring included)."""
     from flwr.server import Server
 
-    from server_app.inprocess import run_inprocess
+    from pflower.engine.inprocess import run_inprocess
 
     clients = int(config["clients"])
     cfg = {k: v for k, v in config.items() if k != "clients"}

@@ -202,7 +202,7 @@ def flower_smoke(device: str, work: Path) -> dict[str, Any]:
     """FedPer, 3 clients, 2 rounds, through the in-process engine (Flower's Server,
     real Messages through the real ClientApp) with node config ``device`` set; the
     clients' reported devices must all be that device."""
-    from server_app.inprocess import run_inprocess
+    from pflower.engine.inprocess import run_inprocess
 
     config = {
         "method": "fedper",

@@ -1,11 +1,11 @@
 """One runner: every cell of a preset in its own process, resumable, with progress.
 
 Engines (what one cell runs; the first three through the real Strategy and ClientApp):
-* ``inprocess``: server_app/inprocess.py (Flower's round loop, real Messages, no Ray);
-* ``simulation``: ``flwr``'s Ray simulation (server_app/simulate.py);
+* ``inprocess``: pflower/engine/inprocess.py (Flower's round loop, real Messages, no Ray);
+* ``simulation``: ``flwr``'s Ray simulation (pflower/engine/simulate.py);
 * ``flwr-run``: the same through ``bash scripts/dev.sh run`` (``flwr run``, its local
   SuperLink and ``flwr-simulation`` process: ``run_flwr`` below);
-* ``deployment``: a loopback SuperLink + one SuperNode per client (server_app/loopback.py),
+* ``deployment``: a loopback SuperLink + one SuperNode per client (deploy/loopback.py),
   the run submitted with ``flwr run``; the wire bytes counted by a TCP relay;
 * ``plain``: the same clients' local training and evaluation in a plain PyTorch loop,
   one after another in one thread, no Flower (a Local run without the framework: the
@@ -77,11 +77,11 @@ def run_cell_here(spec_json: str) -> None:
     cell = Cell(**json.loads(spec_json))
     parse_run_config(cell.config)  # a bad preset fails before any training
     if cell.engine == "inprocess":
-        from server_app.inprocess import run_inprocess
+        from pflower.engine.inprocess import run_inprocess
 
         run_inprocess(cell.config, cell.clients)
     elif cell.engine == "simulation":
-        from server_app.simulate import simulate
+        from pflower.engine.simulate import simulate
 
         simulate(cell.config, cell.clients, num_cpus=cell.num_cpus, num_gpus=cell.num_gpus)
     elif cell.engine == "flwr-run":
@@ -222,7 +222,7 @@ def _deployment(cell: Cell, warm: bool) -> None:
     a byte-counting relay; the run's results.json gains the wire bytes. ``warm``: the
     sites' ClientApps are forked by deploy.warm_superexec."""
     from client_app.timing import median_phases
-    from server_app.loopback import CountingRelay, LoopbackFederation
+    from deploy.loopback import CountingRelay, LoopbackFederation
 
     with tempfile.TemporaryDirectory(prefix="pflower-experiment-") as tmp:
         fed = LoopbackFederation(
@@ -519,7 +519,7 @@ def flwr_command(cell: Cell) -> list[str]:
 
 
 def flwr_environment(cell: Cell) -> dict[str, str]:
-    from server_app.loopback import free_ports
+    from deploy.loopback import free_ports
 
     http, control = free_ports(2)
     return {

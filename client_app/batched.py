@@ -1,4 +1,4 @@
-"""The cohort engine's batched step (server_app/cohort.py): clients whose local
+"""The cohort engine's batched step (pflower/engine/cohort.py): clients whose local
 schedule is the base one (every parameter, ``local-epochs`` of minibatches on
 cross-entropy, no augmentation) trained at once with ``torch.func``: their weights
 stacked, ``vmap`` of ``grad`` over the clients, then torch's own SGD or Adam update

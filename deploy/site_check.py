@@ -92,8 +92,8 @@ def node_config(args: argparse.Namespace) -> dict[str, Any]:
     """The node config ``deploy.site`` gives the SuperNode, as the ClientApp reads it."""
     from flwr.common.config import parse_config_args
 
-    from deploy.site import node_config as as_text
-    from deploy.site import node_values
+    from deploy.node_config import node_config as as_text
+    from deploy.node_config import node_values
 
     return parse_config_args([as_text(node_values(args))])
 

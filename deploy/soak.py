@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from deploy.loopback import BIN, CERTS_SCRIPT, LoopbackFederation, descendants
 from deploy.soak_faults import (
     PREFIX,
     TMP,
@@ -50,7 +51,6 @@ from deploy.soak_faults import (
     schedule,
     sweep,
 )
-from server_app.loopback import BIN, CERTS_SCRIPT, LoopbackFederation, descendants
 
 SITES = ["site-a", "site-b", "site-c", "site-d"]
 WORKLOAD = {  # the light preset: FedPer on the embedded data, four partitions
@@ -211,31 +211,12 @@ class Soak:
             cmd, stdout=log, stderr=subprocess.STDOUT, env=self.fed.env(self.fed.cli_home)
         )
         while self.supervisor.poll() is None:
-            self.watch_rounds(name)
+            watch_rounds(self, name)
             time.sleep(SAMPLE_EVERY)
         log.close()
-        self.watch_rounds(name)
+        watch_rounds(self, name)
         segment.update(ended=self.now(), exit=self.supervisor.returncode, events=str(events))
         return segment
-
-    def watch_rounds(self, name: str) -> None:
-        """Note each round of run ``name`` the first time its results show it."""
-        path = self.runs_dir / name / "results.json"
-        try:
-            rounds = json.loads(path.read_text())["rounds"]
-        except (OSError, ValueError, KeyError):
-            return
-        seen = {(r["name"], r["round"]) for r in self.rounds_seen}
-        for r in rounds:
-            if (name, r["round"]) not in seen:
-                self.rounds_seen.append(
-                    {
-                        "name": name,
-                        "round": r["round"],
-                        "t": self.now(),
-                        "acc": r.get("accuracy_mean"),
-                    }
-                )
 
     def train(self) -> None:
         """FedPer runs of ``--segment`` rounds, one experiment, until the faults are
@@ -252,116 +233,6 @@ class Soak:
             total += self.args.segment
             self.supervise("soak-fedper", total, False)
 
-    # ---- the faults ---------------------------------------------------------------------
-
-    def note(self, fault: Fault, **fields: Any) -> None:
-        fault.log.update(fields)
-
-    def inject(self, fault: Fault) -> None:
-        """One fault, from its start to its end (healed, restarted, freed)."""
-        assert self.fed is not None
-        fed, site = self.fed, fault.target
-        fault.log["start"] = self.now()
-        if fault.kind == "site-kill":
-            pids = self.site_pids(site)
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            fed.nodes[site].popen.wait(timeout=30)
-            self.note(fault, killed=len(pids))
-            time.sleep(fault.seconds)
-            old = len(fed.nodes[site].text())
-            self.start_site(site)
-            self.note(fault, restarted=self.now(), log_offset=old)
-        elif fault.kind in ("site-stall-long", "site-stall-short"):
-            pids = self.site_pids(site)
-            for sig, pause in ((signal.SIGSTOP, fault.seconds), (signal.SIGCONT, 0.0)):
-                for pid in pids:
-                    try:
-                        os.kill(pid, sig)
-                    except ProcessLookupError:
-                        pass
-                time.sleep(pause)
-        elif fault.kind == "partition-netns":
-            assert self.netns is not None
-            self.netns.set_cut(True)
-            time.sleep(fault.seconds)
-            self.netns.set_cut(False)
-        elif fault.kind == "partition-proxy":
-            self.relays[site].set_cut(True)
-            time.sleep(fault.seconds)
-            self.relays[site].set_cut(False)
-        elif fault.kind == "disk-full":
-            self.note(fault, filled_bytes=self.disks[site].fill())
-            time.sleep(fault.seconds)
-            self.disks[site].free()
-        elif fault.kind == "corrupt-state":
-            path = self.fed.state_dir(site) / "soak-fedper" / f"{site}.npz"
-            self.note(fault, file=path.name, corrupted=corrupt(path))
-        elif fault.kind == "superlink-restart":
-            link = next(p for p in reversed(fed.procs) if p.name.startswith("superlink"))
-            for pid in [link.popen.pid, *descendants(link.popen.pid)]:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            link.popen.wait(timeout=30)
-            time.sleep(fault.seconds)
-            self.superlinks += 1
-            fed.start_superlink(name=f"superlink-{self.superlinks}")
-        elif fault.kind == "serverapp-kill":
-            deadline = time.monotonic() + 120
-            pids: list[int] = []
-            while not pids and time.monotonic() < deadline:  # between runs: the next one's
-                pids = self.serverapp_pids()
-                time.sleep(0.5)
-            for pid in pids:
-                os.kill(pid, signal.SIGKILL)
-            self.note(fault, killed=len(pids))
-        fault.log["end"] = self.now()
-
-    def serverapp_pids(self) -> list[int]:
-        assert self.fed is not None
-        found = []
-        for pid in descendants(*(p.popen.pid for p in self.fed.procs)):
-            try:
-                if b"flwr-serverapp" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    found.append(pid)
-            except OSError:
-                continue
-        return found
-
-    def run_faults(self, plan: list[Fault]) -> None:
-        try:
-            for fault in plan:
-                while self.now() < fault.at and not self.stop.is_set():
-                    time.sleep(0.2)
-                if self.stop.is_set():
-                    return
-                try:
-                    self.inject(fault)
-                except Exception as err:  # noqa: BLE001 - logged with the fault, the soak goes on
-                    fault.log["error"] = f"{type(err).__name__}: {err}"
-                    self.errors.append(f"{fault.kind} on {fault.target}: {err}")
-                with open(self.fault_log, "a") as out:
-                    out.write(json.dumps({"at": fault.at, "kind": fault.kind, "target": fault.target,
-                                          "seconds": fault.seconds, **fault.log}) + "\n")  # fmt: skip
-        finally:
-            self.faults_done.set()
-
-    # ---- the monitor ----------------------------------------------------------------------
-
-    def monitor(self) -> None:
-        """Every SAMPLE_EVERY s: each site's processes and their resident memory."""
-        while not self.stop.wait(SAMPLE_EVERY):
-            sample: dict[str, Any] = {"t": self.now()}
-            for site in SITES:
-                pids = self.site_pids(site)
-                sample[site] = {"procs": len(pids), "rss_mb": sum(map(rss_mb, pids))}
-            self.samples.append(sample)
-
     # ---- all of it ------------------------------------------------------------------------
 
     def run(self) -> list[Fault]:
@@ -376,8 +247,8 @@ class Soak:
             SITES[0] if self.netns else None,
         )
         threads = [
-            threading.Thread(target=self.monitor, daemon=True),
-            threading.Thread(target=self.run_faults, args=(plan,), daemon=True),
+            threading.Thread(target=monitor, args=(self,), daemon=True),
+            threading.Thread(target=run_faults, args=(self, plan), daemon=True),
         ]
         for thread in threads:
             thread.start()
@@ -405,6 +276,140 @@ class Soak:
             disk.remove(keep=self.args.keep)
         if self.netns is not None:
             self.netns.remove()
+
+
+# ---- the runs' configs and rounds, and the faults: functions of a soak -----------------
+
+
+def monitor(soak: Soak) -> None:
+    """Every SAMPLE_EVERY s: each site's processes and their resident memory."""
+    while not soak.stop.wait(SAMPLE_EVERY):
+        sample: dict[str, Any] = {"t": soak.now()}
+        for site in SITES:
+            pids = soak.site_pids(site)
+            sample[site] = {"procs": len(pids), "rss_mb": sum(map(rss_mb, pids))}
+        soak.samples.append(sample)
+
+
+def watch_rounds(soak: Soak, name: str) -> None:
+    """Note each round of run ``name`` the first time its results show it."""
+    path = soak.runs_dir / name / "results.json"
+    try:
+        rounds = json.loads(path.read_text())["rounds"]
+    except (OSError, ValueError, KeyError):
+        return
+    seen = {(r["name"], r["round"]) for r in soak.rounds_seen}
+    for r in rounds:
+        if (name, r["round"]) not in seen:
+            soak.rounds_seen.append(
+                {
+                    "name": name,
+                    "round": r["round"],
+                    "t": soak.now(),
+                    "acc": r.get("accuracy_mean"),
+                }
+            )
+
+
+def note(fault: Fault, **fields: Any) -> None:
+    fault.log.update(fields)
+
+
+def inject(soak: Soak, fault: Fault) -> None:
+    """One fault, from its start to its end (healed, restarted, freed)."""
+    assert soak.fed is not None
+    fed, site = soak.fed, fault.target
+    fault.log["start"] = soak.now()
+    if fault.kind == "site-kill":
+        pids = soak.site_pids(site)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        fed.nodes[site].popen.wait(timeout=30)
+        note(fault, killed=len(pids))
+        time.sleep(fault.seconds)
+        old = len(fed.nodes[site].text())
+        soak.start_site(site)
+        note(fault, restarted=soak.now(), log_offset=old)
+    elif fault.kind in ("site-stall-long", "site-stall-short"):
+        pids = soak.site_pids(site)
+        for sig, pause in ((signal.SIGSTOP, fault.seconds), (signal.SIGCONT, 0.0)):
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            time.sleep(pause)
+    elif fault.kind == "partition-netns":
+        assert soak.netns is not None
+        soak.netns.set_cut(True)
+        time.sleep(fault.seconds)
+        soak.netns.set_cut(False)
+    elif fault.kind == "partition-proxy":
+        soak.relays[site].set_cut(True)
+        time.sleep(fault.seconds)
+        soak.relays[site].set_cut(False)
+    elif fault.kind == "disk-full":
+        note(fault, filled_bytes=soak.disks[site].fill())
+        time.sleep(fault.seconds)
+        soak.disks[site].free()
+    elif fault.kind == "corrupt-state":
+        path = soak.fed.state_dir(site) / "soak-fedper" / f"{site}.npz"
+        note(fault, file=path.name, corrupted=corrupt(path))
+    elif fault.kind == "superlink-restart":
+        link = next(p for p in reversed(fed.procs) if p.name.startswith("superlink"))
+        for pid in [link.popen.pid, *descendants(link.popen.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        link.popen.wait(timeout=30)
+        time.sleep(fault.seconds)
+        soak.superlinks += 1
+        fed.start_superlink(name=f"superlink-{soak.superlinks}")
+    elif fault.kind == "serverapp-kill":
+        deadline = time.monotonic() + 120
+        pids: list[int] = []
+        while not pids and time.monotonic() < deadline:  # between runs: the next one's
+            pids = serverapp_pids(soak)
+            time.sleep(0.5)
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        note(fault, killed=len(pids))
+    fault.log["end"] = soak.now()
+
+
+def serverapp_pids(soak: Soak) -> list[int]:
+    assert soak.fed is not None
+    found = []
+    for pid in descendants(*(p.popen.pid for p in soak.fed.procs)):
+        try:
+            if b"flwr-serverapp" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def run_faults(soak: Soak, plan: list[Fault]) -> None:
+    try:
+        for fault in plan:
+            while soak.now() < fault.at and not soak.stop.is_set():
+                time.sleep(0.2)
+            if soak.stop.is_set():
+                return
+            try:
+                inject(soak, fault)
+            except Exception as err:  # noqa: BLE001 - logged with the fault, the soak goes on
+                fault.log["error"] = f"{type(err).__name__}: {err}"
+                soak.errors.append(f"{fault.kind} on {fault.target}: {err}")
+            with open(soak.fault_log, "a") as out:
+                out.write(json.dumps({"at": fault.at, "kind": fault.kind, "target": fault.target,
+                                      "seconds": fault.seconds, **fault.log}) + "\n")  # fmt: skip
+    finally:
+        soak.faults_done.set()
 
 
 def rss_mb(pid: int) -> float:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from server_app.loopback import CountingRelay
+from deploy.loopback import CountingRelay
 
 PREFIX = "pfsoak"  # namespaces pfsoak<pid>s<i>, veths pfs<pid>[hp]<i>, folders /tmp/pfsoak-<pid>
 TMP = Path("/tmp")

@@ -110,7 +110,7 @@ def make_server_app(overrides: dict[str, Any] | None = None) -> ServerApp:
         grid = PollingGrid(grid)  # one collector: replies noticed within 0.25 s, not 3 s
         # simulated, the clients train on this machine's cores while this process folds
         # their replies, and BLAS's idle threads would spin against them
-        # (docs/PERFORMANCE.md: 2x a client-round, measured)
+        # (docs/notes/2026-11-28-blas-threads-and-one-client-per-thread.md: 2x a client-round)
         simulated = not site_info.deployed(grid)
         with threadpool_limits(limits=1, user_api="blas") if simulated else nullcontext():
             _run(grid, context, overrides)
@@ -126,7 +126,7 @@ def _run(grid: Grid, context: Context, overrides: dict[str, Any] | None) -> None
     if parse_run_config(raw).local_training == "cohort":  # no ClientApp message to batch
         raise ConfigError(
             "config key 'local-training': 'cohort' runs in the in-process engine only "
-            "(python -m benchmarks, server_app.inprocess); a Flower simulation or a "
+            "(python -m benchmarks, pflower.engine.inprocess); a Flower simulation or a "
             "deployment trains each client in its own ClientApp ('per-client')"
         )
     if not site_info.deployed(grid):  # the sites its data define: before any message

@@ -11,7 +11,6 @@ for server state beyond the global tensors, ``server_state``/``restore_server_st
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from typing import Any
@@ -112,10 +111,6 @@ class PFLStrategy(Strategy):
     def own_aggregation(self) -> bool:  # a method's own ``aggregate``: not a mean of the replies
         return type(self).aggregate is not PFLStrategy.aggregate
 
-    @property
-    def round_offset(self) -> int:
-        return self.rounds.offset
-
     # ---- payloads: what each client is sent and must send back -------------------------------
 
     @property
@@ -180,9 +175,6 @@ class PFLStrategy(Strategy):
         rl.marks["configure"] = time.perf_counter()
         self.rounds.participation.asked[server_round] = nodes = [p.node_id for p, _, _ in sent]
         self.streamed = streaming.open_round(self, server_round, nodes, self.sampler.places(sent))
-        if self.streamed is not None and self.reply_log is not None:  # reply-log
-            done = self.rounds.offset + server_round
-            self.streamed.log = functools.partial(self.reply_log.reply, server_round, done)
         sent = streaming.folding(self.streamed, sent)  # each reply folded as it arrives
         return [(proxy, FitIns(payload, config)) for proxy, payload, config in sent]
 
@@ -215,10 +207,7 @@ class PFLStrategy(Strategy):
         if not enough_replies(server_round, len(accepted), cfg.min_replies):
             return self.global_payload(), {}
         if streamed is not None:
-            streaming.finish_round(self, streamed)
-            if self.reply_log is not None:
-                done = self.rounds.offset + server_round
-                self.reply_log.aggregate(server_round, done, self.global_arrays, len(accepted))
+            streaming.finish_round(self, streamed, server_round)
             checkpoint.save_if_due(self, server_round)
             rl.marks["aggregate"] = time.perf_counter()
             return self.global_payload(), {}

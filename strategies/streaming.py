@@ -35,6 +35,7 @@ whose aggregation is its own (Factorized-FL, FedFac), median or trimmed mean, or
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import math
@@ -374,7 +375,7 @@ class StreamedRound:
         """Bound each reply, then (under the lock) add it to the sum or reject it."""
         for reply in replies:
             reported = reply.num_examples  # what the round's record keeps
-            verdict = self._bound(reply, self.measured.pop(id(reply), None))
+            verdict = bound_reply(self, reply, self.measured.pop(id(reply), None))
             with self.lock:
                 for counter, hit in (
                     ("weights_capped", verdict.capped),
@@ -396,52 +397,6 @@ class StreamedRound:
                 self.kept.append(reply)
                 self.norms.append(verdict.norm)
 
-    def _bound(self, reply: Reply, taken: Moments | DeviceMoments | None = None) -> Verdict:
-        """The reply with its weight capped and its update bounded (``taken``: its
-        update's moments, if taken already: measured again only for a dot with another
-        centre), or why it is rejected."""
-        limits = self.limits
-        assert limits is not None
-        capped = limits.count is not None and reply.num_examples > limits.count
-        if capped:
-            reply.num_examples = limits.count
-        if taken is None:
-            taken = self._measure(reply, limits.centre)
-        centre = fitting(limits.centre, reply.arrays, taken.tensors)
-        if centre is not None and taken.centre is not centre:  # the centre is the median
-            taken = moments(self, reply.arrays, taken.reference, taken.tensors, centre)
-        norm = taken.norm
-        scale, clipped, against = 1.0, False, False
-        if limits.norm is not None and norm > limits.norm:
-            if self.bounds.action == "reject":
-                reason = (
-                    f"{reply.client_key}: update norm above update-norm-bound x the "
-                    f"lower median ({limits.norm:.3g})"
-                )
-                return Verdict(reason, capped=capped)
-            scale, clipped = limits.norm / norm, True
-            norm = limits.norm
-        dot, after = 0.0, 1.0
-        if centre is not None and norm > 0:
-            cosine = scale * taken.dot / norm
-            if cosine < self.bounds.min_cosine:
-                against = True
-                if self.bounds.direction_action == "reject":
-                    reason = (
-                        f"{reply.client_key}: update points against the round (cosine "
-                        f"{cosine:.2f} with the median update, below direction-min-cosine "
-                        f"{self.bounds.min_cosine:g})"
-                    )
-                    return Verdict(reason, capped=capped, clipped=clipped, against=True)
-                dot = scale * taken.dot  # what it pushes along the centre goes
-                length = taken.moved_norm(scale, dot)  # what it adds across stays
-                if length > limits.typical:
-                    after = limits.typical / length
-                norm = after * length
-        if clipped or against:
-            reply.arrays = taken.rebased(scale, dot if against else 0.0, after)
-        return Verdict(None, norm, capped, clipped, against)
-
     def close(self) -> None:
         """No more replies: judge any still waiting (held rules, if the reservoir gave none)."""
         with self.lock:
@@ -454,6 +409,55 @@ class StreamedRound:
             self.kept.sort(key=lambda r: r.client_key)
             self.rejected.sort()
             self.extra["replies_held_at_once"] = self.most_waiting
+
+
+def bound_reply(
+    streamed: StreamedRound, reply: Reply, taken: Moments | DeviceMoments | None = None
+) -> Verdict:
+    """The reply, in ``streamed``'s round, with its weight capped and its update bounded (``taken``: its
+    update's moments, if taken already: measured again only for a dot with another
+    centre), or why it is rejected."""
+    limits = streamed.limits
+    assert limits is not None
+    capped = limits.count is not None and reply.num_examples > limits.count
+    if capped:
+        reply.num_examples = limits.count
+    if taken is None:
+        taken = streamed._measure(reply, limits.centre)
+    centre = fitting(limits.centre, reply.arrays, taken.tensors)
+    if centre is not None and taken.centre is not centre:  # the centre is the median
+        taken = moments(streamed, reply.arrays, taken.reference, taken.tensors, centre)
+    norm = taken.norm
+    scale, clipped, against = 1.0, False, False
+    if limits.norm is not None and norm > limits.norm:
+        if streamed.bounds.action == "reject":
+            reason = (
+                f"{reply.client_key}: update norm above update-norm-bound x the "
+                f"lower median ({limits.norm:.3g})"
+            )
+            return Verdict(reason, capped=capped)
+        scale, clipped = limits.norm / norm, True
+        norm = limits.norm
+    dot, after = 0.0, 1.0
+    if centre is not None and norm > 0:
+        cosine = scale * taken.dot / norm
+        if cosine < streamed.bounds.min_cosine:
+            against = True
+            if streamed.bounds.direction_action == "reject":
+                reason = (
+                    f"{reply.client_key}: update points against the round (cosine "
+                    f"{cosine:.2f} with the median update, below direction-min-cosine "
+                    f"{streamed.bounds.min_cosine:g})"
+                )
+                return Verdict(reason, capped=capped, clipped=clipped, against=True)
+            dot = scale * taken.dot  # what it pushes along the centre goes
+            length = taken.moved_norm(scale, dot)  # what it adds across stays
+            if length > limits.typical:
+                after = limits.typical / length
+            norm = after * length
+    if clipped or against:
+        reply.arrays = taken.rebased(scale, dot if against else 0.0, after)
+    return Verdict(None, norm, capped, clipped, against)
 
 
 def moments(
@@ -557,7 +561,7 @@ def open_round(
     dtypes = {a.dtype for a in strategy.global_arrays} & set(kernels.COMPILED_DTYPES)
     kernels.warm(tuple(sorted(dtypes, key=str)), bounds.direction_from > 0)
     spare, strategy.spare_sum = strategy.spare_sum, None  # one round's sum at a time
-    return StreamedRound(
+    streamed = StreamedRound(
         server_round,
         reservoir_nodes(server_round, node_ids, cfg.stream_reservoir, places) if bounded else set(),
         bounds,
@@ -574,6 +578,10 @@ def open_round(
         getattr(strategy, "fold_device", None),
         cfg.max_abs_value,
     )
+    if strategy.reply_log is not None:  # reply-log: each reply as it is added
+        done = strategy.rounds.offset + server_round
+        streamed.log = functools.partial(strategy.reply_log.reply, server_round, done)
+    return streamed
 
 
 def folding(
@@ -587,11 +595,14 @@ def folding(
     return [(FoldingProxy(proxy, streamed), *rest) for proxy, *rest in first]
 
 
-def finish_round(strategy: Any, streamed: StreamedRound) -> None:
-    """The round's mean becomes the global state; its update norms join the history,
-    its direction the next round's direction reference."""
+def finish_round(strategy: Any, streamed: StreamedRound, server_round: int) -> None:
+    """The round's mean becomes the global state (and the reply log's aggregate); its
+    update norms join the history, its direction the next round's direction reference."""
     before = strategy.global_arrays
     strategy.set_global(streamed.sum.mean())
+    if strategy.reply_log is not None:
+        done = strategy.rounds.offset + server_round
+        strategy.reply_log.aggregate(server_round, done, strategy.global_arrays, len(streamed.kept))
     strategy.spare_sum = streamed.sum.release()
     strategy.norm_history.changed(before, strategy.global_arrays)
     strategy.norm_history.add(streamed.norms)

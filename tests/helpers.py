@@ -58,7 +58,7 @@ def local_superlink_env(home: Path) -> dict[str, str]:
     FLWR_HOME, and free ports for the local SuperLink flwr starts (Flower reads them
     from these variables), not Flower's fixed 39091 / 39093, where the user's own may
     be running (the README's ``run`` leaves it up), or another test's."""
-    from server_app.loopback import free_ports
+    from deploy.loopback import free_ports
 
     http, control = free_ports(2)
     return {
@@ -172,7 +172,7 @@ def fit_res(
 def short_federation(method: str, out: Path, clients: int = 3) -> dict[str, Any]:
     """Two in-process rounds of ``method`` on the small generated study; asserts that
     both rounds ran and scored every client, and returns the results."""
-    from server_app.inprocess import run_inprocess
+    from pflower.engine.inprocess import run_inprocess
 
     raw = {"method": method, "num-server-rounds": 2, "sim-samples": 60, "hidden-dim": 16}
     res = run_inprocess({**raw, "output-dir": str(out), "run-name": method}, clients)

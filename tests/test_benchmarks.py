@@ -307,7 +307,7 @@ def test_the_recovery_probe_compares_the_final_split_with_the_teacher():
 
 def test_the_linear_probe_reads_the_run_checkpoint_encoder(tmp_path):
     from pflower.config.schema import ConfigError
-    from server_app.inprocess import run_inprocess
+    from pflower.engine.inprocess import run_inprocess
 
     cfg = {"method": "fedavg", "num-server-rounds": 3, "sim-samples": 200, "hidden-dim": 32}
     res = run_inprocess({**cfg, "output-dir": str(tmp_path), "run-name": "r"}, 3)
@@ -539,7 +539,7 @@ class _FailingFederation:
 
 
 def test_a_deployed_run_that_fails_stops_its_cell_with_the_end_of_its_log(tmp_path, monkeypatch):
-    import server_app.loopback as loopback
+    import deploy.loopback as loopback
 
     feds: list[_FailingFederation] = []
     monkeypatch.setattr(
@@ -611,7 +611,7 @@ def test_the_floor_is_fedavg_on_every_core_whatever_the_split(tmp_path):
     with every client a round it learns what the in-process engine learns (its own
     shuffles: the same work, not the same bits)."""
     from benchmarks.floor import run_floor
-    from server_app.inprocess import run_inprocess
+    from pflower.engine.inprocess import run_inprocess
 
     config = {
         "method": "fedavg",

@@ -11,8 +11,8 @@ import pytest
 from flwr.common import parameters_to_ndarrays
 
 from pflower.config.schema import ConfigError, RunConfig
+from pflower.engine.simulate import simulate
 from pflower.results import RunRecorder
-from server_app.simulate import simulate
 from strategies.base import PFLStrategy
 from strategies.checkpoint import SERVER_STATE
 from tests.helpers import FakeProxy, config, fit_res, make_strategy
@@ -50,7 +50,7 @@ def test_a_resumed_server_has_what_the_saved_one_learned(method: str, tmp_path: 
         config(method=method, output_dir=str(tmp_path), run_name="b", resume_from=str(saved))
     )
     second.resume(str(saved))
-    assert second.round_offset == 2
+    assert second.rounds.offset == 2
     for got, want in zip(second.global_arrays, first.global_arrays, strict=True):
         np.testing.assert_array_equal(got, want)
     if method.startswith("fedfac"):
@@ -145,7 +145,7 @@ def test_a_checkpoint_that_does_not_fit_is_refused_naming_the_key(
     loader = make_strategy(config(method=method, hidden_dim=hidden))
     with pytest.raises(ConfigError, match="config key 'resume-from'"):
         loader.resume(str(path))
-    assert loader.round_offset == 0
+    assert loader.rounds.offset == 0
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from PIL import Image
 
 from methods import parse_run_config
 from pflower.data import load_client_data
-from server_app.inprocess import build_inprocess, run_inprocess
+from pflower.engine.inprocess import build_inprocess, run_inprocess
 from strategies.base import ClassListMismatch
 
 CLASSES = ("cat", "dog", "frog", "horse")

@@ -296,7 +296,7 @@ def test_run_gives_flwr_the_checkpoint_the_preflight_read(tmp_path: Path, monkey
     """A relative resume-from is read by the pre-flight from the working directory;
     the apps run elsewhere (Ray workers, flwr's copy of the app): flwr gets it whole."""
     from pflower.cli import __main__ as cli
-    from server_app.inprocess import run_inprocess
+    from pflower.engine.inprocess import run_inprocess
 
     small = {"method": "fedavg", "sim-samples": 60, "hidden-dim": 16}
     run_inprocess(

@@ -15,7 +15,7 @@ import torch
 from client_app import timing
 from client_app.train import SGD, Adam
 from methods import parse_run_config
-from server_app.inprocess import run_inprocess
+from pflower.engine.inprocess import run_inprocess
 
 
 def _train(opt_cls: type, **kw) -> list[torch.Tensor]:

@@ -1,4 +1,4 @@
-"""The cohort engine (local-training = "cohort", server_app/cohort.py): the same
+"""The cohort engine (local-training = "cohort", pflower/engine/cohort.py): the same
 clients, data, personal state and seeds as the per-client in-process engine, so the
 same numbers, with no Message a client; refused where it cannot run."""
 
@@ -11,8 +11,8 @@ import pytest
 from flwr.common import Context, RecordDict
 
 from pflower.config.schema import ConfigError
+from pflower.engine.inprocess import run_inprocess
 from server_app.app import _run
-from server_app.inprocess import run_inprocess
 from tests.helpers import SMALL
 
 COMPARED = ("per_client_accuracy", "per_client_loss", "per_client_train_loss", "failed")
@@ -71,7 +71,8 @@ def test_the_cohort_trains_every_client_as_the_per_client_engine(
 
 
 # the base schedule on the MLP: trained at once under vmap (client_app/batched.py); the
-# tolerance is float rounding, measured (docs/PERFORMANCE.md: at most 3e-6 over 5 rounds)
+# tolerance is float rounding, measured (docs/PERFORMANCE.md: train losses within 2.1e-7 over
+# 5 rounds on the study's MLP); 1e-4 leaves room for the other methods' schedules
 @pytest.mark.parametrize(
     "method, keys",
     [
@@ -85,12 +86,12 @@ def test_the_cohort_trains_every_client_as_the_per_client_engine(
 def test_the_batched_step_agrees_with_one_client_after_another(
     method: str, keys: dict, tmp_path, monkeypatch
 ) -> None:
-    import server_app.cohort
+    import pflower.engine.cohort
 
     batched = []
-    step = server_app.cohort.train_at_once
+    step = pflower.engine.cohort.train_at_once
     monkeypatch.setattr(
-        server_app.cohort, "train_at_once", lambda *a: batched.append(1) or step(*a)
+        pflower.engine.cohort, "train_at_once", lambda *a: batched.append(1) or step(*a)
     )
     per_client, cohort = _both({"method": method, "num-server-rounds": 3, **keys}, 4, tmp_path)
     assert batched  # the clients trained at once

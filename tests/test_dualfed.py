@@ -280,7 +280,7 @@ def test_score_reports_the_three_heads():
 
 @pytest.mark.slow
 def test_end_to_end_on_default_data(tmp_path):
-    from server_app.simulate import simulate
+    from pflower.engine.simulate import simulate
 
     results = simulate(
         {

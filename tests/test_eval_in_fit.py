@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from methods import parse_run_config
-from server_app.inprocess import run_inprocess
+from pflower.engine.inprocess import run_inprocess
 
 SMALL = {"sim-samples": 60, "hidden-dim": 16, "num-server-rounds": 3}
 

@@ -11,7 +11,7 @@ import pytest
 
 from methods import parse_run_config
 from pflower.config.schema import ConfigError
-from server_app.inprocess import run_inprocess
+from pflower.engine.inprocess import run_inprocess
 
 SMALL = {"sim-samples": 60, "hidden-dim": 16, "num-server-rounds": 5}
 

@@ -29,8 +29,8 @@ from methods.factorized_fl.strategy import FactorizedFLStrategy, cosine_matrix, 
 from models.roles import get_arrays
 from pflower.config.schema import RunConfig
 from pflower.data import ClientData, DataInfo, data_info, load_client_data
+from pflower.engine.simulate import simulate
 from server_app.method_strategy import build_method_strategy
-from server_app.simulate import simulate
 from strategies.base import Reply, payload_bytes
 from tests.helpers import raw_config
 

@@ -175,7 +175,7 @@ def test_personal_head_never_on_wire_and_survives_rounds() -> None:
 
 @pytest.mark.slow
 def test_end_to_end_completes_improves_and_records_pir(tmp_path) -> None:  # noqa: ANN001
-    from server_app.simulate import simulate
+    from pflower.engine.simulate import simulate
 
     res = simulate(
         {

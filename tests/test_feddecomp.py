@@ -17,7 +17,7 @@ from models.backbones import build_backbone
 from models.roles import Roles, get_arrays, nothing_personal
 from pflower.config.schema import ConfigError, RunConfig
 from pflower.data import ClientData, DataInfo, data_info
-from server_app.simulate import simulate
+from pflower.engine.simulate import simulate
 from strategies.base import PFLStrategy, Reply
 from tests.helpers import MemoryStore
 

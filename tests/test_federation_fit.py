@@ -112,7 +112,7 @@ def test_a_natural_partitions_sites_are_named_by_their_values() -> None:
 
 
 def test_an_inprocess_run_names_each_client_by_its_site(tmp_path: Path) -> None:
-    from server_app.inprocess import run_inprocess
+    from pflower.engine.inprocess import run_inprocess
 
     raw = dict(x.split("=", 1) for x in natural(hospitals(tmp_path / "h.csv")).split())
     config = {k: v.strip("'") for k, v in raw.items()}

@@ -337,7 +337,7 @@ def test_fixed_splits_true_oracle_random():
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["fedfac-static", "fedfac-dynamic"])
 def test_end_to_end(tmp_path, method):
-    from server_app.simulate import simulate
+    from pflower.engine.simulate import simulate
 
     mode = "ensemble" if method == "fedfac-static" else "localtrain"
     r = simulate(

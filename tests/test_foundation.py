@@ -13,7 +13,7 @@ from flwr.common import parameters_to_ndarrays
 from methods import get_method, parse_run_config
 from models.backbones import build_backbone
 from pflower.config.schema import ConfigError, RunConfig, check_against_data
-from server_app.simulate import simulate
+from pflower.engine.simulate import simulate
 from tests.helpers import FakeProxy, config, fit_res, make_client, make_strategy
 
 BASELINES = ["fedavg", "local", "fedper", "fedrep", "fedbn"]

@@ -5,7 +5,9 @@ a method or one of its keys: what is special about a method lives on its card
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,12 @@ TOP_LEVEL = {
 WHEEL = ["server_app", "client_app", "strategies", "models", "methods", "pflower", "deploy"]
 SHARED = (*("server_app", "client_app", "strategies", "models", "pflower", "deploy"),)
 # a config that names no method runs FedAvg: the one name a shared module needs
-ALLOWED = {("pflower/config/schema.py", "fedavg")}
+# and the soak harness's workload is one method's run (#93: the FedPer preset)
+ALLOWED = {
+    ("pflower/config/schema.py", "fedavg"),
+    ("deploy/soak.py", "fedper"),
+    ("deploy/soak_check.py", "fedper"),
+}
 ENGLISH = {"local"}  # method names that are also words: matched as a whole literal only
 WORD = re.compile(r"[a-z][a-z0-9-]*(?:\.[a-z][a-z0-9-]*)?")
 
@@ -142,7 +149,7 @@ def test_every_class_in_the_repository_is_under_200_lines() -> None:
     sizes = class_sizes([p for d in sorted(TOP_LEVEL) for p in (ROOT / d).rglob("*.py")])
     assert (
         "strategies/base.py:PFLStrategy" in sizes
-        and "server_app/loopback.py:LoopbackFederation" in sizes
+        and "deploy/loopback.py:LoopbackFederation" in sizes
     )
     assert {k: v for k, v in sizes.items() if v >= 200} == {}
 
@@ -166,3 +173,41 @@ def test_a_methods_keys_are_typed_as_its_own_params() -> None:
     assert FedFacParams.of(cfg).fa_quantile == 0.25
     with pytest.raises(TypeError, match="method 'fedfac-static' holds FedFacParams, not Ditto"):
         DittoParams.of(cfg)
+
+
+SERVER_APP = {"__init__", "app", "grid", "method_strategy", "nodes", "site_info"}
+
+
+def test_server_app_holds_only_the_server_app() -> None:
+    """The ServerApp and what it runs on (its grid, the simulated nodes, the sites'
+    data answers, a method's strategy); engines and harnesses that compose both apps
+    live above it (pflower/engine/, deploy/)."""
+    assert {p.stem for p in (ROOT / "server_app").glob("*.py")} == SERVER_APP
+
+
+def _lint_imports(root: Path) -> subprocess.CompletedProcess:
+    import sys
+
+    lint = Path(sys.executable).with_name("lint-imports")
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run(
+        [str(lint), "--no-cache"], cwd=root, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+def test_no_package_imports_a_layer_above_it_and_a_planted_one_is_caught(tmp_path) -> None:
+    """The layers of docs/ARCHITECTURE.md as pyproject.toml's import-linter contracts:
+    kept by the code, and broken by a models/ module that imports the ServerApp."""
+    for package in (*WHEEL, "benchmarks"):
+        for path in (ROOT / package).rglob("*.py"):
+            copy = tmp_path / path.relative_to(ROOT)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            copy.write_bytes(path.read_bytes())
+    (tmp_path / "pyproject.toml").write_bytes((ROOT / "pyproject.toml").read_bytes())
+    kept = _lint_imports(tmp_path)
+    assert kept.returncode == 0, kept.stdout[-3000:]
+    assert "layers:" in kept.stdout and "no circle of imports" in kept.stdout
+    (tmp_path / "models" / "planted.py").write_text("import server_app.app  # noqa\n")
+    broken = _lint_imports(tmp_path)
+    assert broken.returncode != 0
+    assert "BROKEN" in broken.stdout and "models.planted -> server_app.app" in broken.stdout

@@ -12,7 +12,7 @@ from flwr.app import Message, Metadata, RecordDict
 from flwr.common import Context
 
 from client_app.errors import PublicError, SiteError, errors_mod
-from server_app.inprocess import run_inprocess
+from pflower.engine.inprocess import run_inprocess
 from strategies.outcome import NodeFailed, Participation, RunFailed, error_line
 
 RUN = {"method": "fedavg", "dataset": "synthetic", "model": "mlp", "num-server-rounds": 2}

@@ -65,7 +65,7 @@ def test_one_site_steers_the_pooled_factor_analysis_and_not_the_site_median(site
 def test_fedfac_updates_are_bounded_against_the_payload_they_started_from(tmp_path) -> None:
     """FedFac's payload starts with its split masks: the norm bound must line the
     upload up by name (it measured every update as 0 before, so never bound)."""
-    from server_app.inprocess import run_inprocess
+    from pflower.engine.inprocess import run_inprocess
 
     raw = {"method": "fedfac-static", "sim-samples": 60, "hidden-dim": 16}
     raw |= {"num-server-rounds": 2, "attack": "scale", "attack-clients": 1}

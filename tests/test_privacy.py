@@ -11,8 +11,8 @@ from flwr.common import parameters_to_ndarrays
 
 from methods import parse_run_config
 from pflower.config.schema import ConfigError
+from pflower.engine.inprocess import run_inprocess
 from pflower.privacy import PrivacyAccountant, clip_update
-from server_app.inprocess import run_inprocess
 from tests.helpers import FakeProxy, config, fit_res, make_client, make_strategy
 
 

@@ -19,8 +19,8 @@ import pytest
 import pflower.patches
 from deploy.supervise import Supervisor, parse_args
 from pflower.config.schema import ConfigError
+from pflower.engine.inprocess import run_inprocess
 from pflower.patches.activation import ACTIVATION_WAIT, WAIT_CAP, retrying
-from server_app.inprocess import run_inprocess
 from strategies.checkpoint import SERVER_STATE, save_server_state
 
 SMALL = {"method": "fedper", "sim-samples": 60, "hidden-dim": 16, "sim-dim": 20}

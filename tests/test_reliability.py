@@ -19,8 +19,8 @@ from client_app.app import build_client, dropped_out, make_client_app
 from client_app.state import ContextStore, DiskStore
 from methods import parse_run_config
 from pflower.config.schema import ConfigError, RunConfig
+from pflower.engine.simulate import simulate
 from server_app.app import build_server
-from server_app.simulate import simulate
 from strategies.outcome import DROPPED_OUT
 from tests.helpers import SMALL, FakeProxy, config, fit_res, make_client, make_strategy
 
@@ -280,7 +280,7 @@ def test_a_round_before_one_with_no_reply_keeps_its_record(tmp_path: Path) -> No
     has none, the round is still recorded, unscored, with what it trained (before,
     results.json lost it). Seed 7 drops client 0 in round 1 and every client in
     round 2."""
-    from server_app.inprocess import run_inprocess
+    from pflower.engine.inprocess import run_inprocess
     from strategies.outcome import RunFailed
 
     cfg = {**SMALL, "method": "fedper", "num-server-rounds": 3, "dropout-rate": 0.5, "seed": 7}

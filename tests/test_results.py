@@ -13,8 +13,8 @@ import pytest
 
 from methods import parse_run_config
 from pflower.config.schema import ConfigError
+from pflower.engine.inprocess import run_inprocess
 from pflower.results import CSV_COLUMNS, RunRecorder
-from server_app.inprocess import run_inprocess
 
 
 def test_results_carry_losses_best_pooled_and_provenance(tmp_path) -> None:
@@ -96,7 +96,7 @@ def test_a_simulation_looks_up_its_commit_before_ray_forks(tmp_path, monkeypatch
     from pathlib import Path
 
     import pflower.results
-    from server_app.simulate import simulate
+    from pflower.engine.simulate import simulate
 
     in_main_thread: list[bool] = []
     real_run = subprocess.run

@@ -218,7 +218,7 @@ def _first_round_fits(raw: dict, name: str, nodes: list | None = None) -> dict[s
     "results", the run's results.json."""
     from flwr.common import parameters_to_ndarrays
 
-    from server_app.inprocess import run_inprocess
+    from pflower.engine.inprocess import run_inprocess
 
     fits: dict[str, tuple] = {}
 

@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks import presets, runner
 from benchmarks.__main__ import main
-from server_app.inprocess import run_inprocess
+from pflower.engine.inprocess import run_inprocess
 from strategies.checkpoint import SERVER_STATE, load_server_state
 
 STUDY = {"method": "fedper", "sim-samples": 60, "hidden-dim": 16, "personal-state": "disk"}

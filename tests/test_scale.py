@@ -9,7 +9,7 @@ import pytest
 
 import pflower.patches
 from methods import method_names
-from server_app.inprocess import build_inprocess, run_inprocess
+from pflower.engine.inprocess import build_inprocess, run_inprocess
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 SMALL = {"sim-samples": 60, "hidden-dim": 16, "num-server-rounds": 3, "run-name": "spill"}
@@ -309,8 +309,8 @@ def test_ray_and_in_process_train_the_same_clients_each_round_at_partial_partici
     partition), and end each round with the same numbers, client by client. The
     round's weights went to the actors by reference (``ray-weights-once``, here for
     every array of 1 KB or more)."""
+    from pflower.engine.simulate import simulate
     from pflower.patches import ray_app, ray_pipeline, ray_weights
-    from server_app.simulate import simulate
 
     monkeypatch.setattr(ray_weights, "MIN_BYTES", 1024)
     monkeypatch.setattr(ray_weights, "SENDER", ray_weights._Sender())

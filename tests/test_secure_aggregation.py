@@ -30,7 +30,7 @@ def test_mean_aggregating_methods_accept_it(method: str) -> None:
 
 
 def _run(method: str, secure: bool, tmp_path: Path, seen: list, counts: list | None = None) -> dict:
-    from server_app.simulate import simulate
+    from pflower.engine.simulate import simulate
 
     config = {
         **SMALL,
@@ -105,8 +105,8 @@ def test_client_side_dp_composes_with_secure_aggregation(
     multiplier when every client replies, and epsilon grows round by round."""
     import strategies.privacy
     from models.roles import DP_PARTICIPANTS
+    from pflower.engine.simulate import simulate
     from pflower.privacy import noise_std
-    from server_app.simulate import simulate
 
     server_noise: list[float] = []
     add_noise = strategies.privacy.add_noise
@@ -181,7 +181,7 @@ def test_a_secure_round_survives_a_client_that_drops_before_sharing_keys(tmp_pat
     others for shares they never got: every site fails and the round is lost. Here
     the other three are summed, and distributed DP counts the three noise shares that
     arrived (achieved multiplier sqrt(3/4) of the target)."""
-    from server_app.simulate import simulate
+    from pflower.engine.simulate import simulate
 
     config = {
         **SMALL,

@@ -22,7 +22,7 @@ from models.backbones import build_backbone
 from pflower.config.defaults import AUTO_KEYS
 from pflower.config.schema import ConfigError, describe_settings
 from pflower.data import data_info
-from server_app.inprocess import run_inprocess
+from pflower.engine.inprocess import run_inprocess
 from tests.helpers import config, make_client, make_strategy
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,8 +18,8 @@ from client_app.app import build_client, policy_refusal
 from methods import disclosure_kinds, get_method, method_names, parse_run_config
 from methods.fedfac.model import PHASE
 from pflower.config.schema import ConfigError
+from pflower.engine.inprocess import build_inprocess, run_inprocess
 from pflower.privacy.policy import REFUSED, PolicyError, SitePolicy
-from server_app.inprocess import build_inprocess, run_inprocess
 from strategies.base import RunRefused
 
 SMALL = {"num-server-rounds": 2, "sim-samples": 60, "hidden-dim": 16, "run-name": "policy"}

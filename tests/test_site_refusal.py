@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from deploy.loopback import LoopbackFederation
 from pflower.privacy.policy import REFUSED
-from server_app.loopback import LoopbackFederation
 
 pytestmark = pytest.mark.slow
 

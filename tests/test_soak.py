@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from deploy.loopback import REPO
 from deploy.soak_check import Records, check_replies, check_state_chain, evaluate
 from deploy.soak_faults import KINDS, SERVER_KINDS, Fault, netns_available, schedule
-from server_app.loopback import REPO
 from strategies.reply_log import arrays_digest, replay
 
 SITES = ["site-a", "site-b", "site-c", "site-d"]

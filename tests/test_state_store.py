@@ -17,7 +17,7 @@ from deploy.site import main as site_main
 from methods import get_method, parse_run_config
 from pflower.config.schema import ConfigError
 from pflower.data import data_info
-from server_app.inprocess import run_inprocess
+from pflower.engine.inprocess import run_inprocess
 
 SMALL = {"sim-samples": 60, "num-server-rounds": 2, "method": "fedper"}
 

@@ -345,7 +345,7 @@ def test_through_flowers_round_loop_a_streamed_run_ends_where_a_held_run_ends(tm
     """The in-process engine (Flower's own round loop calls each FoldingProxy): with
     the bounds off every round is streamed, and the run's per-client accuracies and
     losses equal the held run's; with the defaults rounds 2-3 are streamed."""
-    from server_app.inprocess import run_inprocess
+    from pflower.engine.inprocess import run_inprocess
 
     off = {"weight-cap": 0.0, "update-norm-bound": 0.0, "direction-check-from": 0}
     base = {"method": "fedavg", "num-server-rounds": 3, "sim-samples": 60, "hidden-dim": 16}

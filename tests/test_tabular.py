@@ -85,7 +85,7 @@ def test_a_sites_features_are_standardised_with_its_own_training_rows(tmp_path) 
 
 
 def test_a_table_runs_end_to_end_with_one_client_per_hospital(tmp_path) -> None:
-    from server_app.inprocess import run_inprocess
+    from pflower.engine.inprocess import run_inprocess
 
     path = _hospitals(tmp_path / "h.csv")
     raw = {"dataset": str(path), "model": "logreg", **TABLE, "local-steps": 5}

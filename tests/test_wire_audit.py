@@ -1,6 +1,6 @@
 """The wire audit: every reply of every client (fit and evaluate: arrays and
 metrics), and every instruction's config, for every method and mode, in a real
-run (server_app/inprocess.py: the real strategy, real clients per message).
+run (pflower/engine/inprocess.py: the real strategy, real clients per message).
 
 By content, not by spec: for every fit reply, pflower.privacy.audit tries to rebuild
 each of the client's personal tensors (as they stood when it replied) from what
@@ -26,8 +26,8 @@ from flwr.common import EvaluateRes, FitRes, parameters_to_ndarrays
 from client_app.method_client import client_class
 from methods import get_method, parse_run_config
 from pflower.cli.disclosures import MODES as TABLE_MODES
+from pflower.engine.inprocess import build_inprocess
 from pflower.privacy.audit import recover
-from server_app.inprocess import build_inprocess
 from tests.helpers import image_folder
 
 IMAGES = "<image folder>"  # replaced by a small image folder made per test

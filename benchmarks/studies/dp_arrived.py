@@ -61,7 +61,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--dropout-rate", type=float, default=0.4)
     parser.add_argument("--out", help="also write the table to this markdown file")
     args = parser.parse_args(argv)
-    from server_app.simulate import simulate
+    from pflower.engine.simulate import simulate
 
     with tempfile.TemporaryDirectory() as tmp:
         config = {

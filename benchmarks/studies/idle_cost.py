@@ -165,7 +165,7 @@ INPROCESS = {**CONFIG, "output-dir": "/tmp/pflower-idle-cost", "run-name": "idle
 def _inprocess_before(n: int) -> Any:
     from flwr.common import Context, RecordDict
 
-    from server_app.inprocess import LocalProxy
+    from pflower.engine.inprocess import LocalProxy
 
     def build() -> list[Any]:  # the engine before #94: a proxy, Context and app a client
         node = {"num-partitions": n, "torch-threads": 1}
@@ -182,13 +182,13 @@ def _inprocess_before(n: int) -> Any:
 
 def build_server_first(n: int) -> None:
     """The run's strategy and model, built once before measuring (not per client)."""
-    from server_app.inprocess import build_inprocess
+    from pflower.engine.inprocess import build_inprocess
 
     build_inprocess(INPROCESS, 1)
 
 
 def _inprocess_now(n: int) -> Any:
-    from server_app.inprocess import build_inprocess
+    from pflower.engine.inprocess import build_inprocess
 
     build_server_first(n)
     return measure(lambda: build_inprocess(INPROCESS, n))

@@ -50,7 +50,7 @@ def main(argv: list[str]) -> None:
             spent["seconds"] += time.perf_counter() - t0
             spent["calls"] += 1
 
-    from server_app.simulate import simulate
+    from pflower.engine.simulate import simulate
 
     config = {
         "method": "fedper",

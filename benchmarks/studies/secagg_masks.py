@@ -93,7 +93,7 @@ def round_seconds(generator: str, sites: int, folder: Path) -> tuple[float, floa
     name = f"{generator}-{sites}"
     config = {**ROUND_CONFIG, "output-dir": str(folder), "run-name": name}
     code = (
-        "import json, sys; from server_app.simulate import simulate; "
+        "import json, sys; from pflower.engine.simulate import simulate; "
         f"simulate(json.loads(sys.argv[1]), {sites}, num_cpus=2.0)"
     )
     subprocess.run(

@@ -225,7 +225,7 @@ class RunConfig(TaskKeys):
     # budget: in memory while all clients' state fits personal-state-budget-mb, else on disk
     personal_state: Literal["budget", "memory", "disk"] = _field("budget", alias="personal-state")
     personal_state_budget_mb: float = _field(2048.0, alias="personal-state-budget-mb", gt=0)
-    # how the in-process engine trains a round's clients (server_app/cohort.py):
+    # how the in-process engine trains a round's clients (pflower/engine/cohort.py):
     # per-client, a Message through the ClientApp each; cohort, the round's sampled
     # clients one step, without a message a client (in-process simulation only)
     local_training: Literal["per-client", "cohort"] = _field("per-client", alias="local-training")

@@ -46,10 +46,10 @@ from threadpoolctl import threadpool_limits
 
 from client_app.app import build_client, make_client_app
 from pflower.config.schema import ConfigError
+from pflower.engine.cohort import COHORT, Cohort
+from pflower.engine.cohort import check as cohort_check
+from pflower.engine.heap import keep_freed_memory
 from server_app.app import build_server
-from server_app.cohort import COHORT, Cohort
-from server_app.cohort import check as cohort_check
-from server_app.heap import keep_freed_memory
 from server_app.nodes import LocalNodes
 from strategies import outcome
 from strategies.device_fold import fold_device

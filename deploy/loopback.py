@@ -26,7 +26,7 @@ from typing import Any, Self
 
 import tomli_w
 
-from deploy.site import node_config
+from deploy.node_config import node_config
 from pflower.flower_lines import fleet_over_http
 
 BIN = Path(sys.executable).parent
@@ -436,13 +436,10 @@ class LoopbackFederation(FlwrCli):
             cmd += ["--fleet-api-address", f"127.0.0.1:{self.grpc_fleet_port}"]
         if self.tls:
             cmd += [
-                "--ssl-ca-certfile",
-                str(self.pki / "ca.crt"),
-                "--ssl-certfile",
-                str(self.pki / "server.pem"),
-                "--ssl-keyfile",
-                str(self.pki / "server.key"),
-            ]
+                "--ssl-ca-certfile", str(self.pki / "ca.crt"),
+                "--ssl-certfile", str(self.pki / "server.pem"),
+                "--ssl-keyfile", str(self.pki / "server.key"),
+            ]  # fmt: skip
         else:
             cmd.append("--insecure")
         if self.auth:
@@ -456,16 +453,10 @@ class LoopbackFederation(FlwrCli):
         serving = any(p.name == "superexec-serverapp" and p.alive() for p in self.procs)
         if self.isolation == "process" and not serving:  # the ServerApp's SuperExec
             tls = [f"--root-certificates={self.pki / 'ca.crt'}"] if self.tls else ["--insecure"]
-            self._spawn(
-                "superexec-serverapp",
-                [
-                    str(BIN / "flower-superexec"),
-                    f"--runtime-api-address=127.0.0.1:{self.http_port}",
-                    *tls,
-                    f"--superexec-auth-secret-file={self.secret}",
-                ],
-                self.root / "home" / "superexec-serverapp",
-            )
+            runtime = f"--runtime-api-address=127.0.0.1:{self.http_port}"
+            auth = f"--superexec-auth-secret-file={self.secret}"
+            cmd = [str(BIN / "flower-superexec"), runtime, *tls, auth]
+            self._spawn("superexec-serverapp", cmd, self.root / "home" / "superexec-serverapp")
         return proc
 
     def _isolation_args(self) -> list[str]:
