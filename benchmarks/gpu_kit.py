@@ -590,10 +590,18 @@ def main(argv: list[str] | None = None) -> int:
     args.dry_run = args.command == "dry-run"
     if not args.dry_run:
         return device(args)
+    before = os.environ.get("PFLOWER_DATA_DIR"), presets.SHARED_DATA
     with tempfile.TemporaryDirectory(prefix="gpu-kit-dry-") as tmp:  # its data subset
-        os.environ["PFLOWER_DATA_DIR"] = str(dry_run_data(Path(tmp)))
-        use_data_dir(Path(tmp))
-        return device(args)
+        try:
+            os.environ["PFLOWER_DATA_DIR"] = str(dry_run_data(Path(tmp)))
+            use_data_dir(Path(tmp))
+            return device(args)
+        finally:  # the caller's data again (a test calls this in its own process)
+            if before[0] is None:
+                os.environ.pop("PFLOWER_DATA_DIR", None)
+            else:
+                os.environ["PFLOWER_DATA_DIR"] = before[0]
+            use_data_dir(before[1])
 
 
 if __name__ == "__main__":

@@ -87,6 +87,7 @@ class DiskStore:
     ``<site>.previous.npz`` and read when the newest is corrupt."""
 
     CHAIN = "__chain__"  # in each file: a JSON string, its parent's sha256 and generation
+    DIGEST = "sha256"  # a deployed site's state: the digest its ledger's chain names
 
     def __init__(self, state_dir: str | Path, experiment: str, site: str) -> None:
         self.path = Path(state_dir) / experiment / f"{file_name(site)}.npz"
@@ -112,7 +113,8 @@ class DiskStore:
                 continue
             chain = json.loads(str(arrays.pop(self.CHAIN, "{}")))
             self.restored = (digest, int(chain.get("generation", 0)))
-            log.info("restored personal state from %s (digest %s)", path, digest)
+            kind = "sha256" if len(digest) == 64 else "xxh3"  # by its length (pflower/store)
+            log.info("restored personal state from %s (%s %s)", path, kind, digest)
             STATE_EVENTS.append(
                 {"restored": digest, "parent": chain.get("parent"), "generation": self.restored[1]}
                 | ({"from": "previous"} if path != self.path else {})
@@ -148,7 +150,9 @@ class DiskStore:
             linked.unlink(missing_ok=True)
             os.link(self.path, linked)
             os.replace(linked, self.previous)
-        digest = write_checked_npz(self.path, {**arrays, self.CHAIN: np.array(json.dumps(chain))})
+        digest = write_checked_npz(
+            self.path, {**arrays, self.CHAIN: np.array(json.dumps(chain))}, self.DIGEST
+        )
         self.restored = (digest, chain["generation"])
         STATE_EVENTS.append({"saved": digest, **chain})
 
@@ -165,6 +169,8 @@ class RoundStore(DiskStore):
     finds the client as it was then, even if the client had trained again before
     the run stopped. A site with no file of its own reads ``fallback`` (the
     personal state of the run it resumes from)."""
+
+    DIGEST = "xxh3"  # a client-round's file: the fast digest (pflower/store)
 
     def __init__(self, root: Path, site: str, fallback: Path | None = None) -> None:
         self.dir = root / file_name(site)
@@ -199,7 +205,7 @@ class RoundStore(DiskStore):
         before = self.versions(self.dir)
         now = server_round if server_round is not None else max(before, default=0)
         self.path = self.dir / f"r{now}.npz"
-        write_checked_npz(self.path, arrays, "xxh3")  # a client-round's: the fast digest
+        write_checked_npz(self.path, arrays, self.DIGEST)
         # a run resumes from the server's last checkpoint, or from the one it is
         # writing: the newest state at or before each is kept beside this round's
         kept = {now}

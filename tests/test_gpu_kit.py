@@ -5,6 +5,7 @@ rounds are compared at the last round they all reached."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -163,8 +164,11 @@ def test_the_gpu_efficiency_steps_dry_run_measures_every_way_on_the_cpu(tmp_path
     (a rate each), and the report names the call."""
     monkeypatch.setattr(gpu_kit, "DRY_RUN_ROWS", 400)
     out = tmp_path / "out"
+    data, env = gpu_kit.presets.CIFAR10_DEV, os.environ.get("PFLOWER_DATA_DIR")
     code = gpu_kit.main(["dry-run", "gpu-efficiency", "--out", str(out), "--work", str(tmp_path)])
     assert code == 0
+    # the dry run's data subset was this call's: the next test reads the dev set again
+    assert gpu_kit.presets.CIFAR10_DEV == data and os.environ.get("PFLOWER_DATA_DIR") == env
     measured = json.loads((out / "gpu-efficiency.json").read_text())["results"]
     assert set(measured) == {"resnet18", "cnn4"}
     for res in measured.values():
