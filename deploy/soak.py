@@ -65,7 +65,12 @@ FIRST_WINDOW = 300.0  # the memory reference: a site's first 5 minutes
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m deploy.soak", description=__doc__.split("\n")[0])
-    p.add_argument("--minutes", type=float, required=True, help="how long faults are injected")
+    p.add_argument(
+        "--minutes",
+        type=float,
+        required=True,
+        help="how long the soak trains (faults in its first 85%%)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seeds the fault schedule and the runs")
     p.add_argument("--out", default="outputs/soak", help="where the report and plot go")
     p.add_argument(
@@ -220,7 +225,7 @@ class Soak:
 
     def train(self) -> None:
         """FedPer runs of ``--segment`` rounds, one experiment, until the faults are
-        done; the SecAgg+ run once half the time has passed."""
+        done and ``--minutes`` have passed; the SecAgg+ run once half the time has passed."""
         minutes = self.args.minutes
         total, secure_done = 0, False
         while not self.stop.is_set():
@@ -228,7 +233,9 @@ class Soak:
                 secure_done = True
                 self.supervise("soak-secagg", self.args.secagg_rounds, True)
                 continue
-            if self.faults_done.is_set() and secure_done and total:
+            # the soak lasts its --minutes: the faults end at 85% of it, the rest is
+            # the quiet tail that shows the recoveries
+            if self.faults_done.is_set() and secure_done and total and self.now() >= minutes * 60:
                 break
             total += self.args.segment
             self.supervise("soak-fedper", total, False)
