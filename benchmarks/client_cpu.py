@@ -138,7 +138,11 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
     from flwr.server import Server
 
     import client_app
-    from pflower.engine.inprocess import run_inprocess
+
+    try:
+        from pflower.engine.inprocess import run_inprocess
+    except ImportError:  # a code tree from before the engine left server_app/ (the base)
+        from server_app.inprocess import run_inprocess  # type: ignore[no-redef]
 
     training, scoring, checkpoint = Meter(), Meter(), Meter()
     hooked = _hook(TRAINING, training) + _hook(SCORING, scoring) + _hook(CHECKPOINT, checkpoint)
