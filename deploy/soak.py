@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from deploy.loopback import BIN, CERTS_SCRIPT, LoopbackFederation, descendants
+from deploy.loopback import BIN, CERTS_SCRIPT, REPO, LoopbackFederation, descendants
 from deploy.soak_faults import (
     PREFIX,
     TMP,
@@ -143,6 +143,10 @@ class Soak:
             capture_output=True,
             timeout=120,
         )
+        self.repo = snapshot_app(REPO, self.root / "app")
+        from deploy.site_guard import installed_app_hash
+
+        self.app_hash = installed_app_hash(self.repo)
         fed.start_superlink()
         self.superlinks = 1
         roster = self.root / "roster.toml"
@@ -172,6 +176,7 @@ class Soak:
             "--roster", str(self.root / "roster.toml"), "--accept-disclosures", "metrics",
             "--superlink", f"{relay.host}:{relay.port}",  # the relay (the last flag wins)
         )  # fmt: skip
+        extra += ("--approved-apps", self.app_hash)  # the snapshot's build, not the checkout's
         self.fed.start_site(site, None, extra=extra, prefix=netns.prefix() if netns else ())
 
     def site_pids(self, site: str) -> list[int]:
@@ -244,7 +249,6 @@ class Soak:
 
     def run(self) -> list[Fault]:
         """Train and inject faults; the schedule's times count from here."""
-        self.repo = Path(__file__).resolve().parent.parent
         self.setup_seconds, self.t0 = self.now(), time.time()
         plan = schedule(
             self.args.minutes,
@@ -286,6 +290,31 @@ class Soak:
 
 
 # ---- the runs' configs and rounds, and the faults: functions of a soak -----------------
+
+
+def snapshot_app(repo: Path, dest: Path) -> Path:
+    """A copy of the app as it is now (the files git does not ignore, as ``flwr build``
+    takes them), which every run of the soak submits and every site approves: an edit
+    to the checkout during an hour-long soak changes neither (it once got every later
+    run refused by hash). Without git, the tree less its venvs, .git and outputs."""
+    import shutil
+
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=repo,
+        capture_output=True,
+        timeout=60,
+    )
+    if listed.returncode == 0:
+        for name in filter(None, listed.stdout.decode().split("\0")):
+            source = repo / name
+            if source.is_file():  # a deleted but still-indexed file is not there
+                (dest / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, dest / name)
+    else:
+        skip = shutil.ignore_patterns(".git", ".venv*", "outputs", "__pycache__")
+        shutil.copytree(repo, dest, ignore=skip)
+    return dest
 
 
 def monitor(soak: Soak) -> None:

@@ -195,3 +195,28 @@ def test_replay_is_the_weighted_mean_the_running_sum_made(tmp_path: Path) -> Non
     assert arrays_digest(replay(tmp_path, entries[:3])) == entries[3]["sha256"]
     assert arrays_digest(replay(tmp_path, entries[:2])) != entries[3]["sha256"]
     assert os.path.exists(tmp_path / "replies" / entries[0]["file"])
+
+
+def test_the_soak_submits_a_snapshot_an_edit_to_the_checkout_does_not_change(
+    tmp_path: Path,
+) -> None:
+    """The app every soak run submits and every site approves is a copy taken at the
+    start: the same build as the checkout (git's view of it), and an edit made to the
+    tree afterwards changes the tree's build, not the copy's (an edit during a soak once
+    got every later run refused by hash). A folder without git is copied less its
+    venvs and outputs."""
+    from deploy.site_guard import installed_app_hash
+    from deploy.soak import snapshot_app
+
+    checkout = snapshot_app(REPO, tmp_path / "checkout")  # through git ls-files
+    assert installed_app_hash(checkout) == installed_app_hash(REPO)
+    assert not (checkout / ".git").exists() and not (checkout / ".venv").exists()
+    (checkout / "outputs").mkdir()
+    (checkout / "outputs" / "left.py").write_text("x = 1\n")
+    copy = snapshot_app(checkout, tmp_path / "copy")  # no git there: the fallback
+    before = installed_app_hash(copy)
+    assert before == installed_app_hash(checkout) and not (copy / "outputs").exists()
+    with open(checkout / "deploy" / "soak.py", "a") as f:
+        f.write("# an edit made while the soak runs\n")
+    assert installed_app_hash(checkout) != before
+    assert installed_app_hash(copy) == before
