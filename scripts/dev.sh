@@ -52,6 +52,9 @@ setup() {
         "$VENV/bin/pip" install -q -e ".[dev]" -c "$CONSTRAINTS"  # the tested versions
         touch "$VENV/.installed"
     fi
+    # Flower's warnings a user cannot act on, dropped in the processes that log them
+    # (Flower's simulation, Ray's workers) by a start-up line: pflower/flower_notes.py
+    "$VENV/bin/python" -m pflower.flower_notes >/dev/null
 }
 
 # flwr starts `flower-superlink` and `flower-supernode` by name: the venv's

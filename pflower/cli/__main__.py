@@ -33,7 +33,9 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # simulation/app.py, before any of the app is loaded): a note that its own default
 # changed, and a command that does not change a run that gives --federation-config,
 # as every run of this CLI does (the pre-flight line says which federation runs);
-# and, as a WARNING, that it stops its own Ray actors at the end of a run.
+# and, as a WARNING, that it stops its own Ray actors at the end of a run. The two
+# warnings are dropped where they are logged in an environment dev.sh set up
+# (pflower/flower_notes.py); here too, for one made some other way.
 FLOWER_NOTES = (
     "Since flwr 1.32, default simulated SuperNodes changed from 10 to 2.",
     "To change federation size, use the following command:",
