@@ -143,10 +143,7 @@ class Soak:
             capture_output=True,
             timeout=120,
         )
-        self.repo = snapshot_app(REPO, self.root / "app")
-        from deploy.site_guard import installed_app_hash
-
-        self.app_hash = installed_app_hash(self.repo)
+        self.repo, self.app_hash = snapshot_app(REPO, self.root / "app")
         fed.start_superlink()
         self.superlinks = 1
         roster = self.root / "roster.toml"
@@ -292,12 +289,15 @@ class Soak:
 # ---- the runs' configs and rounds, and the faults: functions of a soak -----------------
 
 
-def snapshot_app(repo: Path, dest: Path) -> Path:
+def snapshot_app(repo: Path, dest: Path) -> tuple[Path, str]:
     """A copy of the app as it is now (the files git does not ignore, as ``flwr build``
-    takes them), which every run of the soak submits and every site approves: an edit
-    to the checkout during an hour-long soak changes neither (it once got every later
-    run refused by hash). Without git, the tree less its venvs, .git and outputs."""
+    takes them), which every run of the soak submits and every site approves, and its
+    build's hash: an edit to the checkout during an hour-long soak changes neither (it
+    once got every later run refused by hash). Without git, the tree less its venvs,
+    .git and outputs."""
     import shutil
+
+    from deploy.site_guard import installed_app_hash
 
     listed = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
@@ -314,7 +314,7 @@ def snapshot_app(repo: Path, dest: Path) -> Path:
     else:
         skip = shutil.ignore_patterns(".git", ".venv*", "outputs", "__pycache__")
         shutil.copytree(repo, dest, ignore=skip)
-    return dest
+    return dest, installed_app_hash(dest)
 
 
 def monitor(soak: Soak) -> None:

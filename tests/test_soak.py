@@ -208,13 +208,12 @@ def test_the_soak_submits_a_snapshot_an_edit_to_the_checkout_does_not_change(
     from deploy.site_guard import installed_app_hash
     from deploy.soak import snapshot_app
 
-    checkout = snapshot_app(REPO, tmp_path / "checkout")  # through git ls-files
-    assert installed_app_hash(checkout) == installed_app_hash(REPO)
+    checkout, built = snapshot_app(REPO, tmp_path / "checkout")  # through git ls-files
+    assert built == installed_app_hash(checkout) == installed_app_hash(REPO)
     assert not (checkout / ".git").exists() and not (checkout / ".venv").exists()
     (checkout / "outputs").mkdir()
     (checkout / "outputs" / "left.py").write_text("x = 1\n")
-    copy = snapshot_app(checkout, tmp_path / "copy")  # no git there: the fallback
-    before = installed_app_hash(copy)
+    copy, before = snapshot_app(checkout, tmp_path / "copy")  # no git there: the fallback
     assert before == installed_app_hash(checkout) and not (copy / "outputs").exists()
     with open(checkout / "deploy" / "soak.py", "a") as f:
         f.write("# an edit made while the soak runs\n")
