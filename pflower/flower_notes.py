@@ -31,14 +31,9 @@ PTH_NAME = "pflower-flower-notes.pth"
 PROCESSES = ("flwr-simulation", "default_worker.py")
 
 
-def unactionable(record: logging.LogRecord) -> bool:
-    """True for a record Flower logs as one of ``WARNINGS``."""
-    return record.levelno == logging.WARNING and record.msg in WARNINGS
-
-
 def drop_unactionable(record: logging.LogRecord) -> bool:
     """A ``logging`` filter: keeps every record but Flower's ``WARNINGS``."""
-    return not unactionable(record)
+    return not (record.levelno == logging.WARNING and record.msg in WARNINGS)
 
 
 def install() -> None:

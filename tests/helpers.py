@@ -68,6 +68,21 @@ def local_superlink_env(home: Path) -> dict[str, str]:
     }
 
 
+def bare_flwr_env(home: Path) -> dict[str, str]:
+    """This process's environment for a bare ``flwr run .`` as a user types it: the
+    local SuperLink of ``local_superlink_env``, no per-run dependency install (offline),
+    and this interpreter's bin/ first on PATH (flwr starts ``flower-superlink`` by name)."""
+    import os
+    import sys
+
+    return {
+        **os.environ,
+        **local_superlink_env(home),
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+
+
 def image_folder(
     root: Path, classes: Sequence[str] = ("a", "b"), per_class: int = 4, side: int = 16
 ) -> Path:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import subprocess
 import sys
@@ -32,7 +31,7 @@ from pflower.config.refusal import (
 )
 from pflower.config.schema import ConfigError
 from pflower.data.sites import _names, federation_fit_problem, site_name
-from tests.helpers import local_superlink_env
+from tests.helpers import bare_flwr_env
 from tests.test_cli import dev_sh
 from tests.test_flwr_run import _stop_local_superlink
 
@@ -234,12 +233,7 @@ def test_a_bare_flwr_run_on_flowers_default_federation_is_refused_in_one_line(
     naming num-supernodes, where it trained 2 of the 4 hospitals and exited 0."""
     flwr = shutil.which("flwr", path=str(Path(sys.executable).parent)) or shutil.which("flwr")
     home = tmp_path / "home"
-    env = {
-        **os.environ,
-        **local_superlink_env(home),
-        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-    }
+    env = bare_flwr_env(home)
     config = natural(hospitals(tmp_path / "h.csv"), f"output-dir='{tmp_path}'")
     cmd = [flwr, "run", ".", "--stream", "--run-config", config]
     try:

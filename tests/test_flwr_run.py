@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.helpers import local_superlink_env
+from tests.helpers import bare_flwr_env, local_superlink_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -101,13 +101,7 @@ def test_the_readme_main_job_runs_offline(tmp_path: Path) -> None:
 def test_flwr_run_rejects_a_bad_config_before_training(tmp_path: Path) -> None:
     flwr = shutil.which("flwr", path=str(Path(sys.executable).parent)) or shutil.which("flwr")
     home = tmp_path / "flwr-home"
-    env = {
-        **os.environ,
-        **local_superlink_env(home),
-        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-        # flwr launches `flower-superlink` by name: this interpreter's bin/ first
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-    }
+    env = bare_flwr_env(home)
     cmd = [flwr, "run", ".", "--stream", "--run-config", f"alpha=0 output-dir='{tmp_path}'"]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -132,12 +126,7 @@ def test_a_bare_flwr_run_prints_no_warning_from_flower_or_ray(tmp_path: Path) ->
     assert pth.is_file() and pth.read_text() == pth_line(), "scripts/dev.sh's set-up writes it"
     flwr = shutil.which("flwr", path=str(Path(sys.executable).parent)) or shutil.which("flwr")
     home = tmp_path / "flwr-home"
-    env = {
-        **os.environ,
-        **local_superlink_env(home),
-        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-    }
+    env = bare_flwr_env(home)
     config = f"num-server-rounds=1 output-dir='{tmp_path / 'out'}'"
     cmd = [flwr, "run", ".", "--stream", "--run-config", config]
     try:

@@ -22,6 +22,7 @@ from typing import Any
 
 from pflower.cli.preflight import preflight
 from pflower.config.schema import ConfigError, describe_settings
+from pflower.flower_notes import WARNINGS as FLOWER_WARNINGS
 
 PROJECT = Path(__file__).resolve().parents[2]
 FEDERATION_DEFAULTS = PROJECT / "scripts" / "federation.toml"
@@ -37,7 +38,7 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # warnings are dropped where they are logged in an environment dev.sh set up
 # (pflower/flower_notes.py); here too, for one made some other way.
 FLOWER_NOTES = (
-    "Since flwr 1.32, default simulated SuperNodes changed from 10 to 2.",
+    FLOWER_WARNINGS[0],
     "To change federation size, use the following command:",
     "flwr federation simulation-config ",
     "Manually terminating ClientAppActor",
