@@ -5,6 +5,7 @@
 # the compose end-to-end (scripts/compose_test.sh). What cannot be provided fails with
 # one line saying what is missing; it never passes without running the containers.
 # The image and the wheelhouse stay as the cache for the next run on this machine.
+# `compose_ci.sh images` stops after the image (dev.sh test builds it beside the tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fail() { echo "compose_ci: FAILED: $*" >&2; exit 1; }
@@ -46,5 +47,9 @@ if ! docker info >/dev/null 2>&1; then
     done
     docker info >/dev/null 2>&1 || fail "dockerd did not answer in 60 s ($log)"
     say "started dockerd (pid $started; stopped on exit)"
+fi
+if [ "${1:-}" = images ]; then
+    bash scripts/docker_images.sh
+    exit 0
 fi
 bash scripts/compose_test.sh

@@ -97,6 +97,16 @@ case "${1:-}" in
         # the tests read the shared data (the CIFAR-10 dev set, Fed-Heart-Disease): one
         # line naming what is missing, not a failure in every test that reads it
         "$VENV/bin/python" -c "from benchmarks.presets import require_shared_data as r; r()"
+        # the container stage's image is built beside the tests (unpacking wheels and
+        # writing layers, mostly I/O: about 3 of CI's minutes), its log shown after them
+        images_pid="" images_log=""
+        if [ "${CI:-}" = true ] || [ "${PFLOWER_COMPOSE_TEST:-}" = 1 ]; then
+            images_log="$(mktemp "${TMPDIR:-/tmp}/pflower-images.XXXXXX")"
+            bash scripts/compose_ci.sh images >"$images_log" 2>&1 &
+            images_pid=$!
+            # a failed test ends this script: the build finishes first (it stops its daemon)
+            trap 'wait "$images_pid" 2>/dev/null || true' EXIT
+        fi
         "$VENV/bin/ruff" check .
         "$VENV/bin/ruff" format --check .
         "$VENV/bin/lint-imports"  # the directions of dependency (pyproject.toml)
@@ -110,7 +120,11 @@ case "${1:-}" in
             PFLOWER_FLOWER_BASE="$VENV" bash scripts/flower142_ci.sh
         fi
         # then the deployment in containers (root, Docker; installs Debian's if missing)
-        if [ "${CI:-}" = true ] || [ "${PFLOWER_COMPOSE_TEST:-}" = 1 ]; then
+        if [ -n "$images_pid" ]; then
+            if wait "$images_pid"; then images_status=built; else images_status="failed (retried below)"; fi
+            trap - EXIT
+            echo "dev.sh: the container image, built beside the tests: $images_status"
+            cat "$images_log" && rm -f "$images_log"
             exec bash scripts/compose_ci.sh  # on this line (PFLOWER_FLOWER)
         fi
         echo "dev.sh: the compose end-to-end did not run (CI=true or PFLOWER_COMPOSE_TEST=1 runs it)"

@@ -26,12 +26,16 @@ mapfile -t flower_tests < <(grep -l -E \
 workers=(-n "${PFLOWER_TEST_WORKERS:-2}" --dist loadfile)  # as dev.sh test
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider "${workers[@]}" -m "not slow" \
     "${flower_tests[@]}" "$@"
-deployed="test_secure_supernode_restart or unregistered or secure_aggregation_over_tls"
-deployed="$deployed or refuses_an_app_it_did_not_approve"
+# one pytest for the slow ones: the deployment file's tests share its two loopback
+# federations (a module fixture) on one worker while the other four run on the other
+t=tests/test_deployment.py
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider "${workers[@]}" \
     "tests/test_secure_aggregation.py::test_secure_runs_equal_plain_runs_up_to_quantization[fedavg]" \
     tests/test_flwr_run.py::test_the_readme_main_job_runs_offline \
     tests/test_federation_fit.py::test_a_bare_flwr_run_on_flowers_default_federation_is_refused_in_one_line \
-    "tests/test_site_launch.py::test_two_sites_train_on_their_own_folders_over_tls_with_auth[cpu]"
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/test_deployment.py -k "$deployed"
+    "tests/test_site_launch.py::test_two_sites_train_on_their_own_folders_over_tls_with_auth[cpu]" \
+    "$t::test_secure_supernode_restart_restores_personal_state" \
+    "$t::test_secure_deployment_refuses_an_unregistered_supernode" \
+    "$t::test_secure_aggregation_over_tls_with_authenticated_sites" \
+    "$t::test_a_site_refuses_an_app_it_did_not_approve_before_running_any_of_it"
 echo "flwr 1.42: the reduced job passed"

@@ -934,6 +934,33 @@ def test_ci_container_stage_says_what_is_missing(tmp_path: Path) -> None:
     )
 
 
+def test_ci_container_stage_builds_only_the_image_when_asked(tmp_path: Path) -> None:
+    """`compose_ci.sh images` (dev.sh test runs it beside the tests) builds the image and
+    stops; without it the stage goes on to the compose end-to-end."""
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy(DOCKER.parent / "scripts" / "compose_ci.sh", repo / "scripts")
+    for step in ("docker_images", "compose_test"):
+        (repo / "scripts" / f"{step}.sh").write_text(f"echo ran {step}\n")
+    bin_dir = _tools_without_docker(tmp_path)
+    (bin_dir / "bash").symlink_to("/bin/bash")
+    for tool in ("dockerd", "docker", "docker-compose", "debootstrap"):  # a daemon answers
+        (bin_dir / tool).write_text("#!/bin/bash\nexit 0\n")
+        (bin_dir / tool).chmod(0o755)
+    ran = {}
+    for args in ([], ["images"]):
+        out = subprocess.run(
+            ["/bin/bash", str(repo / "scripts" / "compose_ci.sh"), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"PATH": str(bin_dir)},
+        )
+        assert out.returncode == 0, out.stderr
+        ran[" ".join(args)] = out.stdout.split()
+    assert ran == {"": ["ran", "compose_test"], "images": ["ran", "docker_images"]}
+
+
 def test_a_supernode_that_requires_secagg_without_a_roster_refuses_to_start() -> None:
     """#62: a compose site (its SuperNode started with a node config, not deploy.site)
     with require-secure-aggregation=true and no roster stops with one line; a roster,
