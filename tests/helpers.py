@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -72,9 +74,6 @@ def bare_flwr_env(home: Path) -> dict[str, str]:
     """This process's environment for a bare ``flwr run .`` as a user types it: the
     local SuperLink of ``local_superlink_env``, no per-run dependency install (offline),
     and this interpreter's bin/ first on PATH (flwr starts ``flower-superlink`` by name)."""
-    import os
-    import sys
-
     return {
         **os.environ,
         **local_superlink_env(home),
