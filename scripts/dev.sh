@@ -104,9 +104,21 @@ case "${1:-}" in
             images_log="$(mktemp "${TMPDIR:-/tmp}/pflower-images.XXXXXX")"
             bash scripts/compose_ci.sh images >"$images_log" 2>&1 &
             images_pid=$!
-            # a failed test ends this script: the build finishes first (it stops its daemon)
-            trap 'wait "$images_pid" 2>/dev/null || true; rm -f "$images_log"' EXIT
         fi
+        # and the second Flower line's reduced job (flwr 1.42, a layer over this venv), on
+        # one worker: alone it kept the 2 cores about half busy (its deployments wait on
+        # the processes they start), so beside the suite it costs it little
+        flwr142_pid="" flwr142_log=""
+        if [ "${PFLOWER_FLOWER:-1.39}" = 1.39 ] && { [ "${CI:-}" = true ] || [ "${PFLOWER_FLOWER142_TEST:-}" = 1 ]; }; then
+            flwr142_log="$(mktemp "${TMPDIR:-/tmp}/pflower-flwr142.XXXXXX")"
+            PFLOWER_FLOWER_BASE="$VENV" PFLOWER_TEST_WORKERS="${PFLOWER_FLOWER142_WORKERS:-1}" \
+                bash scripts/flower142_ci.sh >"$flwr142_log" 2>&1 &
+            flwr142_pid=$!
+        fi
+        # a failed test ends this script: the jobs beside it finish first (the image's
+        # build stops its daemon), their logs removed
+        trap 'for p in $images_pid $flwr142_pid; do wait "$p" 2>/dev/null || true; done
+              rm -f $images_log $flwr142_log' EXIT
         "$VENV/bin/ruff" check .
         "$VENV/bin/ruff" format --check .
         "$VENV/bin/lint-imports"  # the directions of dependency (pyproject.toml)
@@ -115,9 +127,12 @@ case "${1:-}" in
         # on CI's 2 cores. PFLOWER_TEST_WORKERS=0 runs it in this process, one by one
         "$VENV/bin/python" -m pytest -q -rs --durations=40 \
             -n "${PFLOWER_TEST_WORKERS:-2}" --dist loadfile "$@"  # the slowest 40 named
-        # then the second Flower line's reduced job (flwr 1.42, a layer over this venv)
-        if [ "${PFLOWER_FLOWER:-1.39}" = 1.39 ] && { [ "${CI:-}" = true ] || [ "${PFLOWER_FLOWER142_TEST:-}" = 1 ]; }; then
-            PFLOWER_FLOWER_BASE="$VENV" bash scripts/flower142_ci.sh
+        # then the 1.42 job's result
+        if [ -n "$flwr142_pid" ]; then
+            if wait "$flwr142_pid"; then flwr142_status=passed; else flwr142_status=FAILED; fi
+            echo "dev.sh: flwr 1.42's reduced job, run beside the tests: $flwr142_status"
+            cat "$flwr142_log" && rm -f "$flwr142_log"
+            [ "$flwr142_status" = passed ] || exit 1
         fi
         # then the deployment in containers (root, Docker; installs Debian's if missing)
         if [ -n "$images_pid" ]; then

@@ -20,22 +20,16 @@ case "$VENV" in /*) bin="$VENV/bin" ;; *) bin="$PWD/$VENV/bin" ;; esac
 export PATH="$bin:$PATH"  # flwr's own commands: 1.42's
 # the tests that reach Flower (the rest is the same code on both lines, run by the
 # 1.39 suite): a file that imports it, asks which line is installed, or starts a
-# loopback deployment
+# loopback deployment; their fast tests and the slow ones marked flower142, in one
+# pytest: the fast ones, half waiting on processes they start, fill the other worker
+# while the deployment file's tests (sharing its two loopback federations) run
 mapfile -t flower_tests < <(grep -l -E \
     "^\s*(import|from) (flwr|pflower\.flower_lines)|LoopbackFederation" tests/test_*.py)
+marked=(  # files with a flower142 test that the search above does not find
+    tests/test_secure_aggregation.py::test_secure_runs_equal_plain_runs_up_to_quantization
+    tests/test_flwr_run.py::test_the_readme_main_job_runs_offline
+)
 workers=(-n "${PFLOWER_TEST_WORKERS:-2}" --dist loadfile)  # as dev.sh test
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider "${workers[@]}" -m "not slow" \
-    "${flower_tests[@]}" "$@"
-# one pytest for the slow ones: the deployment file's tests share its two loopback
-# federations (a module fixture) on one worker while the other four run on the other
-t=tests/test_deployment.py
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider "${workers[@]}" \
-    "tests/test_secure_aggregation.py::test_secure_runs_equal_plain_runs_up_to_quantization[fedavg]" \
-    tests/test_flwr_run.py::test_the_readme_main_job_runs_offline \
-    tests/test_federation_fit.py::test_a_bare_flwr_run_on_flowers_default_federation_is_refused_in_one_line \
-    "tests/test_site_launch.py::test_two_sites_train_on_their_own_folders_over_tls_with_auth[cpu]" \
-    "$t::test_secure_supernode_restart_restores_personal_state" \
-    "$t::test_secure_deployment_refuses_an_unregistered_supernode" \
-    "$t::test_secure_aggregation_over_tls_with_authenticated_sites" \
-    "$t::test_a_site_refuses_an_app_it_did_not_approve_before_running_any_of_it"
+    -m "not slow or flower142" "${flower_tests[@]}" "${marked[@]}" "$@"
 echo "flwr 1.42: the reduced job passed"

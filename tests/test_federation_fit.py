@@ -225,6 +225,7 @@ def test_with_a_supernode_a_site_the_run_completes_named_by_the_sites(tmp_path: 
 
 
 @pytest.mark.slow
+@pytest.mark.flower142
 def test_a_bare_flwr_run_on_flowers_default_federation_is_refused_in_one_line(
     tmp_path: Path,
 ) -> None:

@@ -41,6 +41,7 @@ def _stop_local_superlink(flwr_home: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.flower142
 def test_the_readme_main_job_runs_offline(tmp_path: Path) -> None:
     """`bash scripts/dev.sh run` (set-up skipped: this environment is installed), the
     main job for two rounds: it prints no warning from Flower or Ray (#95: none a user

@@ -57,7 +57,7 @@ def _run(method: str, secure: bool, tmp_path: Path, seen: list, counts: list | N
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["fedavg", "fedper"])
+@pytest.mark.parametrize("method", [pytest.param("fedavg", marks=pytest.mark.flower142), "fedper"])
 def test_secure_runs_equal_plain_runs_up_to_quantization(method: str, tmp_path: Path) -> None:
     secure_seen: list = []
     plain_seen: list = []

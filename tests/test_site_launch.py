@@ -48,7 +48,7 @@ def cached_labels(state_dir: Path) -> np.ndarray:
 @pytest.mark.parametrize(
     "device",
     [
-        "cpu",
+        pytest.param("cpu", marks=pytest.mark.flower142),
         pytest.param(
             "cuda:0",
             marks=[
