@@ -6,8 +6,8 @@
 # job through `flwr run`, a bare `flwr run .` on Flower's own default federation (2
 # SuperNodes) refused where the data have 4 sites, and loopback deployments over
 # 1.42's HTTP Fleet: three sites with TLS and SuperNode authentication, one restarted
-# (its personal state restored), an unregistered node refused, SecAgg+ between the
-# sites, a modified app refused by hash at every site, and two sites started by
+# (its personal state restored), an unregistered node refused, SecAgg+ between three
+# roster sites with signed keys, a modified app refused by hash at every site, and two sites started by
 # deploy.site on their own folders.
 set -euo pipefail
 cd "$(dirname "$0")/.."

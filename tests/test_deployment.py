@@ -425,25 +425,6 @@ def test_secure_deployment_refuses_an_unregistered_supernode(federations) -> Non
     assert all(str(i) in listed for i in fed.node_ids.values())
 
 
-@pytest.mark.flower142
-def test_secure_aggregation_over_tls_with_authenticated_sites(federations) -> None:
-    """A second run on the TLS + authentication federation, with SecAgg+ on: the
-    server only ever unmasks the sum of the three sites' uploads. One round: each of
-    its four SecAgg+ stages starts a ClientApp process at every site (about 60 s a
-    round here); the rounds after it are the same protocol again, run by the SecAgg+
-    tests in simulation and tests/test_secagg_protocol.py's deployed run."""
-    fed: LoopbackFederation = federations["secure"]
-    assert fed.wait_run(fed.run_id, RUN_TIMEOUT) == "finished:completed"  # the first run
-    cfg = {**_run_config(fed.root, "fedavg"), "run-name": "secagg", "num-server-rounds": 1}
-    run_id = fed.run({**cfg, "secure-aggregation": True})
-    assert fed.wait_run(run_id, RUN_TIMEOUT) == "finished:completed"
-    res = json.loads((fed.root / "out" / "secagg" / "results.json").read_text())
-    assert [r["round"] for r in res["rounds"]] == [1]
-    assert sorted(res["rounds"][-1]["per_client_accuracy"]) == SITES
-    assert all(0 < r["secagg_aggregate_max_abs"] < 8.0 for r in res["rounds"])
-    assert res["config"]["secure-aggregation"] is True
-
-
 def test_plain_deployment_completes_and_keeps_personal_state_on_each_site(federations) -> None:
     fed: LoopbackFederation = federations["plain"]
     assert fed.wait_run(fed.run_id, RUN_TIMEOUT) == "finished:completed"
@@ -1054,13 +1035,15 @@ def test_flowers_142_job_runs_what_its_issue_asks_of_it() -> None:
         "test_deployment.py": {
             "test_secure_supernode_restart_restores_personal_state",
             "test_secure_deployment_refuses_an_unregistered_supernode",
-            "test_secure_aggregation_over_tls_with_authenticated_sites",
             "test_a_site_refuses_an_app_it_did_not_approve_before_running_any_of_it",
         },
         "test_federation_fit.py": {
             "test_a_bare_flwr_run_on_flowers_default_federation_is_refused_in_one_line"
         },
         "test_flwr_run.py": {"test_the_readme_main_job_runs_offline"},
+        "test_secagg_protocol.py": {
+            "test_a_deployed_secure_run_completes_with_signed_keys_and_an_outsider_is_refused"
+        },
         "test_secure_aggregation.py": {"test_secure_runs_equal_plain_runs_up_to_quantization"},
         "test_site_launch.py": {"test_two_sites_train_on_their_own_folders_over_tls_with_auth"},
     }

@@ -322,6 +322,7 @@ def test_a_site_refuses_a_set_up_in_another_protocol(
 
 
 @pytest.mark.slow
+@pytest.mark.flower142
 def test_a_deployed_secure_run_completes_with_signed_keys_and_an_outsider_is_refused(
     tmp_path: Path,
 ) -> None:
@@ -371,6 +372,9 @@ def test_a_deployed_secure_run_completes_with_signed_keys_and_an_outsider_is_ref
                 res = json.loads((tmp_path / "out" / "signed" / "results.json").read_text())
                 assert [r["replies"] for r in res["rounds"]] == [3, 3]
                 assert sorted(res["rounds"][-1]["per_client_accuracy"]) == sites
+                # the server unmasked only the sum, within the clipping range
+                assert all(0 < r["secagg_aggregate_max_abs"] < 8.0 for r in res["rounds"])
+                assert res["config"]["secure-aggregation"] is True
         fed.wait_for(lambda: "SuperNode ID" in nodes["outsider"].text(), 120, "outsider")
         run_id = fed.run({**config, "min-available-clients": 4, "run-name": "outsider"})
         fed.wait_run(run_id, 900)
