@@ -106,8 +106,9 @@ case "${1:-}" in
             images_pid=$!
         fi
         # and the second Flower line's reduced job (flwr 1.42, a layer over this venv), on
-        # one worker: alone it kept the 2 cores about half busy (its deployments wait on
-        # the processes they start), so beside the suite it costs it little
+        # one worker: alone it left half the 2 cores idle; beside the suite it fills them
+        # (the suite takes longer, the whole less: docs/notes/2026-12-06-where-the-test-
+        # commands-time-goes.md)
         flwr142_pid="" flwr142_log=""
         if [ "${PFLOWER_FLOWER:-1.39}" = 1.39 ] && { [ "${CI:-}" = true ] || [ "${PFLOWER_FLOWER142_TEST:-}" = 1 ]; }; then
             flwr142_log="$(mktemp "${TMPDIR:-/tmp}/pflower-flwr142.XXXXXX")"
