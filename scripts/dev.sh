@@ -117,8 +117,9 @@ case "${1:-}" in
             flwr142_pid=$!
         fi
         # a failed test ends this script: the jobs beside it finish first (the image's
-        # build stops its daemon), their logs removed
+        # build stops its daemon; the 1.42 job's log, not printed yet, is), logs removed
         trap 'for p in $images_pid $flwr142_pid; do wait "$p" 2>/dev/null || true; done
+              [ -n "$flwr142_log" ] && [ -f "$flwr142_log" ] && cat "$flwr142_log"
               rm -f $images_log $flwr142_log' EXIT
         "$VENV/bin/ruff" check .
         "$VENV/bin/ruff" format --check .

@@ -7,8 +7,8 @@
 # SuperNodes) refused where the data have 4 sites, and loopback deployments over
 # 1.42's HTTP Fleet: three sites with TLS and SuperNode authentication, one restarted
 # (its personal state restored), an unregistered node refused, SecAgg+ between three
-# roster sites with signed keys, a modified app refused by hash at every site, and two sites started by
-# deploy.site on their own folders.
+# roster sites with signed keys, a modified app refused by hash at every site, and
+# two sites started by deploy.site on their own folders.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PFLOWER_FLOWER=1.42 PFLOWER_FLOWER_BASE="${PFLOWER_FLOWER_BASE:-.venv}"
@@ -21,8 +21,7 @@ export PATH="$bin:$PATH"  # flwr's own commands: 1.42's
 # the tests that reach Flower (the rest is the same code on both lines, run by the
 # 1.39 suite): a file that imports it, asks which line is installed, or starts a
 # loopback deployment; their fast tests and the slow ones marked flower142, in one
-# pytest: the fast ones, half waiting on processes they start, fill the other worker
-# while the deployment file's tests (sharing its two loopback federations) run
+# pytest (dev.sh test runs it on one worker, beside the 1.39 suite)
 mapfile -t flower_tests < <(grep -l -E \
     "^\s*(import|from) (flwr|pflower\.flower_lines)|LoopbackFederation" tests/test_*.py)
 marked=(  # files with a flower142 test that the search above does not find
