@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -854,8 +855,8 @@ def test_scale_100k_ci_variant_streams_rounds_of_one_percent(tmp_path):
 def test_scale_1m_ci_variant_runs_flwr_run_and_in_process_alike(tmp_path):
     """scale-1m's reduced CI variant (2,000 clients, 1% a round, 2 rounds), through
     ``flwr run`` (its local SuperLink stopped after) and the in-process engine: both
-    train the same 20 clients a round to the same numbers; Flower's engine ran with
-    sparse node stores and compact nodes; the run reports its personal state (in
+    train the same 20 clients a round to the same numbers; Flower's engine ran on
+    sparse node stores (built so or converted at its start) and compact nodes; the run reports its personal state (in
     memory: at most 40 clients can train); the model report is written."""
     from benchmarks.__main__ import main
     from benchmarks.runner import run_processes
@@ -873,7 +874,12 @@ def test_scale_1m_ci_variant_runs_flwr_run_and_in_process_alike(tmp_path):
         assert a["per_client_accuracy"] == b["per_client_accuracy"]
         assert a["per_client_train_loss"] == pytest.approx(b["per_client_train_loss"], abs=1e-6)
     log = (cells["flwr_run-seed0"] / "cell.log").read_text()
-    assert "2000 nodes, their stores sparse, the LinkState's nodes compact" in log
+    # At a few thousand nodes Flower may build its stores before the app's import
+    # patches it (pflower/patches/node_stores.py); then they are converted when the
+    # engine starts. Either way the engine runs on sparse stores, never Flower's.
+    assert re.search(
+        r"2000 nodes, their stores (sparse|converted), the LinkState's nodes compact", log
+    )
     assert run_processes(cells["flwr_run-seed0"] / "flwr-home") == []  # stopped
     status = json.loads((cells["flwr_run-seed0"] / "cell.json").read_text())
     assert status["peak_rss"] > 0 and status["launched_at"] < ray["rounds"][0]["started_at"]
