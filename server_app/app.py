@@ -27,7 +27,6 @@ from strategies import checkpoint, outcome, streaming
 from strategies.reply_log import ReplyLog
 
 log = logging.getLogger("flwr.pflower")
-TTL_GRACE = 5.0  # s a wait outlasts the round's timeout, so a message's expiry answers first
 pflower.patches.linkstate_index()  # simulation: the engine runs in this process (pflower.patches)
 pflower.patches.engine_wakeups()  # after linkstate-index: it wraps what that stores
 pflower.patches.object_retries()  # deployed: replies' parts asked for again soon
@@ -147,13 +146,6 @@ def _run(grid: Grid, context: Context, overrides: dict[str, Any] | None) -> None
     if declared and strategy.recorder is not None:
         strategy.recorder.extra["data_source"] = {"declared_by": "the sites", **declared}
     cfg = components.strategy.cfg  # the run config build_server validated
-    if isinstance(grid, PollingGrid) and cfg.round_timeout:
-        # Flower's legacy round, SecAgg+ stages and DefaultWorkflow's evaluation wait
-        # with no timeout of their own: a soak's SecAgg+ run waited on a site whose
-        # reply a network cut lost until the soak was stopped, and a round waited 181 s
-        # on a reply whose parts the cut cut off. The message's own expiry (its TTL is
-        # the round's timeout) answers first for a site that never replies.
-        grid.longest_wait = cfg.round_timeout + TTL_GRACE
     if not cfg.secure_aggregation:
         if simulated_grid(grid):  # a federation of numbers, no proxy a node (server_app/nodes.py)
             run_simulated(grid, components.config, components.strategy)
@@ -169,6 +161,11 @@ def _run(grid: Grid, context: Context, overrides: dict[str, Any] | None) -> None
         clipping_range=cfg.secagg_clipping_range,
         quantization_range=cfg.secagg_quantization_range,
     )
+    if isinstance(grid, PollingGrid):
+        # Flower's SecAgg+ stages and its DefaultWorkflow's evaluation wait with no
+        # timeout of their own: for every site, and a site whose reply a network cut
+        # lost held the run for as long as a soak lasted. A round's timeout bounds them.
+        grid.longest_wait = cfg.round_timeout or None
     log.info(
         "secure aggregation (SecAgg+, %s): the server sees only the sum of the uploads; "
         "values clipped to +-%g, %d quantization levels",

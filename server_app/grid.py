@@ -85,7 +85,7 @@ class PollingGrid(Grid):
         self.pause: Callable[[float], None] = time.sleep  # between polls (tests record it)
         self.clock: Callable[[], float] = time.monotonic  # the node list's age (tests set it)
         self._wakes = _notified_of_replies(grid)  # see _pause
-        self.longest_wait: float | None = None  # a wait asked with no timeout (see _parts_late)
+        self.longest_wait: float | None = None  # a wait asked with no timeout waits this
 
     def __getattr__(self, name: str) -> Any:  # anything a Grid subclass adds
         return getattr(self._grid, name)
@@ -162,7 +162,7 @@ class PollingGrid(Grid):
     def send_and_receive(
         self, messages: Iterable[Message], *, timeout: float | None = None
     ) -> Iterable[Message]:
-        ids = list(self.push_messages(messages := list(messages)))
+        ids = list(self.push_messages(messages))
         if None in ids:  # Flower's HttpGrid could not store these: no reply will come
             log.warning(
                 "%d of %d messages were not pushed; not waiting for them", ids.count(None), len(ids)
@@ -178,14 +178,13 @@ class PollingGrid(Grid):
                 )
                 self._collector.start()
             self._lock.notify()
-        awaited.done.wait(waited := timeout if timeout is not None else self.longest_wait)
+        awaited.done.wait(timeout if timeout is not None else self.longest_wait)
         with self._lock:  # on time or not: what came is the caller's, the rest is dropped
-            late = [i for i in awaited.ids if i in self._downloading]
             for message_id in awaited.ids:
                 self._awaited.pop(message_id, None)
         if awaited.error is not None:
             raise awaited.error
-        return list(awaited.replies) + _parts_late(late, dict(zip(ids, messages)), waited)
+        return list(awaited.replies)
 
     def _collect(self) -> None:
         """Find every awaited reply in one request; hand each to its caller."""
@@ -269,27 +268,6 @@ class PollingGrid(Grid):
                     awaited.replies.append(reply)
                     if not awaited.ids:
                         awaited.done.set()
-
-
-def _parts_late(late: list[str], sent: dict[str, Any], waited: float | None) -> list[Message]:
-    """Error replies for the messages whose replies came without all their parts in
-    time (their site cut off, or dead, while it uploaded): the round goes on without
-    them, not after the minutes the downloads' retries would take. A wait asked with no
-    timeout ends at ``longest_wait``: Flower's legacy proxies ask with none (their
-    message's TTL answers for a site that never replies, not for a reply whose parts
-    never come), as do its SecAgg+ stages and its DefaultWorkflow's evaluation."""
-    from flwr.common import Error
-    from flwr.common.constant import ErrorCode
-
-    reason = f"the reply came, its parts did not within {waited:g} s (round-timeout)"
-    replies = []
-    for message in (sent[i] for i in late if isinstance(sent.get(i), Message)):
-        log.warning(
-            "node %d: %s; the round goes on without it", message.metadata.dst_node_id, reason
-        )
-        error = Error(code=ErrorCode.REPLY_MESSAGE_UNAVAILABLE, reason=reason)
-        replies.append(Message(error, reply_to=message))
-    return replies
 
 
 def _notified_of_replies(grid: Grid) -> bool:

@@ -327,34 +327,6 @@ def test_a_reply_whose_parts_have_not_arrived_holds_back_no_other_reply():
     assert len(runtime.confirmed) == 2  # each receipt went to the SuperLink, once
 
 
-def test_a_reply_whose_parts_never_come_is_an_error_reply_after_the_longest_wait():
-    """A site cut off while it uploaded its reply: the reply is on the SuperLink, its
-    parts never come. Flower's legacy proxy waits with no timeout (its message's TTL
-    answers only for a reply that never came), so the download's retries held a soak's
-    round 181 s; here the wait ends at ``longest_wait`` (the run's round-timeout and a
-    grace) with an error reply that says why, and the round goes on."""
-    from flwr.app import Metadata, RecordDict
-    from flwr.app.message import make_message
-    from flwr.common.constant import ErrorCode
-    from flwr.supercore.run import Run
-    from flwr.superlink.grid.http_grid import HttpGrid
-
-    from server_app import grid as polling
-
-    http = HttpGrid(token="t")
-    http.set_run(Run.create_empty(7))
-    http._client = _FakeRuntime(stuck="m-stuck")
-    http.push_messages = lambda messages: ["m-stuck" for _ in messages]
-    grid = polling.PollingGrid(http)
-    grid.longest_wait = 1.0
-    sent = make_message(Metadata(7, "m-sent", 0, 5, "", "g", 0.0, 60.0, "train"), RecordDict())
-    started = time.monotonic()
-    (reply,) = grid.send_and_receive([sent])  # no timeout: Flower's legacy proxy's call
-    assert time.monotonic() - started < 10  # not the retries' minutes
-    assert reply.has_error() and reply.error.code == ErrorCode.REPLY_MESSAGE_UNAVAILABLE
-    assert "its parts did not within 1 s (round-timeout)" in reply.error.reason
-
-
 def test_the_site_idle_poll_backs_off_and_resets_on_a_message(monkeypatch):
     import flwr.supernode.start_client_internal as loop
 
