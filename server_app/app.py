@@ -161,11 +161,6 @@ def _run(grid: Grid, context: Context, overrides: dict[str, Any] | None) -> None
         clipping_range=cfg.secagg_clipping_range,
         quantization_range=cfg.secagg_quantization_range,
     )
-    if isinstance(grid, PollingGrid):
-        # Flower's SecAgg+ stages and its DefaultWorkflow's evaluation wait with no
-        # timeout of their own: for every site, and a site whose reply a network cut
-        # lost held the run for as long as a soak lasted. A round's timeout bounds them.
-        grid.longest_wait = cfg.round_timeout or None
     log.info(
         "secure aggregation (SecAgg+, %s): the server sees only the sum of the uploads; "
         "values clipped to +-%g, %d quantization levels",

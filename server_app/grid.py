@@ -85,7 +85,6 @@ class PollingGrid(Grid):
         self.pause: Callable[[float], None] = time.sleep  # between polls (tests record it)
         self.clock: Callable[[], float] = time.monotonic  # the node list's age (tests set it)
         self._wakes = _notified_of_replies(grid)  # see _pause
-        self.longest_wait: float | None = None  # a wait asked with no timeout waits this
 
     def __getattr__(self, name: str) -> Any:  # anything a Grid subclass adds
         return getattr(self._grid, name)
@@ -178,7 +177,7 @@ class PollingGrid(Grid):
                 )
                 self._collector.start()
             self._lock.notify()
-        awaited.done.wait(timeout if timeout is not None else self.longest_wait)
+        awaited.done.wait(timeout)
         with self._lock:  # on time or not: what came is the caller's, the rest is dropped
             for message_id in awaited.ids:
                 self._awaited.pop(message_id, None)

@@ -3,7 +3,6 @@ shared uploads; methods that need individual uploads refuse before training."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -201,61 +200,3 @@ def test_a_secure_round_survives_a_client_that_drops_before_sharing_keys(tmp_pat
     assert record["replies"] == 3
     assert record["dp_noise_multiplier_achieved"] == pytest.approx(0.75**0.5)
     assert record["dp_epsilon"] > 0
-
-
-@pytest.mark.slow
-def test_a_secure_round_goes_on_without_a_site_that_stops_answering(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A site that goes silent in the middle of SecAgg+ (here: client 0 sleeps 30 s in
-    the share-keys stage of round 1 and in its evaluation, as when a network cut lost its
-    replies) holds each for at most the run's ``round-timeout``: round 1 is summed and
-    scored over the other three, and the site is back in a later round. Flower's SecAgg+
-    stages and its DefaultWorkflow's evaluation wait for every site by default: a soak's
-    SecAgg+ run waited for a site whose reply a cut had lost for as long as the soak
-    lasted."""
-    import time
-
-    from flwr.client.mod.utils import make_ffn
-    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
-    from flwr.simulation import run_simulation
-
-    from client_app.app import make_client_app
-    from server_app.app import make_server_app
-
-    def silent_site(msg, context, call_next):
-        configs = msg.content.config_records.get(RECORD_KEY_CONFIGS, {})
-        asked = (
-            configs.get(Key.STAGE) == Stage.SHARE_KEYS or msg.metadata.message_type == "evaluate"
-        )
-        if context.node_config["partition-id"] == 0 and msg.metadata.group_id == "1" and asked:
-            time.sleep(30)
-        return call_next(msg, context)
-
-    config = {
-        **SMALL,
-        "method": "fedavg",
-        "num-server-rounds": 4,
-        "secure-aggregation": True,
-        "secagg-reconstruction-threshold": 0.5,
-        "round-timeout": 10,
-        "eval-in-fit": False,
-        "output-dir": str(tmp_path),
-        "run-name": "silent",
-    }
-    # an actor each, one message at a time: none waits in the silent site's actor behind
-    # its sleep (a deployment's sites share no process)
-    monkeypatch.setattr("pflower.patches.ray_pipeline.IN_FLIGHT", 1)
-    client_app = make_client_app(config)
-    client_app._call = make_ffn(client_app._call, [silent_site])  # the app's mods, then this
-    run_simulation(
-        server_app=make_server_app(config),
-        client_app=client_app,
-        num_supernodes=4,
-        backend_config={"client_resources": {"num_cpus": 0.5, "num_gpus": 0.0}},
-    )
-    rounds = json.loads((tmp_path / "silent" / "results.json").read_text())["rounds"]
-    # waited for, client 0 would be in round 1's sum and scores (4, 4)
-    assert rounds[0]["replies"] == 3 and len(rounds[0]["per_client_accuracy"]) == 3
-    assert "client-0" not in rounds[0]["per_client_accuracy"]
-    assert rounds[-1]["replies"] == 4 and len(rounds[-1]["per_client_accuracy"]) == 4
