@@ -856,8 +856,9 @@ def test_scale_1m_ci_variant_runs_flwr_run_and_in_process_alike(tmp_path):
     """scale-1m's reduced CI variant (2,000 clients, 1% a round, 2 rounds), through
     ``flwr run`` (its local SuperLink stopped after) and the in-process engine: both
     train the same 20 clients a round to the same numbers; Flower's engine ran on
-    sparse node stores (built so or converted at its start) and compact nodes; the run reports its personal state (in
-    memory: at most 40 clients can train); the model report is written."""
+    sparse node stores (built so or converted at its start) and compact nodes; the
+    run reports its personal state (in memory: at most 40 clients can train); the
+    model report is written."""
     from benchmarks.__main__ import main
     from benchmarks.runner import run_processes
 
