@@ -1106,3 +1106,26 @@ def test_cpu_roles_count_the_raylet_and_rays_agents_as_services_not_actors():
     }
     for proc, role in cases.items():
         assert role_of(proc, 1) == ROLES[role], proc.args
+
+
+def test_paired_codes_pairs_ratios_within_a_repeat(tmp_path: Path) -> None:
+    """benchmarks/studies/paired_codes.py: a ratio is two rows of the same repeat (not two
+    medians), a failed cell (nan) drops out, and s/round is the median round after the first."""
+    from benchmarks.studies.paired_codes import s_per_round, table
+
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"rounds": [{"seconds": s} for s in (5.0, 1.0, 3.0, 2.0)]}))
+    assert s_per_round(results) == 2.0
+    samples = {
+        (0, "s", "head-inproc"): 1.0,
+        (0, "s", "base-inproc"): 2.0,
+        (1, "s", "head-inproc"): 4.0,
+        (1, "s", "base-inproc"): 4.0,
+        (2, "s", "head-inproc"): float("nan"),
+        (2, "s", "base-inproc"): 9.0,
+    }
+    lines = table(samples).splitlines()
+    # paired: 1/2 and 4/4 (median 0.75); a ratio of the medians would be 2.5/4 = 0.625
+    assert "| s | head-inproc / base-inproc | 0.750 | 0.500-1.000 | 2 |" in lines
+    assert "| s | head-inproc | 2.500 | 1.000-4.000 | 2 |" in lines
+    assert "| s | base-inproc | 4.000 | 2.000-9.000 | 3 |" in lines
