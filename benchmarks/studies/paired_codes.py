@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -59,9 +60,12 @@ def run_cell(tree: Path, setting: str, row: str, out: Path) -> float:
     env = {**os.environ, "PYTHONPATH": str(tree), "PFLOWER_DATA_DIR": str(SHARED_DATA)}
     cmd = [sys.executable, "-m", "benchmarks", "run", "pfl-side-by-side"]
     cmd += ["--settings", setting, "--rows", row, "--rerun", "--out", str(out)]
-    subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
+    done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
     found = sorted(out.glob("runs/*/*/*/results.json"))
-    return s_per_round(found[0]) if found else float("nan")
+    if done.returncode != 0 or not found:
+        print(f"{row} in {tree} failed:\n{done.stderr[-2000:]}", file=sys.stderr)
+        return float("nan")
+    return s_per_round(found[0])
 
 
 def table(samples: dict[tuple[int, str, str], float]) -> str:
@@ -79,7 +83,7 @@ def table(samples: dict[tuple[int, str, str], float]) -> str:
             ]
             named.append((f"{a} / {b}", ratios))
         for name, values in named:
-            v = [x for x in values if x is not None and x == x]
+            v = [x for x in values if x is not None and not math.isnan(x)]
             if v:
                 med, lo, hi = statistics.median(v), min(v), max(v)
                 lines.append(f"| {setting} | {name} | {med:.3f} | {lo:.3f}-{hi:.3f} | {len(v)} |")
