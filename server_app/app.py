@@ -23,7 +23,7 @@ from server_app import site_info
 from server_app.grid import PollingGrid
 from server_app.method_strategy import build_method_strategy
 from server_app.nodes import run_simulated, simulated_grid
-from strategies import checkpoint, outcome, streaming
+from strategies import checkpoint, outcome
 from strategies.reply_log import ReplyLog
 
 log = logging.getLogger("flwr.pflower")
@@ -66,18 +66,19 @@ def build_server(context: Context, overrides: dict[str, Any] | None = None) -> S
     if cfg.input_shape:
         held = "the sites' data" if cfg.dataset == "synthetic" else cfg.dataset
         on = f"{held} (input shape {cfg.input_shape})"
+    strategy = build_method_strategy(method, cfg, model, recorder)
     log.info(
-        "%s on %s (%s): %d shared / %d personal tensors; results -> %s",
+        "%s on %s (%s): %d shared / %d personal tensors; aggregation %s; results -> %s",
         cfg.method,
         on,
         cfg.model,
         len(roles.shared),
         len(roles.personal),
+        f"held: {strategy.held_reason}" if strategy.held_reason else "streamed",
         recorder.dir,
     )
-    strategy = build_method_strategy(method, cfg, model, recorder)
     if cfg.reply_log:  # strategies/reply_log.py
-        if not streaming.streams(strategy):
+        if strategy.held_reason:
             raise ConfigError(
                 "config key 'reply-log': the log holds streamed rounds (a mean of the "
                 "replies); this run's aggregation is held (SecAgg+, DP, a robust rule, or "

@@ -31,4 +31,5 @@ def build_method_strategy(
         recorder=recorder,
         default_aggregation=method.aggregation,
         wire=wire,
+        holds_replies=method.per_client,
     )

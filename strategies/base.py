@@ -5,17 +5,23 @@ module: sampling (strategies/sampling.py), reply validation and client identity
 (strategies/privacy.py), checkpoints (strategies/checkpoint.py) and the round
 records (strategies/recording.py).
 
-A method overrides ``aggregate`` (and, for per-client aggregation, ``payload_for``;
-for server state beyond the global tensors, ``server_state``/``restore_server_state``).
+A round's replies are folded into a running mean as they arrive (strategies/streaming.py)
+unless a rule needs every reply at once (``held_reason``): SecAgg+, central DP, a robust
+rule, ``streamed-aggregation=false``, or a method whose card says why its aggregation
+needs them (``Method.per_client``); only such a method overrides ``aggregate`` (and, for
+per-client aggregation, ``payload_for``). Server state beyond the global tensors:
+``server_state``/``restore_server_state``.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import Any
 
 import numpy as np
+import torch
 from flwr.common import (
     EvaluateIns,
     EvaluateRes,
@@ -34,9 +40,10 @@ from models.roles import DP_PARTICIPANTS, TensorSpec
 from models.wire import Wire
 from pflower.config.schema import RunConfig
 from pflower.results import RunRecorder
-from strategies import checkpoint, privacy, streaming
+from strategies import budget, checkpoint, kernels, privacy
 from strategies.bystanders import Bystanders
 from strategies.payloads import Payloads
+from strategies.privacy import secure_decoder
 from strategies.recording import RoundLog, Rounds, evaluations_in_fit
 from strategies.replies import (
     ClassListMismatch,
@@ -54,10 +61,17 @@ from strategies.replies import (
     take_arrays,
 )
 from strategies.reply_log import ReplyLog
-from strategies.robust import Bounds, NormHistory, bound_round, mean_by_rule, weighted_mean
+from strategies.robust import (
+    Bounds,
+    NormHistory,
+    bound_round,
+    decoded_references,
+    mean_by_rule,
+    weighted_mean,
+)
 from strategies.roster import load_roster
 from strategies.sampling import Sampler
-from strategies.streaming import StreamedRound
+from strategies.streaming import StreamedRound, folding
 
 log = logging.getLogger("flwr.pflower")
 
@@ -79,11 +93,19 @@ class PFLStrategy(Strategy):
         recorder: RunRecorder | None = None,
         default_aggregation: str | None = None,
         wire: Wire | None = None,
+        holds_replies: str = "",
     ) -> None:
         super().__init__()
+        if type(self).aggregate is not PFLStrategy.aggregate and not holds_replies:
+            raise TypeError(
+                f"{type(self).__name__} overrides aggregate, but its method's card does not "
+                "say why its aggregation needs every reply at once (Method.per_client)"
+            )
+        # the card's reason its aggregation needs every reply (empty: a mean, streamed)
+        self.holds_replies = holds_replies
         if default_aggregation is not None:
             self.default_aggregation = default_aggregation  # the method's rule (methods/)
-        self.cfg, self.spec, self.recorder = cfg, spec, recorder
+        self.cfg, self.spec = cfg, spec
         self.wire = wire if wire is not None else Wire.of_spec(spec)
         spill = recorder.dir / "client-payloads" if recorder is not None else None
         self.payloads = Payloads(self.wire, initial, cfg.personal_state_budget_mb * 2**20, spill)
@@ -96,6 +118,14 @@ class PFLStrategy(Strategy):
         self.spare_sum: tuple[NDArrays, NDArrays] | None = None  # the last one's sum buffers
         self.bystanders = Bystanders()  # clients that do not train (FedFac's new clients)
         self.reply_log: ReplyLog | None = None  # reply-log: set by the ServerApp
+        # where a streamed round sums its replies (None: the host; the in-process engine
+        # sets a GPU its clients all train on, strategies/device_fold.py)
+        self.fold_device: torch.device | None = None
+
+    @property
+    def recorder(self) -> RunRecorder | None:
+        """The run's results (None: not recorded), the one its rounds write to."""
+        return self.rounds.recorder
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(method={self.cfg.method})"
@@ -108,8 +138,21 @@ class PFLStrategy(Strategy):
         return self.default_aggregation if chosen == "default" else chosen
 
     @property
-    def own_aggregation(self) -> bool:  # a method's own ``aggregate``: not a mean of the replies
-        return type(self).aggregate is not PFLStrategy.aggregate
+    def held_reason(self) -> str:
+        """Why this run's rounds hold every reply until the round ends ("" : each reply is
+        folded as it arrives, strategies/streaming.py)."""
+        cfg = self.cfg
+        if self.holds_replies:
+            return f"the method's aggregation needs every reply ({self.holds_replies})"
+        if cfg.secure_aggregation:
+            return "secure-aggregation: the server sees one sum"
+        if self.dp.on:
+            return f"dp-mode={cfg.dp_mode}: the round's mean is released with noise"
+        if self.aggregation not in ("mean", "weighted"):
+            return f"aggregation={self.aggregation} needs every reply"
+        if not cfg.streamed_aggregation:
+            return "streamed-aggregation=false"
+        return ""
 
     # ---- payloads: what each client is sent and must send back -------------------------------
 
@@ -174,8 +217,8 @@ class PFLStrategy(Strategy):
             self.class_lists.ask([p for p, _, _ in sent], self.cfg.round_timeout or None, 1)
         rl.marks["configure"] = time.perf_counter()
         self.rounds.participation.asked[server_round] = nodes = [p.node_id for p, _, _ in sent]
-        self.streamed = streaming.open_round(self, server_round, nodes, self.sampler.places(sent))
-        sent = streaming.folding(self.streamed, sent)  # each reply folded as it arrives
+        self.streamed = self.open_streamed_round(server_round, nodes, self.sampler.places(sent))
+        sent = folding(self.streamed, sent)  # each reply folded as it arrives
         return [(proxy, FitIns(payload, config)) for proxy, payload, config in sent]
 
     def aggregate_fit(
@@ -196,7 +239,7 @@ class PFLStrategy(Strategy):
             accepted, rl.rejected, rl.bytes_up = accept_fit_replies(
                 server_round,
                 trained,
-                privacy.secure_decoder(server_round, self.cfg, self.spec, rl.extra),
+                secure_decoder(server_round, self.cfg, self.spec, rl.extra),
                 self.check_reply,
                 self.clients,
             )
@@ -207,23 +250,81 @@ class PFLStrategy(Strategy):
         if not enough_replies(server_round, len(accepted), cfg.min_replies):
             return self.global_payload(), {}
         if streamed is not None:
-            streaming.finish_round(self, streamed, server_round)
-            checkpoint.save_if_due(self, server_round)
-            rl.marks["aggregate"] = time.perf_counter()
-            return self.global_payload(), {}
-        accepted.sort(key=lambda r: r.client_key)  # order-independent aggregation
-        if not cfg.secure_aggregation and not self.dp.on:
-            sent = lambda key: self.payload_for(key, server_round)  # noqa: E731
-            mean = not self.own_aggregation and self.aggregation in ("mean", "weighted")
-            bounds, history = Bounds.of(cfg, mean), self.norm_history
-            align = self.wire.upload_reference
-            accepted = bound_round(server_round, accepted, sent, bounds, history, rl, align)
-            if not accepted:
-                return self.global_payload(), {}
-        self.dp.aggregate(accepted, self, lambda: self.aggregate(server_round, accepted), rl.extra)
-        checkpoint.save_if_due(self, server_round)
+            self.finish_streamed_round(streamed, server_round)
+        else:
+            accepted.sort(key=lambda r: r.client_key)  # order-independent aggregation
+            if not cfg.secure_aggregation and not self.dp.on:
+                sent = lambda key: self.payload_for(key, server_round)  # noqa: E731
+                mean = not self.holds_replies and self.aggregation in ("mean", "weighted")
+                bounds, history = Bounds.of(cfg, mean), self.norm_history
+                align = self.wire.upload_reference
+                accepted = bound_round(server_round, accepted, sent, bounds, history, rl, align)
+                if not accepted:
+                    return self.global_payload(), {}
+            self.aggregate_held(server_round, accepted, rl.extra)
+        budget.stop_if_out_of_time(self.rounds, server_round)  # max-minutes: the run's last?
+        checkpoint.save_if_due(self.rounds, server_round, self.server_state)
         rl.marks["aggregate"] = time.perf_counter()
         return self.global_payload(), {}  # no History metrics: results.json has them
+
+    def open_streamed_round(
+        self, server_round: int, node_ids: list[int], places: dict[int, int] | None = None
+    ) -> StreamedRound | None:
+        """A streamed round over the sampled ``node_ids`` (``places``: each one's rank
+        key, see ``streaming.reservoir_nodes``), or None where the round is held."""
+        if self.held_reason:
+            return None
+        cfg = self.cfg
+        dtypes = {a.dtype for a in self.global_arrays} & set(kernels.COMPILED_DTYPES)
+        spare, self.spare_sum = self.spare_sum, None  # one round's sum at a time
+        streamed = StreamedRound.open(
+            server_round,
+            node_ids,
+            places,
+            cfg,
+            dtypes,
+            weighted=self.aggregation == "weighted",
+            decode=secure_decoder(server_round, cfg, self.spec, {}),
+            check=self.check_reply,
+            keys=self.clients,
+            reference_of=decoded_references(
+                lambda key: self.payload_for(key, server_round), self.wire.upload_reference
+            ),
+            history=self.norm_history,
+            spare=spare,
+            device=self.fold_device,
+        )
+        if self.reply_log is not None:  # reply-log: each reply as it is added
+            done = self.rounds.offset + server_round
+            streamed.log = functools.partial(self.reply_log.reply, server_round, done)
+        return streamed
+
+    def finish_streamed_round(self, streamed: StreamedRound, server_round: int) -> None:
+        """The round's mean becomes the global state (and the reply log's aggregate); its
+        update norms join the history, its direction the next round's direction reference."""
+        before = self.global_arrays
+        self.set_global(streamed.sum.mean())
+        if self.reply_log is not None:
+            done = self.rounds.offset + server_round
+            self.reply_log.aggregate(server_round, done, self.global_arrays, len(streamed.kept))
+        self.spare_sum = streamed.sum.release()
+        self.norm_history.changed(before, self.global_arrays)
+        self.norm_history.add(streamed.norms)
+
+    def aggregate_held(
+        self, server_round: int, replies: list[Reply], extra: dict[str, Any]
+    ) -> None:
+        """``aggregate`` over a held round's replies; under central DP, inside its round:
+        the updates clipped first, the noisy release after."""
+        if not self.dp.on:
+            self.aggregate(server_round, replies)
+            return
+        self.dp.clip(replies, self.global_arrays, extra)
+        before = [a.astype(np.float64) for a in self.global_arrays]
+        self.aggregate(server_round, replies)
+        epsilon = self.dp.release(before, self.global_arrays, len(replies), self.set_global, extra)
+        if self.recorder is not None:
+            self.recorder.extra.update(dp_epsilon=epsilon, dp_delta=self.cfg.dp_delta)
 
     def aggregate(self, server_round: int, replies: list[Reply]) -> None:
         """Turn the accepted replies into the next global shared tensors."""

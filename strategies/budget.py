@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from strategies.recording import Rounds
 
 log = logging.getLogger("flwr.pflower")
 
@@ -39,11 +42,10 @@ class _NoClientsAfterTheStop(logging.Filter):
         return "no clients selected" not in record.getMessage()
 
 
-def round_done(strategy: Any, server_round: int) -> None:
+def stop_if_out_of_time(rounds: Rounds, server_round: int) -> None:
     """After ``server_round`` aggregated: if the budget is spent and rounds remain,
     make it the run's last (its closing evaluation and checkpoint follow)."""
-    rounds = strategy.rounds
-    budget: TimeBudget = rounds.budget
+    budget = rounds.budget
     if budget.stopped_after is not None or not budget.spent():
         return
     if server_round >= rounds.num_rounds:
@@ -62,8 +64,8 @@ def round_done(strategy: Any, server_round: int) -> None:
         done,
         total,
     )
-    if strategy.recorder is not None:
-        strategy.recorder.extra["stopped"] = {
+    if rounds.recorder is not None:
+        rounds.recorder.extra["stopped"] = {
             "reason": f"max-minutes={budget.minutes:g}",
             "after_round": done,
             "of_rounds": total,

@@ -19,13 +19,15 @@ import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pflower.config.schema import RESUME_LATEST, ConfigError
 from pflower.store import PERSONAL_STATE_DIR, read_checked_npz, write_checked_npz
-from strategies.budget import round_done
+
+if TYPE_CHECKING:
+    from strategies.recording import Rounds
 
 log = logging.getLogger("flwr.pflower")
 
@@ -180,17 +182,22 @@ def resume(
     return server_round, path
 
 
-def save_if_due(strategy: Any, server_round: int) -> None:
-    """After ``server_round`` aggregated: write the strategy's ``server_state()`` when
-    ``checkpoint-every`` asks for it (and after the last round, which ``max-minutes`` may
-    bring forward); nothing without a run directory (the strategy's recorder)."""
-    cfg, recorder, rounds = strategy.cfg, strategy.recorder, strategy.rounds
-    round_done(strategy, server_round)  # max-minutes spent: this round is the run's last
+def save_if_due(
+    rounds: Rounds, server_round: int, server_state: Callable[[], dict[str, np.ndarray]]
+) -> None:
+    """After ``server_round`` aggregated: write ``server_state()`` when
+    ``checkpoint-every`` asks for it, and after the run's last round (which
+    ``max-minutes`` may bring forward); nothing without a run directory."""
+    cfg, recorder = rounds.cfg, rounds.recorder
     done = rounds.offset + server_round  # rounds are counted across resumes
     last = rounds.offset + rounds.num_rounds  # the run's last (max-minutes may end it early)
-    if recorder is not None and checkpoint_due(done, cfg.checkpoint_every, last):
+    if (
+        recorder is not None
+        and cfg is not None
+        and checkpoint_due(done, cfg.checkpoint_every, last)
+    ):
         rounds.settle_checkpoint()  # the one before first: they land in order
-        state = strategy.server_state()
+        state = server_state()
         if done == last:  # the last: written at once
             save_server_state(recorder.dir, cfg.method, done, state)
             rounds.checkpointed = done

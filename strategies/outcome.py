@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flwr.common import (
     DisconnectRes,
@@ -29,6 +29,9 @@ from flwr.common import (
 from flwr.server.client_proxy import ClientProxy
 
 from pflower.privacy.policy import REFUSED
+
+if TYPE_CHECKING:
+    from strategies.base import PFLStrategy
 
 log = logging.getLogger("flwr.pflower")
 DROPPED_OUT = "dropped out (dropout-rate="  # client_app.app.InjectedDropout's text
@@ -140,7 +143,7 @@ class Participation:
         }
 
 
-def judge(strategy: Any) -> dict[str, Any]:
+def judge(strategy: PFLStrategy) -> dict[str, Any]:
     """Record the run's outcome in results.json and log its summary; raise RunFailed
     (after writing) when it failed, so Flower ends the run ``finished:failed``."""
     part: Participation = strategy.rounds.participation

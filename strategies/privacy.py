@@ -160,23 +160,3 @@ class DPRelease:
     def restore(self, arrays: dict[str, np.ndarray]) -> None:
         if DP_HISTORY in arrays:
             self.accountant.restore(arrays[DP_HISTORY])
-
-    def aggregate(
-        self,
-        replies: list[Reply],
-        strategy: Any,
-        aggregate: Callable[[], None],
-        extra: dict[str, Any],
-    ) -> None:
-        """``aggregate()`` (the method's rule over ``replies``) inside DP's round:
-        updates clipped first (dp-mode=server), the release after."""
-        if not self.on:
-            aggregate()
-            return
-        self.clip(replies, strategy.global_arrays, extra)
-        before = [a.astype(np.float64) for a in strategy.global_arrays]
-        aggregate()
-        after = strategy.global_arrays
-        epsilon = self.release(before, after, len(replies), strategy.set_global, extra)
-        if strategy.recorder is not None:
-            strategy.recorder.extra.update(dp_epsilon=epsilon, dp_delta=self.cfg.dp_delta)

@@ -35,7 +35,6 @@ whose aggregation is its own (Factorized-FL, FedFac), median or trimmed mean, or
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 import math
@@ -45,23 +44,24 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 from flwr.common import FitIns, FitRes, Parameters
 from flwr.common.typing import Code
 from flwr.server.client_proxy import ClientProxy
 
+from pflower.config.schema import RunConfig
 from strategies import kernels
 from strategies.device_fold import DeviceCopies, DeviceMoments, DeviceRunningMean
 from strategies.outcome import NodeProxy
-from strategies.privacy import secure_decoder
 from strategies.replies import ClientKeys, Reply, accept_fit_replies, value_range
 from strategies.reply_log import bytes_digest
 from strategies.robust import (
     Bounds,
+    NormHistory,
     RunningMean,
     column_median,
     compared,
     count_limit,
-    decoded_references,
     lower_median,
     update_of,
 )
@@ -241,7 +241,7 @@ class StreamedRound:
         reference_of: Callable[[str], NDArrays],
         direction: np.ndarray | None = None,
         spare: tuple[NDArrays, NDArrays] | None = None,
-        device: Any = None,
+        device: torch.device | None = None,
         limit: float | None = None,
     ) -> None:
         self.round, self.bounds, self.history = server_round, bounds, history
@@ -272,6 +272,48 @@ class StreamedRound:
         # weight, node and the digest of its bytes as they arrived (kept here until then)
         self.log: Callable[..., None] | None = None
         self.origins: dict[int, tuple[int, str]] = {}
+
+    @classmethod
+    def open(
+        cls,
+        server_round: int,
+        node_ids: list[int],
+        places: dict[int, int] | None,
+        cfg: RunConfig,
+        dtypes: set[np.dtype],
+        *,
+        weighted: bool,
+        decode: Callable[[NDArrays], NDArrays],
+        check: Callable[..., str | None],
+        keys: ClientKeys,
+        reference_of: Callable[[str], NDArrays],
+        history: NormHistory,
+        spare: tuple[NDArrays, NDArrays] | None = None,
+        device: torch.device | None = None,
+    ) -> StreamedRound:
+        """A round over the sampled ``node_ids`` (``places``: each one's rank key, see
+        ``reservoir_nodes``) under ``cfg``'s bounds, its kernels compiled for the
+        global arrays' ``dtypes``."""
+        bounded = cfg.weight_cap > 0 or cfg.update_norm_bound > 0 or cfg.direction_check_from > 0
+        bounds = Bounds.of(cfg, True)
+        kernels.warm(tuple(sorted(dtypes, key=str)), bounds.direction_from > 0)
+        return cls(
+            server_round,
+            reservoir_nodes(server_round, node_ids, cfg.stream_reservoir, places)
+            if bounded
+            else set(),
+            bounds,
+            history.values(),
+            weighted,
+            decode,
+            check,
+            keys,
+            reference_of,
+            history.direction,
+            spare,
+            device,
+            cfg.max_abs_value,
+        )
 
     def fold(self, proxy: ClientProxy, res: FitRes) -> None:
         """Check one reply; judge and add it, or hold it until the references are fixed."""
@@ -532,58 +574,6 @@ class FoldingProxy(NodeProxy):
         return res
 
 
-# ---- the strategy's side (strategies/base.py calls these) ---------------------------------
-
-
-def streams(strategy: Any) -> bool:
-    """Whether a run's rounds can be folded reply by reply: a mean of the replies,
-    each judged by rules fixed before the round."""
-    cfg = strategy.cfg
-    return bool(
-        cfg.streamed_aggregation
-        and not cfg.secure_aggregation
-        and not strategy.dp.on
-        and not strategy.own_aggregation
-        and strategy.aggregation in ("mean", "weighted")
-    )
-
-
-def open_round(
-    strategy: Any, server_round: int, node_ids: list[int], places: dict[int, int] | None = None
-) -> StreamedRound | None:
-    """A streamed round over the sampled ``node_ids`` (``places``: each one's rank key,
-    see ``reservoir_nodes``), or None (held)."""
-    cfg = strategy.cfg
-    if not streams(strategy):
-        return None
-    bounded = cfg.weight_cap > 0 or cfg.update_norm_bound > 0 or cfg.direction_check_from > 0
-    bounds = Bounds.of(cfg, True)
-    dtypes = {a.dtype for a in strategy.global_arrays} & set(kernels.COMPILED_DTYPES)
-    kernels.warm(tuple(sorted(dtypes, key=str)), bounds.direction_from > 0)
-    spare, strategy.spare_sum = strategy.spare_sum, None  # one round's sum at a time
-    streamed = StreamedRound(
-        server_round,
-        reservoir_nodes(server_round, node_ids, cfg.stream_reservoir, places) if bounded else set(),
-        bounds,
-        strategy.norm_history.values(),
-        strategy.aggregation == "weighted",
-        secure_decoder(server_round, cfg, strategy.spec, {}),
-        strategy.check_reply,
-        strategy.clients,
-        decoded_references(
-            lambda key: strategy.payload_for(key, server_round), strategy.wire.upload_reference
-        ),
-        strategy.norm_history.direction,
-        spare,
-        getattr(strategy, "fold_device", None),
-        cfg.max_abs_value,
-    )
-    if strategy.reply_log is not None:  # reply-log: each reply as it is added
-        done = strategy.rounds.offset + server_round
-        streamed.log = functools.partial(strategy.reply_log.reply, server_round, done)
-    return streamed
-
-
 def folding(
     streamed: StreamedRound | None, sent: list[tuple[ClientProxy, Any, Any]]
 ) -> list[tuple[ClientProxy, Any, Any]]:
@@ -593,16 +583,3 @@ def folding(
         return [(NodeProxy(proxy), *rest) for proxy, *rest in sent]
     first = sorted(sent, key=lambda item: item[0].node_id not in streamed.members)
     return [(FoldingProxy(proxy, streamed), *rest) for proxy, *rest in first]
-
-
-def finish_round(strategy: Any, streamed: StreamedRound, server_round: int) -> None:
-    """The round's mean becomes the global state (and the reply log's aggregate); its
-    update norms join the history, its direction the next round's direction reference."""
-    before = strategy.global_arrays
-    strategy.set_global(streamed.sum.mean())
-    if strategy.reply_log is not None:
-        done = strategy.rounds.offset + server_round
-        strategy.reply_log.aggregate(server_round, done, strategy.global_arrays, len(streamed.kept))
-    strategy.spare_sum = streamed.sum.release()
-    strategy.norm_history.changed(before, strategy.global_arrays)
-    strategy.norm_history.add(streamed.norms)

@@ -49,7 +49,7 @@ def _round(strategy, rnd: int, uploads: list, counts: list[int], order=None) -> 
     """One round through configure's hook: each reply folded as Flower's loop would
     call it (in ``order``); returns whether the round was streamed."""
     nodes = list(range(len(uploads)))
-    strategy.streamed = streaming.open_round(strategy, rnd, nodes)
+    strategy.streamed = strategy.open_streamed_round(rnd, nodes)
     streamed = strategy.streamed is not None
     pairs = [Replying(k, fit_res(u, f"c{k}", n)) for k, (u, n) in enumerate(zip(uploads, counts))]
     results = []
@@ -106,7 +106,7 @@ def test_a_streamed_round_holds_one_sum_and_a_few_replies() -> None:
     strategy = make_strategy(config(method="fedavg"))
     rng = np.random.default_rng(1)
     nodes = list(range(40))
-    state = strategy.streamed = streaming.open_round(strategy, 1, nodes)
+    state = strategy.streamed = strategy.open_streamed_round(1, nodes)
     model = sum(a.nbytes for a in strategy.global_arrays)
     sent = streaming.folding(
         state,
@@ -138,7 +138,7 @@ def test_a_streamed_round_reads_replies_in_place_and_writes_none() -> None:
     uploads = [_near(start, rng) for _ in range(RESERVOIR)]  # the reservoir: the whole round
     uploads[1] = [(s + 50 * (u - s)).astype(u.dtype) for s, u in zip(start, uploads[1])]
     nodes = list(range(len(uploads)))
-    state = strategy.streamed = streaming.open_round(strategy, 1, nodes)
+    state = strategy.streamed = strategy.open_streamed_round(1, nodes)
     sent = streaming.folding(
         state, [(Replying(k, fit_res(uploads[k], f"c{k}")), None, None) for k in nodes]
     )
@@ -163,7 +163,7 @@ def test_the_reservoir_waits_for_a_failed_node_no_more_and_falls_back_to_the_rou
     for broken in ("one", "all"):
         strategy = make_strategy(config(method="fedavg"))
         nodes = list(range(12))
-        state = strategy.streamed = streaming.open_round(strategy, 1, nodes)
+        state = strategy.streamed = strategy.open_streamed_round(1, nodes)
         bad = sorted(state.members)[:1] if broken == "one" else sorted(state.members)
         for k in nodes:
             proxy = FoldingProxy(
@@ -243,7 +243,7 @@ def test_streamed_rounds_pass_their_sums_buffers_on() -> None:
     strategy, was = _clean_rounds({}, rounds=2)
     assert was == [True, True] and strategy.spare_sum is not None
     left = strategy.spare_sum
-    state = streaming.open_round(strategy, 3, list(range(9)))
+    state = strategy.open_streamed_round(3, list(range(9)))
     assert strategy.spare_sum is None and state.sum.spare is left
 
 
@@ -338,7 +338,7 @@ def test_the_bounds_hold_an_attacker_in_a_streamed_round(attack: str) -> None:
 )
 def test_rules_that_need_every_reply_hold_the_round(raw: dict) -> None:
     strategy = make_strategy(config(**raw))
-    assert not streaming.streams(strategy) and streaming.open_round(strategy, 2, [1, 2]) is None
+    assert strategy.held_reason and strategy.open_streamed_round(2, [1, 2]) is None
 
 
 def test_through_flowers_round_loop_a_streamed_run_ends_where_a_held_run_ends(tmp_path) -> None:  # noqa: ANN001
@@ -531,7 +531,7 @@ def test_each_reply_has_its_update_and_norm_taken_once(monkeypatch: pytest.Monke
     rng = np.random.default_rng(1)
     common = [0.01 * rng.normal(size=a.shape) for a in strategy.global_arrays]  # a drift
     nodes = list(range(40))
-    state = strategy.streamed = streaming.open_round(strategy, 1, nodes)
+    state = strategy.streamed = strategy.open_streamed_round(1, nodes)
     sent = streaming.folding(
         state,
         [
