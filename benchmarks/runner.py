@@ -5,7 +5,7 @@ Engines (what one cell runs; the first three through the real Strategy and Clien
 * ``simulation``: ``flwr``'s Ray simulation (pflower/engine/simulate.py);
 * ``flwr-run``: the same through ``bash scripts/dev.sh run`` (``flwr run``, its local
   SuperLink and ``flwr-simulation`` process: ``run_flwr`` below);
-* ``deployment``: a loopback SuperLink + one SuperNode per client (deploy/loopback.py),
+* ``deployment``: a loopback SuperLink + one SuperNode per client (harness/loopback.py),
   the run submitted with ``flwr run``; the wire bytes counted by a TCP relay;
 * ``plain``: the same clients' local training and evaluation in a plain PyTorch loop,
   one after another in one thread, no Flower (a Local run without the framework: the
@@ -222,7 +222,7 @@ def _deployment(cell: Cell, warm: bool) -> None:
     a byte-counting relay; the run's results.json gains the wire bytes. ``warm``: the
     sites' ClientApps are forked by deploy.warm_superexec."""
     from client_app.timing import median_phases
-    from deploy.loopback import CountingRelay, LoopbackFederation
+    from harness.loopback import CountingRelay, LoopbackFederation
 
     with tempfile.TemporaryDirectory(prefix="pflower-experiment-") as tmp:
         fed = LoopbackFederation(
@@ -519,7 +519,7 @@ def flwr_command(cell: Cell) -> list[str]:
 
 
 def flwr_environment(cell: Cell) -> dict[str, str]:
-    from deploy.loopback import free_ports
+    from harness.loopback import free_ports
 
     http, control = free_ports(2)
     return {

@@ -15,7 +15,7 @@ rows and the bytes held, beside flwr-datasets' partitioners through ``load_parti
 
 ``--ray-cluster``: the small settings (1k, 10k, 100k clients, 100 a round) through
 ``flwr run``, setting by setting on this machine's own Ray and then on a two-node Ray
-cluster started here for it (deploy/ray_cluster.py: two network namespaces; root);
+cluster started here for it (harness/ray_cluster.py: two network namespaces; root);
 writes ``scale-1m-cluster.md``, the two side by side.
 """
 
@@ -306,7 +306,7 @@ def cluster_cells(
 ) -> dict[str, dict[str, int]]:
     """The ``flwr run`` cells of ``settings`` (under ``runs``; a complete one again only
     with ``rerun``) run inside the head's namespace of ``cluster``
-    (deploy.ray_cluster.Cluster), joining it; each cell's peak counts the cluster's
+    (harness.ray_cluster.Cluster), joining it; each cell's peak counts the cluster's
     processes too. Per setting: the ClientApp actors seen on each node while it ran,
     and the exit code. Kept in ``runs``/cluster.json."""
     from benchmarks.runner import CLUSTER_PIDS
@@ -358,7 +358,7 @@ def cluster_report(one: Path, two: Path, settings: list[str], commands: list[str
         "FedPer through `flwr run` (benchmarks/presets/scale-1m.toml, 100 clients a round, "
         "3 rounds) on this machine's own Ray (2 CPUs) and on a Ray cluster of two nodes "
         "of 1 CPU each, a head and a worker in two network namespaces joined by a veth "
-        "pair (deploy/ray_cluster.py), the run joining it from the head's namespace "
+        "pair (harness/ray_cluster.py), the run joining it from the head's namespace "
         "(`RAY_ADDRESS`). Both on this one machine: the cluster's cost is Ray's across an "
         "address, not a second machine's power. s/client-round: the median of rounds "
         "2-3; peak: every process of the run (the cluster's Ray nodes and their workers "
@@ -388,7 +388,7 @@ def cluster_report(one: Path, two: Path, settings: list[str], commands: list[str
 
 
 def cluster_main(args: argparse.Namespace, argv: list[str], run: Runner) -> int:
-    from deploy.ray_cluster import two_node_cluster
+    from harness.ray_cluster import two_node_cluster
 
     settings = args.settings or list(SMALL)
     out = args.out.resolve() if args.out else presets.REPO / "docs" / "results"

@@ -249,7 +249,7 @@ import sys
 from pathlib import Path
 
 from client_app.timing import median_phases
-from deploy.loopback import LoopbackFederation
+from harness.loopback import LoopbackFederation
 
 w = Path(sys.argv[1])
 sites = ["site-a", "site-b"]

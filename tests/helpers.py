@@ -60,7 +60,7 @@ def local_superlink_env(home: Path) -> dict[str, str]:
     FLWR_HOME, and free ports for the local SuperLink flwr starts (Flower reads them
     from these variables), not Flower's fixed 39091 / 39093, where the user's own may
     be running (the README's ``run`` leaves it up), or another test's."""
-    from deploy.loopback import free_ports
+    from harness.loopback import free_ports
 
     http, control = free_ports(2)
     return {

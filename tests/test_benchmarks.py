@@ -540,7 +540,7 @@ class _FailingFederation:
 
 
 def test_a_deployed_run_that_fails_stops_its_cell_with_the_end_of_its_log(tmp_path, monkeypatch):
-    import deploy.loopback as loopback
+    import harness.loopback as loopback
 
     feds: list[_FailingFederation] = []
     monkeypatch.setattr(

@@ -48,7 +48,7 @@ from flwr.compat.common.recorddict_compat import (
 
 import methods
 from client_app.app import build_client
-from deploy.loopback import BIN, REPO, LoopbackFederation, descendants, free_ports
+from harness.loopback import BIN, REPO, LoopbackFederation, descendants, free_ports
 from deploy.site import main as site_main
 from deploy.site_guard import fab_hash, installed_app_hash, ledger_table, read_ledger
 from deploy.warm_superexec import own_flags
@@ -277,7 +277,7 @@ def test_waiting_for_a_run_asks_the_cli_rarely_while_its_serverapp_runs(
     """Each status is a ``flwr`` CLI process (about 1 s of CPU): while a ServerApp
     process of the harness is alive, wait_run asks for it every STATUS_WHILE_SERVING
     s, not every STATUS_EVERY s, and once that process ends it finds the end soon."""
-    from deploy import loopback
+    from harness import loopback
 
     monkeypatch.setattr(loopback, "STATUS_EVERY", 0.2)
     monkeypatch.setattr(loopback, "WATCH_EVERY", 0.05)

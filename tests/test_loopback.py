@@ -1,4 +1,4 @@
-"""The loopback harness's own helpers (deploy/loopback.py), fast."""
+"""The loopback harness's own helpers (harness/loopback.py), fast."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import socket
 
 import pytest
 
-from deploy import loopback
-from deploy.loopback import ephemeral_range, free_ports
+from harness import loopback
+from harness.loopback import ephemeral_range, free_ports
 
 
 def _bindable(port: int) -> bool:

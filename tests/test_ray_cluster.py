@@ -1,6 +1,6 @@
 """A simulation past one machine (#60, #94): a Ray cluster of two nodes, a head and a
 worker in two network namespaces joined by a veth pair, each with its own address
-(deploy/ray_cluster.py), and the scale benchmark's ``flwr run`` cell (``bash
+(harness/ray_cluster.py), and the scale benchmark's ``flwr run`` cell (``bash
 scripts/dev.sh run``, the real ``flwr run``) joining it through ``RAY_ADDRESS``:
 clients run on both nodes (docs/DEPLOYMENT.md section 11)."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.ray_cluster import pids_in, sh, sweep_leftovers, temp_of, two_node_cluster
+from harness.ray_cluster import pids_in, sh, sweep_leftovers, temp_of, two_node_cluster
 
 pytestmark = pytest.mark.slow
 

@@ -334,7 +334,7 @@ def test_a_deployed_secure_run_completes_with_signed_keys_and_an_outsider_is_ref
     leaves it, and nothing is aggregated."""
     import json
 
-    from deploy.loopback import BIN, LoopbackFederation
+    from harness.loopback import BIN, LoopbackFederation
     from deploy.roster import register
 
     sites = ["site-a", "site-b", "site-c"]

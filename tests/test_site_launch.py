@@ -18,7 +18,7 @@ import pytest
 import torch
 from PIL import Image
 
-from deploy.loopback import LoopbackFederation
+from harness.loopback import LoopbackFederation
 from deploy.site_guard import installed_app_hash, read_ledger
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.loopback import LoopbackFederation
+from harness.loopback import LoopbackFederation
 from pflower.privacy.policy import REFUSED
 
 pytestmark = pytest.mark.slow

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from deploy.loopback import LoopbackFederation
+from harness.loopback import LoopbackFederation
 from deploy.site_guard import read_ledger
 
 pytestmark = pytest.mark.slow

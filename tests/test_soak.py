@@ -1,4 +1,4 @@
-"""#93: the soak (deploy/soak.py): its seeded fault schedule, its invariants (each must
+"""#93: the soak (harness/soak.py): its seeded fault schedule, its invariants (each must
 be able to fail), and a 5-minute soak of a real loopback deployment with a fault of
 every kind, whose kept records are then broken on purpose (a reply of a run before a
 restart counted after it) and checked again: the soak fails."""
@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deploy.loopback import REPO
-from deploy.soak_check import Records, check_replies, check_state_chain, evaluate
-from deploy.soak_faults import KINDS, SERVER_KINDS, Fault, netns_available, schedule
+from harness.loopback import REPO
+from harness.soak_check import Records, check_replies, check_state_chain, evaluate
+from harness.soak_faults import KINDS, SERVER_KINDS, Fault, netns_available, schedule
 from strategies.reply_log import arrays_digest, replay
 
 SITES = ["site-a", "site-b", "site-c", "site-d"]
@@ -105,7 +105,7 @@ def test_a_run_that_stopped_short_breaks_the_rounds_invariant_a_verdict_does_not
     """A run whose supervisor gave up before its last round was lost; one that ran to
     its last round and was judged failed by its ServerApp (a round with no reply,
     named) is recorded, not lost."""
-    from deploy.soak_check import check_rounds
+    from harness.soak_check import check_rounds
 
     (tmp_path / "soak-fedper").mkdir()
     rounds = [{"round": 1, "replies": 4}, {"round": 2, "replies": 0, "failed": ["node 1: timeout"]}]
@@ -133,7 +133,7 @@ def test_a_five_minute_soak_with_every_fault_holds_and_a_replayed_reply_breaks_i
     that counts a reply again after a restart would break them, and checked again."""
     out = tmp_path / "out"
     netns = [] if netns_available() else ["--no-netns"]
-    cmd = [sys.executable, "-m", "deploy.soak", "--minutes", "5", "--seed", "1"]
+    cmd = [sys.executable, "-m", "harness.soak", "--minutes", "5", "--seed", "1"]
     cmd += ["--out", str(out), "--keep", "--segment", "25", "--secagg-rounds", "4", *netns]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
     records = Records.load(out / "records.json") if (out / "records.json").exists() else None
@@ -168,7 +168,7 @@ def test_a_five_minute_soak_with_every_fault_holds_and_a_replayed_reply_breaks_i
         text = (tmp_path / "broken" / "soak-1-5min.md").read_text()
         assert "counted 2 times" in text and f"counted {first['client_key']}'s reply to run" in text
         result = subprocess.run(
-            [sys.executable, "-m", "deploy.soak_check", str(tmp_path / "broken.json")],
+            [sys.executable, "-m", "harness.soak_check", str(tmp_path / "broken.json")],
             cwd=REPO, capture_output=True, text=True,
         )  # fmt: skip
         assert result.returncode != 0
@@ -206,7 +206,7 @@ def test_the_soak_submits_a_snapshot_an_edit_to_the_checkout_does_not_change(
     got every later run refused by hash). A folder without git is copied less its
     venvs and outputs."""
     from deploy.site_guard import installed_app_hash
-    from deploy.soak import snapshot_app
+    from harness.soak import snapshot_app
 
     checkout, built = snapshot_app(REPO, tmp_path / "checkout")  # through git ls-files
     assert built == installed_app_hash(checkout) == installed_app_hash(REPO)
@@ -215,7 +215,7 @@ def test_the_soak_submits_a_snapshot_an_edit_to_the_checkout_does_not_change(
     (checkout / "outputs" / "left.py").write_text("x = 1\n")
     copy, before = snapshot_app(checkout, tmp_path / "copy")  # no git there: the fallback
     assert before == installed_app_hash(checkout) and not (copy / "outputs").exists()
-    with open(checkout / "deploy" / "soak.py", "a") as f:
+    with open(checkout / "harness" / "soak.py", "a") as f:
         f.write("# an edit made while the soak runs\n")
     assert installed_app_hash(checkout) != before
     assert installed_app_hash(copy) == before

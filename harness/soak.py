@@ -1,6 +1,6 @@
 """A soak: a real loopback deployment trained for a while under seeded faults.
 
-    python -m deploy.soak --minutes 60 --seed 0 [--out outputs/soak] [--no-netns]
+    python -m harness.soak --minutes 60 --seed 0 [--out outputs/soak] [--no-netns]
 
 A SuperLink on its ``--database`` (TLS, SuperNode authentication, the ServerApp in
 its own SuperExec) and four sites started with ``python -m deploy.site`` (warm
@@ -11,12 +11,12 @@ preset: four partitions of the synthetic set, an MLP), in runs of ``--segment``
 rounds of one experiment, each submitted by ``deploy.supervise`` (the server
 launcher's supervisor: a run whose SuperLink or ServerApp crashed goes on from its
 last checkpoint), with the reply log on; one run in the middle is SecAgg+. Meanwhile
-the seeded schedule (deploy/soak_faults.py) kills and restarts sites (one at once),
+the seeded schedule (harness/soak_faults.py) kills and restarts sites (one at once),
 stalls them past the round timeout and within it, cuts them off, fills a state
 directory, corrupts a state file, kills and restarts the SuperLink and kills the
 ServerApp; each fault goes to ``faults.jsonl`` with its time, kind and target.
 
-At the end the invariants are checked and printed as a table (deploy/soak_check.py),
+At the end the invariants are checked and printed as a table (harness/soak_check.py),
 a report ``soak-<seed>-<minutes>min.md`` (and .json) and a timeline plot go to
 ``--out``, and the exit code is 0 only when every invariant holds. Everything the
 harness starts, mounts or makes is stopped, unmounted or deleted by it, also when it
@@ -38,8 +38,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from deploy.loopback import BIN, CERTS_SCRIPT, REPO, LoopbackFederation, descendants
-from deploy.soak_faults import (
+from harness.loopback import BIN, CERTS_SCRIPT, REPO, LoopbackFederation, descendants
+from harness.soak_faults import (
     PREFIX,
     TMP,
     CuttableRelay,
@@ -64,7 +64,7 @@ FIRST_WINDOW = 300.0  # the memory reference: a site's first 5 minutes
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m deploy.soak", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m harness.soak", description=__doc__.split("\n")[0])
     p.add_argument(
         "--minutes",
         type=float,
@@ -476,9 +476,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         soak.setup()
         print(f"soak: deployment up in {soak.now():.0f} s under {soak.root}", flush=True)
         plan = soak.run()
-        from deploy.soak_check import report
+        from harness.soak_check import report
 
-        ok = report(soak, plan, sys.argv if argv is None else ["python -m deploy.soak", *argv])
+        ok = report(soak, plan, sys.argv if argv is None else ["python -m harness.soak", *argv])
     finally:
         soak.close()
         if not args.keep:

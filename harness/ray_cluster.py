@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from deploy.loopback import BIN, free_ports
+from harness.loopback import BIN, free_ports
 
 START_SECONDS = 120  # the head's start and the worker's joining, each
 

@@ -1,5 +1,5 @@
 """The soak's invariants, checked at its end from what the deployment wrote, its
-report and its timeline plot (deploy/soak.py).
+report and its timeline plot (harness/soak.py).
 
 Each invariant reads records that another part of the system kept, so that one part
 checks another: the sites' ledgers (what each site sent, and the SHA-256 chain of its
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from deploy.site_guard import LEDGER_FILE
-from deploy.soak_faults import SITE_KINDS, Fault
+from harness.soak_faults import SITE_KINDS, Fault
 
 FEDPER, SECAGG = "soak-fedper", "soak-secagg"
 MAX_SITE_PROCS = 6  # a site: its SuperNode, its SuperExec, a worker (and one forking)
@@ -35,7 +35,7 @@ RSS_GROWTH = 1.2  # a site's memory at the end, at most this times its first win
 @dataclass
 class Records:
     """What the invariants read, kept in ``records.json`` beside the report so that a
-    soak kept with ``--keep`` can be checked again (``python -m deploy.soak_check``)."""
+    soak kept with ``--keep`` can be checked again (``python -m harness.soak_check``)."""
 
     t0: float
     seconds: float
@@ -657,7 +657,7 @@ def evaluate(rec: Records, argv: list[str]) -> bool:
 `{summary["command"]}`: {"every invariant holds" if ok else "AN INVARIANT IS BROKEN"} (exit {0 if ok else 1}).
 {rec.seconds / 60:.1f} minutes of faults and training on {os.cpu_count()} cores; {len(plan)} faults;
 recovery median {median or 0:.1f} s, worst {worst or 0:.1f} s.
-Made by `python -m deploy.soak` (deploy/soak.py; the invariants: deploy/soak_check.py).
+Made by `python -m harness.soak` (harness/soak.py; the invariants: harness/soak_check.py).
 
 ![timeline]({name}.png)
 
@@ -696,11 +696,11 @@ def guarded(makers: list[Callable[[], Check]]) -> list[Check]:
 
 
 def main(argv: list[str]) -> None:
-    """``python -m deploy.soak_check <out>/records.json``: check a kept soak again."""
+    """``python -m harness.soak_check <out>/records.json``: check a kept soak again."""
     if len(argv) != 1:
-        raise SystemExit("usage: python -m deploy.soak_check <soak out>/records.json")
+        raise SystemExit("usage: python -m harness.soak_check <soak out>/records.json")
     sys.exit(
-        0 if evaluate(Records.load(Path(argv[0])), ["python -m deploy.soak_check", *argv]) else 1
+        0 if evaluate(Records.load(Path(argv[0])), ["python -m harness.soak_check", *argv]) else 1
     )
 
 

@@ -1,4 +1,4 @@
-"""The soak's faults (deploy/soak.py): the seeded schedule, and the means it cuts,
+"""The soak's faults (harness/soak.py): the seeded schedule, and the means it cuts,
 fills and stops with, each made and removed by the harness.
 
 A site's link to the SuperLink is cut two ways:
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deploy.loopback import CountingRelay
+from harness.loopback import CountingRelay
 
 PREFIX = "pfsoak"  # namespaces pfsoak<pid>s<i>, veths pfs<pid>[hp]<i>, folders /tmp/pfsoak-<pid>
 TMP = Path("/tmp")
