@@ -132,6 +132,31 @@ def test_the_flower_142_pins_are_the_139_pins_but_four() -> None:
     assert flwr == "flwr[simulation]>=1.39,<1.43,!=1.40.*,!=1.41.*"
 
 
+def test_torchs_bound_is_what_the_patches_accept() -> None:
+    """pyproject.toml admits the torch lines pflower.patches was checked against (its
+    check refuses any other), torchvision the lines paired with them, and both pins
+    files pin one of each."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    from pflower.patches import TESTED
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    bound = {r.name: r.specifier for r in map(Requirement, deps)}
+    accepted = {int(v.split(".")[1]) for v in TESTED["torch"] if v.startswith("2.")}
+    assert accepted and all(v.count(".") == 2 and v.endswith(".") for v in TESTED["torch"])
+    for minor in range(40):  # torch 2.x goes with torchvision 0.(x + 15)
+        assert bound["torch"].contains(f"2.{minor}.1") == (minor in accepted), minor
+        assert bound["torchvision"].contains(f"0.{minor + 15}.1") == (minor in accepted), minor
+    for pins in ("constraints.txt", "constraints-flwr142.txt"):
+        lines = (ROOT / pins).read_text().splitlines()
+        pin = dict(ln.split("==", 1) for ln in lines if ln and not ln.startswith("#"))
+        assert bound["torch"].contains(pin["torch"]), pins
+        assert bound["torchvision"].contains(pin["torchvision"]), pins
+        assert int(pin["torchvision"].split(".")[1]) == int(pin["torch"].split(".")[1]) + 15
+
+
 def _wheel_names(out: Path) -> list[str]:
     """The files of the wheel ``pip wheel . --no-deps`` builds from this checkout:
     offline where hatchling is installed, else in pip's own build environment."""
