@@ -311,7 +311,7 @@ class Rounds(dict[int, RoundLog]):
         record.update(rl.extra)
         if self.recorder is not None:
             self.recorder.extra.update(self.facts.summary())
-            if self.cfg is not None and not getattr(self.recorder, "data_at_sites", False):
+            if self.cfg is not None and not self.recorder.data_at_sites:
                 self.recorder.extra["personal_state"] = self.personal_state()
             self.recorder.add_round(record)
 
