@@ -9,13 +9,8 @@
 - ``head-flip`` sends only its shared classifier head's update (``head.*``, FedCP's
   ``global_head.*``) negated times ``attack-scale``, the rest honest: a small,
   targeted change that a whole-update norm bound barely sees;
-- ``fa-steer`` (FedFac) replaces its factor-analysis rows: a random (1 - fa-quantile)
-  share of each Lambda layer's neurons get one common incoming-weight direction
-  (times ``attack-scale`` its honest update's norm), to make the server's factor
-  analysis mark those neurons shared, and the others personal, for everyone;
-- ``match-magnet`` (Factorized-FL alpha) sends the matching vector every client
-  started from (its own initial v, the centre of everyone's v) so that it is every
-  client's nearest neighbour, and its shared update negated.
+- an attack on one method's own machinery: its package's table (``attacks.py``,
+  ``ATTACKS``), which the method's wire carries (``Wire.attacks``), listed on its card.
 
 Updates are taken against what the client started from: the payload's tensors of
 the same name (the wire's specs), so compacted or headed payloads line up.
@@ -24,17 +19,35 @@ the same name (the wire's specs), so compacted or headed payloads line up.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from flwr.client import NumPyClient
 from flwr.common import NDArrays, Scalar
 
+from client_app.base import PFLClient
 from pflower.data import ClientData
 
 INFLATE = 1e5  # inflate-count: count x attack-scale x this
 HEADS = ("head.", "global_head.")  # the shared classifier heads head-flip targets
+
+Starts = list[tuple[str, np.ndarray]]  # (name, start value) per upload entry
+
+
+class MethodAttack(Protocol):
+    """An attack on a method's own machinery, built on the honest client it wraps
+    (``MethodAttackMaker``): ``factor`` scales every float update first (None: none),
+    then ``falsify`` rewrites the reply."""
+
+    factor: float | None
+
+    def falsify(self, upload: NDArrays, starts: Starts) -> NDArrays: ...
+
+
+# (honest client, attack-scale, the attacker's random generator) -> the attack
+MethodAttackMaker = Callable[[Any, float, np.random.Generator], MethodAttack]
 
 
 def flip_labels(data: ClientData, num_classes: int) -> ClientData:
@@ -43,19 +56,31 @@ def flip_labels(data: ClientData, num_classes: int) -> ClientData:
     return dataclasses.replace(data, y_train=flipped)
 
 
+def scaled_updates(
+    upload: NDArrays, starts: Starts, factor: float | None, heads_only: bool = False
+) -> NDArrays:
+    """Each float entry's update from its start times ``factor`` (None: the upload as
+    it is); ``heads_only``: the shared heads' entries only."""
+    out = []
+    for u, (name, p) in zip(upload, starts):
+        hit = not heads_only or name.startswith(HEADS)
+        if factor is None or not hit or u.dtype.kind != "f" or u.shape != p.shape:
+            out.append(u)
+        else:
+            out.append((p + factor * (u.astype(np.float64) - p)).astype(u.dtype))
+    return out
+
+
 class Attacker(NumPyClient):
     """Delegates to an honest client and falsifies its fit reply."""
 
-    def __init__(self, honest: NumPyClient, attack: str, scale: float, seed: int = 0) -> None:
+    def __init__(self, honest: PFLClient, attack: str, scale: float, seed: int = 0) -> None:
         self.honest = honest
         self.attack = attack
         self.scale = scale
         self.rng = np.random.default_rng(seed + 991)
-        self.initial_v: np.ndarray | None = None  # match-magnet: the matching v it began with
-        if attack == "match-magnet":
-            wire = honest.wire  # type: ignore[attr-defined]
-            v = honest.model.state_dict()[wire.match]  # type: ignore[attr-defined]
-            self.initial_v = v.detach().cpu().numpy().reshape(-1).copy()
+        maker = honest.wire.attacks.get(attack)  # the method's own (methods/<name>/attacks.py)
+        self.own: MethodAttack | None = None if maker is None else maker(honest, scale, self.rng)
 
     def get_parameters(self, config: dict[str, Scalar]) -> NDArrays:
         return self.honest.get_parameters(config)
@@ -63,10 +88,10 @@ class Attacker(NumPyClient):
     def get_properties(self, config: dict[str, Scalar]) -> dict[str, Scalar]:
         return self.honest.get_properties(config)
 
-    def starts(self, parameters: NDArrays) -> list[tuple[str, np.ndarray]]:
+    def starts(self, parameters: NDArrays) -> Starts:
         """(name, start value) per upload entry: the payload tensor of the same name
         (an empty array where there is none)."""
-        wire = self.honest.wire  # type: ignore[attr-defined]
+        wire = self.honest.wire
         names = [s.name for s in wire.up_spec()]
         return list(zip(names, wire.upload_reference(parameters), strict=True))
 
@@ -77,42 +102,15 @@ class Attacker(NumPyClient):
         if self.attack == "inflate-count":
             return upload, int(n * self.scale * INFLATE), metrics
         starts = self.starts(parameters)
-        if self.attack == "fa-steer":
-            return self.fa_steer(upload, starts), n, metrics
-        factor = {"scale": self.scale, "sign-flip": -1.0}
-        factor |= {"head-flip": -self.scale, "match-magnet": -self.scale}
-        f = factor.get(self.attack)
-        out = []
-        for u, (name, p) in zip(upload, starts):
-            hit = self.attack != "head-flip" or name.startswith(HEADS)
-            if f is None or not hit or u.dtype.kind != "f" or u.shape != p.shape:
-                out.append(u)
-            else:
-                out.append((p + f * (u.astype(np.float64) - p)).astype(u.dtype))
-        if self.attack == "match-magnet" and self.initial_v is not None:
-            out[-1] = self.initial_v.astype(out[-1].dtype)  # alpha appends its matching v
-        return out, n, metrics
-
-    def fa_steer(self, upload: NDArrays, starts: list[tuple[str, Any]]) -> NDArrays:
-        wire = self.honest.wire  # type: ignore[attr-defined]
-        if not wire.full_upload():
-            return upload  # the split is fixed (static FedFac after round 1)
-        out = list(upload)
-        quantile = self.honest.cfg.params.fa_quantile  # type: ignore[attr-defined]
-        for layer in wire.sizes:
-            i = wire.position[f"{layer}.weight"]
-            w = upload[i].astype(np.float64)
-            start = starts[i][1].astype(np.float64)
-            rows = w.shape[0]
-            chosen = self.rng.permutation(rows)[: int(round((1 - quantile) * rows))]
-            direction = self.rng.standard_normal(w[0].size)
-            direction /= np.linalg.norm(direction)
-            norm = self.scale * max(float(np.linalg.norm(w - start)), 1e-6)
-            steered = start.reshape(rows, -1).copy()
-            signs = self.rng.choice([-1.0, 1.0], size=len(chosen))
-            steered[chosen] += (norm / np.sqrt(len(chosen))) * signs[:, None] * direction
-            out[i] = steered.reshape(w.shape).astype(upload[i].dtype)
-        return out
+        if self.own is not None:
+            return (
+                self.own.falsify(scaled_updates(upload, starts, self.own.factor), starts),
+                n,
+                metrics,
+            )
+        factor = {"scale": self.scale, "sign-flip": -1.0, "head-flip": -self.scale}
+        heads_only = self.attack == "head-flip"
+        return scaled_updates(upload, starts, factor.get(self.attack), heads_only), n, metrics
 
     def evaluate(
         self, parameters: NDArrays, config: dict[str, Scalar]

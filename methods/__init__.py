@@ -44,7 +44,12 @@ if TYPE_CHECKING:
 Disclosures = Callable[[RunConfig], tuple[Disclosure, ...]]
 
 # a method package's side modules and the table in each, by method name
-SIDES = {"model": "MODEL_SIDES", "client": "CLIENTS", "strategy": "STRATEGIES"}
+SIDES = {
+    "model": "MODEL_SIDES",
+    "client": "CLIENTS",
+    "strategy": "STRATEGIES",
+    "attacks": "ATTACKS",
+}
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,12 @@ def side_table(package: str, side: str) -> dict[str, Any]:
     if importlib.util.find_spec(module) is None:
         return {}
     return getattr(importlib.import_module(module), SIDES[side])
+
+
+def method_attacks(method: Method) -> dict[str, Any]:
+    """The attacks on ``method``'s own machinery, by name: its package's ``ATTACKS``
+    entry (``attacks.py``; client_app/attacks.py runs them), empty without one."""
+    return side_table(method.package, "attacks").get(method.name, {})
 
 
 def shared_tensors_only(cfg: RunConfig) -> tuple[Disclosure, ...]:
@@ -132,7 +143,10 @@ class Method:
         """The method's wire, built alike on the server and on every client."""
         from models.wire import Wire
 
-        return (self.model_side.wire or Wire)(model, roles, cfg)
+        wire = (self.model_side.wire or Wire)(model, roles, cfg)
+        if cfg.attack in self.attacks:  # a simulated attacker of its own machinery may run
+            wire.attacks = method_attacks(self)
+        return wire
 
 
 @cache

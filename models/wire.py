@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import io
 import threading
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -37,6 +39,9 @@ class Wire:
     # the upload as views on a CPU model's memory, for a caller that serializes it before
     # the model changes (client_app/codec.py FastClient, the cohort); a copy otherwise
     views = False
+    # the attacks on this method's own protocol, by name (its package's ATTACKS; simulation
+    # only, client_app/attacks.py): set where the method builds its wire (methods/__init__.py)
+    attacks: Mapping[str, Callable[..., Any]] = MappingProxyType({})
 
     def __init__(self, model: nn.Module, roles: Roles, cfg: Any) -> None:
         self.names = tuple(roles.shared)

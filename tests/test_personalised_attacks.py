@@ -128,7 +128,7 @@ def test_the_match_cap_changes_nothing_where_everyone_keeps_everyone() -> None:
 
 
 def test_match_magnet_sends_the_initial_matching_vector_and_a_flipped_scaled_update() -> None:
-    cfg = config(method="factorized-fl-alpha")
+    cfg = config(method="factorized-fl-alpha", attack="match-magnet", **{"attack-clients": 1})
     client, _ = make_client(cfg)
     v0 = client.model.state_dict()[client.wire.match].numpy().reshape(-1).copy()
     attacker = Attacker(client, "match-magnet", 10.0)
@@ -140,6 +140,23 @@ def test_match_magnet_sends_the_initial_matching_vector_and_a_flipped_scaled_upd
     assert moved
     for j in moved:
         assert np.allclose(upload[j] - sent[j], -10.0 * (honest[j] - sent[j]), atol=1e-4)
+
+
+def test_a_methods_own_attacks_live_in_its_package() -> None:
+    """The generic machinery names no method's attack; each card's attacks are in its
+    package's ATTACKS table, and a wire carries them only when the run asks for one."""
+    from pathlib import Path
+
+    from methods import method_attacks, registry
+
+    for method in registry().values():
+        assert set(method_attacks(method)) == set(method.attacks), method.name
+        for attack in method.attacks:
+            assert method_attacks(method)[attack].__module__ == f"{method.package}.attacks"
+    generic = (Path(__file__).parents[1] / "client_app" / "attacks.py").read_text()
+    assert "type: ignore" not in generic
+    assert not any(a in generic for m in registry().values() for a in m.attacks)
+    assert not make_client(config(method="factorized-fl-alpha"))[0].wire.attacks
 
 
 # ---- the shared heads -------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from torch import nn
 from client_app.base import PFLClient, train_every_parameter
 from client_app.train import make_optimizer
 from methods.factorized_fl import FactorizedFLParams
-from methods.factorized_fl.model import mu_l1
+from methods.factorized_fl.model import FactorizedWire, mu_l1
 
 log = logging.getLogger("flwr.pflower")
 
@@ -66,6 +66,7 @@ def load_optimizer_arrays(
 class FactorizedFLClient(PFLClient):
     """Both variants: the split rule and the wire (FactorizedWire) decide what travels."""
 
+    wire: FactorizedWire
     kept_optimizer: dict[str, np.ndarray] | None = None  # optimizer-state 'kept'
 
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
