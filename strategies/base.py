@@ -64,14 +64,13 @@ from strategies.reply_log import ReplyLog
 from strategies.robust import (
     Bounds,
     NormHistory,
-    bound_round,
     decoded_references,
     mean_by_rule,
     weighted_mean,
 )
 from strategies.roster import load_roster
 from strategies.sampling import Sampler
-from strategies.streaming import StreamedRound, folding
+from strategies.streaming import StreamedRound, bound_held, folding
 
 log = logging.getLogger("flwr.pflower")
 
@@ -257,9 +256,15 @@ class PFLStrategy(Strategy):
                 sent = lambda key: self.payload_for(key, server_round)  # noqa: E731
                 mean = not self.holds_replies and self.aggregation in ("mean", "weighted")
                 bounds, history = Bounds.of(cfg, mean), self.norm_history
-                align = self.wire.upload_reference
-                accepted = bound_round(server_round, accepted, sent, bounds, history, rl, align)
+                reference_of = decoded_references(sent, self.wire.upload_reference)
+                accepted, rejected = bound_held(
+                    server_round, accepted, bounds, history, reference_of, rl.extra
+                )
+                rl.rejected += rejected
                 if not accepted:
+                    log.error(
+                        "round %d: every reply was rejected: the global state is kept", server_round
+                    )
                     return self.global_payload(), {}
             self.aggregate_held(server_round, accepted, rl.extra)
         budget.stop_if_out_of_time(self.rounds, server_round)  # max-minutes: the run's last?

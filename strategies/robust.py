@@ -1,4 +1,7 @@
-"""Bounds on what one client can do to the aggregate, before any method aggregates.
+"""Bounds on what one client can do to the aggregate, before any method aggregates:
+the rules, their references' arithmetic and the robust means. Every reply, streamed
+or held, is judged by one implementation of them: strategies/streaming.py
+(``Limits``, ``bound_reply``; a held round's through ``bound_held``).
 
 - ``weight-cap`` c: a reply's weight (its reported sample count) is at most c times
   the round's lower median reported count, so a client that claims 1e15 examples
@@ -54,75 +57,6 @@ def count_limit(counts: list[int], cap: float) -> int:
     return max(1, int(cap * lower_median(counts)))
 
 
-def capped_counts(counts: list[int], cap: float) -> list[int]:
-    """Each count at most ``cap`` x the lower median count (``cap`` 0: unchanged)."""
-    if cap <= 0 or not counts:
-        return list(counts)
-    limit = count_limit(counts, cap)
-    return [min(n, limit) for n in counts]
-
-
-def update_norm(upload: NDArrays, reference: NDArrays) -> float:
-    """L2 norm of ``upload - reference`` over the float tensors whose shapes match."""
-    total = 0.0
-    for u, r in zip(upload, reference):
-        if u.dtype.kind == "f" and u.shape == r.shape:
-            total += float(np.sum((u.astype(np.float64) - r) ** 2))
-    return float(np.sqrt(total))
-
-
-def clip_to(upload: NDArrays, reference: NDArrays, norm: float, bound: float) -> NDArrays:
-    """``upload`` with its update scaled down to norm ``bound`` (a new list)."""
-    scale = bound / norm
-    out = []
-    for u, r in zip(upload, reference):
-        if u.dtype.kind == "f" and u.shape == r.shape:
-            u = (r + scale * (u.astype(np.float64) - r)).astype(u.dtype)
-        out.append(u)
-    return out + upload[len(out) :]
-
-
-@dataclass
-class NormCheck:
-    """The round's update norms and what the bound did with each reply."""
-
-    limit: float | None = None  # r x median norm; None when off
-    clipped: int = 0
-    rejected: list[int] | None = None  # indices of rejected replies
-    norms: list[float] | None = None  # each update's norm as it came; None when off
-
-
-def bound_updates(
-    uploads: list[NDArrays],
-    references: list[NDArrays],
-    ratio: float,
-    action: str,
-    history: list[float] | None = None,
-) -> tuple[list[NDArrays], NormCheck]:
-    """Clip (or reject) every update longer than ``ratio`` x the lower median of its
-    round's update norms and the accepted norms of earlier rounds (``history``)."""
-    check = NormCheck(rejected=[])
-    if ratio <= 0 or not uploads:
-        return uploads, check
-    norms = check.norms = [update_norm(u, r) for u, r in zip(uploads, references)]
-    check.limit = ratio * lower_median(norms + list(history or []))
-    out = []
-    for i, (u, r, n) in enumerate(zip(uploads, references, norms)):
-        if n > check.limit and n > 0:
-            if action == "reject":
-                check.rejected.append(i)  # type: ignore[union-attr]
-            else:
-                u = clip_to(u, r, n, check.limit)
-                check.clipped += 1
-        out.append(u)
-    return out, check
-
-
-# coordinates x replies of one slice of the median update (float32: x 4 bytes): the
-# round's updates are never stacked whole (1,000 float64 updates of cnn4: 7 GB)
-MEDIAN_SLICE = 1 << 19
-
-
 def compared(uploads: list[NDArrays], references: list[NDArrays]) -> list[int]:
     """The tensors an update is taken over: float, the reference's shape, in every reply."""
     first = uploads[0]
@@ -164,23 +98,6 @@ def column_median(block: np.ndarray) -> np.ndarray:
     return (ordered[(n - 1) // 2] + ordered[n // 2]) / 2
 
 
-def _median_update(
-    uploads: list[NDArrays], references: list[NDArrays], tensors: list[int]
-) -> np.ndarray:
-    """The coordinate-wise median of the updates, a slice of coordinates at a time."""
-    step = max(1, MEDIAN_SLICE // len(uploads))
-    parts = []
-    for t in tensors:
-        flat = [(u[t].ravel(), r[t].ravel()) for u, r in zip(uploads, references)]
-        out = np.empty(flat[0][0].size)
-        for a in range(0, out.size, step):
-            # in the uploads' own precision (float32): a median for a direction check
-            block = np.stack([np.subtract(u[a : a + step], r[a : a + step]) for u, r in flat])
-            out[a : a + step] = column_median(block)
-        parts.append(out)
-    return np.concatenate(parts) if parts else np.zeros(0)
-
-
 def with_update(
     upload: NDArrays, reference: NDArrays, tensors: list[int], vector: np.ndarray
 ) -> NDArrays:
@@ -200,42 +117,6 @@ def with_update(
 def remove_along(update: np.ndarray, unit: np.ndarray, dot: float) -> None:
     """``update -= dot * unit`` in place (a float64 vector: compiled, no temporary)."""
     kernels.remove_along()(update, unit, dot)
-
-
-def against_the_round(
-    uploads: list[NDArrays], references: list[NDArrays], min_cosine: float, action: str
-) -> tuple[list[NDArrays], list[tuple[int, float]]]:
-    """Each update whose cosine with the coordinate-wise median update is below
-    ``min_cosine``: with ``project`` its component along the median is removed (what
-    it pushes against the round goes, what it adds across it stays) and what is left
-    is clipped to the lower median update norm (a typical update, not the norm
-    bound's r times it); with ``reject`` it is listed only. Returns (uploads,
-    [(index, cosine)]). One update is in memory at a time, beside the median's slices."""
-    tensors = compared(uploads, references)
-    centre = _median_update(uploads, references, tensors)
-    scale = float(np.linalg.norm(centre))
-    if scale == 0.0:
-        return uploads, []
-    unit = centre / scale
-    norms, dots, unit32 = [], [], unit.astype(np.float32)
-    for u, r in zip(uploads, references):  # the cosines in float32, the projection in float64
-        d = np.concatenate([np.subtract(u[t], r[t]).ravel() for t in tensors])
-        norms.append(float(np.linalg.norm(d)))
-        dots.append(float(d @ unit32))
-    typical = lower_median(norms)
-    out, flagged = list(uploads), []
-    for i, (norm, dot) in enumerate(zip(norms, dots)):
-        cosine = dot / norm if norm > 0 else 1.0
-        if cosine < min_cosine:
-            flagged.append((i, cosine))
-            if action == "project":
-                across = update_vector(uploads[i], references[i], tensors)
-                remove_along(across, unit, float(across @ unit))
-                length = float(np.linalg.norm(across))
-                if length > typical:
-                    across *= typical / length
-                out[i] = with_update(uploads[i], references[i], tensors, across)
-    return out, flagged
 
 
 def robust_mean(uploads: list[NDArrays], rule: str, trim: float) -> NDArrays:
@@ -361,90 +242,6 @@ def decoded_references(
             return decoded[id(payload)][1]
 
     return of
-
-
-def bound_replies(
-    replies: list[Any],
-    reference_of: Callable[[str], Parameters],
-    bounds: Bounds,
-    extra: dict[str, Any],
-    history: NormHistory | None = None,
-    align: Callable[[NDArrays], NDArrays] | None = None,
-) -> tuple[list[Any], list[str]]:
-    """The replies (``Reply``: arrays, num_examples, client_key) with their weights
-    capped, their updates bounded against the payload each was sent
-    (``reference_of(client key)``, each distinct payload decoded once, not per
-    reply) and, from ``direction_from`` replies, those pointing against the round
-    rejected; returns (the replies kept, the rejection reasons). The round's counts
-    go into ``extra``; the kept updates' norms into ``history``. ``align`` lines a
-    decoded payload up with the uploads (``Wire.upload_reference``)."""
-    counts = capped_counts([r.num_examples for r in replies], bounds.weight_cap)
-    for r, n in zip(replies, counts):
-        if n < r.num_examples:
-            extra["weights_capped"] = extra.get("weights_capped", 0) + 1
-            r.num_examples = n
-    decoded = decoded_references(reference_of, align)
-    references = [decoded(r.client_key) for r in replies]
-    earlier = history.values() if history is not None else []
-    came = [r.arrays for r in replies]
-    uploads, check = bound_updates(came, references, bounds.norm_bound, bounds.action, earlier)
-    for r, u in zip(replies, uploads):
-        r.arrays = u
-    if check.limit is not None:
-        extra.update(update_norm_limit=check.limit, updates_clipped=check.clipped)
-    reasons = {
-        i: f"{replies[i].client_key}: update norm above update-norm-bound x the lower "
-        f"median ({check.limit:.3g})"
-        for i in check.rejected or []
-    }
-    left = [i for i in range(len(replies)) if i not in reasons]
-    if bounds.direction_from and len(left) >= bounds.direction_from:
-        moved, against = against_the_round(
-            [uploads[i] for i in left],
-            [references[i] for i in left],
-            bounds.min_cosine,
-            bounds.direction_action,
-        )
-        for j, i in enumerate(left):
-            uploads[i] = replies[i].arrays = moved[j]
-        for j, cosine in against if bounds.direction_action == "reject" else []:
-            reasons[left[j]] = (
-                f"{replies[left[j]].client_key}: update points against the round (cosine "
-                f"{cosine:.2f} with the median update, below direction-min-cosine "
-                f"{bounds.min_cosine:g})"
-            )
-        extra["against_the_round"] = len(against)
-    kept = [i for i in range(len(replies)) if i not in reasons]
-    if history is not None:  # a norm taken above holds for an update left as it came
-        history.add(
-            [
-                check.norms[i]
-                if check.norms is not None and uploads[i] is came[i]
-                else update_norm(uploads[i], references[i])
-                for i in kept
-            ]
-        )
-    return [replies[i] for i in kept], [reasons[i] for i in sorted(reasons)]
-
-
-def bound_round(
-    server_round: int,
-    replies: list[Any],
-    reference_of: Callable[[str], Parameters],
-    bounds: Bounds,
-    history: NormHistory,
-    record: Any,
-    align: Callable[[NDArrays], NDArrays] | None = None,
-) -> list[Any]:
-    """``bound_replies``; the round's counts go to ``record.extra``, each rejection
-    to the log and ``record.rejected``."""
-    kept, reasons = bound_replies(replies, reference_of, bounds, record.extra, history, align)
-    for reason in reasons:
-        log.warning("round %d: rejected reply from %s", server_round, reason)
-    record.rejected += reasons
-    if not kept:
-        log.error("round %d: every reply was rejected: the global state is kept", server_round)
-    return kept
 
 
 class RunningMean:

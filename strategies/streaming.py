@@ -104,48 +104,79 @@ class Limits:
     def of(
         cls,
         replies: list[Reply],
-        updates: Callable[[], list[np.ndarray]],
+        reference_of: Callable[[str], NDArrays],
         bounds: Bounds,
         history: list[float],
         direction: np.ndarray | None = None,
         norms: list[float] | None = None,
     ) -> Limits:
-        """The held round's rules (strategies/robust.py) taken over ``replies`` (whose
-        update vectors ``updates()`` makes, only where the rules need them: a median
-        centre; their ``norms`` may be known); the direction check's centre is
-        ``direction`` (the last streamed round's unit update, far less noisy) where
-        there is one, else the replies' median update."""
+        """The round's references taken over ``replies`` (each measured against
+        ``reference_of(its client key)``; their update ``norms`` may be known); the
+        direction check's centre is ``direction`` (the last streamed round's unit
+        update, far less noisy) where there is one, else the replies' median update."""
         out = cls()
         if bounds.weight_cap > 0:
             out.count = count_limit([r.num_examples for r in replies], bounds.weight_cap)
-        vectors = None
         if norms is None:
-            vectors = updates()
-            norms = [float(np.linalg.norm(u)) for u in vectors]
+            norms = [float(np.linalg.norm(_update(r, reference_of))) for r in replies]
         if bounds.norm_bound > 0:
             out.norm = bounds.norm_bound * lower_median(norms + history)
         if bounds.direction_from and len(replies) >= bounds.direction_from:
             limit = out.norm
+            # the updates as the norm bound leaves them (one it does not clip: as it is)
+            factors = [limit / n if limit is not None and n > limit else 1.0 for n in norms]
             if direction is not None:
                 out.centre = direction
                 # the norm bound leaves a longer update at the limit's length
                 kept = [min(n, limit) if limit is not None else n for n in norms]
             else:
-                vectors = vectors if vectors is not None else updates()
-                # the updates as the norm bound leaves them (one it does not clip: as it is)
-                bounded = [
-                    u * (limit / n) if limit is not None and n > limit else u
-                    for u, n in zip(vectors, norms)
-                ]
-                centre = column_median(np.stack(bounded))
+                centre = median_update(replies, reference_of, factors)
                 scale = float(np.linalg.norm(centre))
                 out.centre = centre / scale if scale > 0 else None
                 kept = [
-                    n if b is u else float(np.linalg.norm(b))
-                    for u, b, n in zip(vectors, bounded, norms)
+                    n if f == 1.0 else float(np.linalg.norm(_update(r, reference_of) * f))
+                    for r, n, f in zip(replies, norms, factors)
                 ]
             out.typical = lower_median(kept)
         return out
+
+
+def _update(reply: Reply, reference_of: Callable[[str], NDArrays]) -> np.ndarray:
+    return update_of(reply.arrays, reference_of(reply.client_key))
+
+
+# coordinates x replies of one slice of the median update (float64: x 8 bytes): a round's
+# updates are never stacked whole (1,000 float64 updates of cnn4: 7 GB)
+MEDIAN_SLICE = 1 << 19
+
+
+def median_update(
+    replies: list[Reply], reference_of: Callable[[str], NDArrays], factors: list[float]
+) -> np.ndarray:
+    """The coordinate-wise median of the updates, each times its factor (float64), a
+    slice of coordinates at a time: a coordinate's median reads that coordinate alone,
+    so the slices give the whole stack's bits."""
+    references = [reference_of(r.client_key) for r in replies]
+    tensors = compared([r.arrays for r in replies], references)
+    step = max(1, MEDIAN_SLICE // len(replies))
+    parts = []
+    for t in tensors:
+        flat = [(r.arrays[t].ravel(), ref[t].ravel()) for r, ref in zip(replies, references)]
+        out = np.empty(flat[0][0].size)
+        for a in range(0, out.size, step):
+            block = np.stack(
+                [
+                    _scaled(np.subtract(u[a : a + step], ref[a : a + step], dtype=np.float64), f)
+                    for (u, ref), f in zip(flat, factors)
+                ]
+            )
+            out[a : a + step] = column_median(block)
+        parts.append(out)
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def _scaled(vector: np.ndarray, factor: float) -> np.ndarray:
+    return vector * factor if factor != 1.0 else vector
 
 
 class Moments:
@@ -268,6 +299,7 @@ class StreamedRound:
         self.most_waiting = 0  # the most replies held at once
         self.lock = threading.Lock()
         self.closed = False
+        self.held = False  # judge only: replies kept whole, nothing summed (``bound_held``)
         # reply-log (strategies/reply_log.py): called with each reply as it is added, its
         # weight, node and the digest of its bytes as they arrived (kept here until then)
         self.log: Callable[..., None] | None = None
@@ -392,12 +424,7 @@ class StreamedRound:
         """Fix the references from ``replies`` and judge every reply waiting for them."""
         norms = [(self.measured.get(id(r)) or self._measure(r)).norm for r in replies]
         limits = Limits.of(
-            replies,
-            lambda: [update_of(r.arrays, self.reference_of(r.client_key)) for r in replies],
-            self.bounds,
-            self.history,
-            self.direction,
-            norms=norms,
+            replies, self.reference_of, self.bounds, self.history, self.direction, norms=norms
         )
         with self.lock:
             self.limits = limits
@@ -430,14 +457,16 @@ class StreamedRound:
                     log.warning("round %d: rejected reply from %s", self.round, verdict.reason)
                     self.rejected.append(verdict.reason)
                     continue
+                self.kept.append(reply)
+                self.norms.append(verdict.norm)
+                if self.held:  # kept whole, at its capped weight, for the round's rule
+                    continue
                 weight = float(reply.num_examples) if self.weighted else 1.0
                 self.sum.add(reply.arrays, weight)
                 if self.log is not None:
                     node, arrived = self.origins.pop(id(reply), (None, ""))
                     self.log(node, reply.client_key, arrived, weight, reply.arrays)
                 reply.arrays, reply.num_examples = [], reported
-                self.kept.append(reply)
-                self.norms.append(verdict.norm)
 
     def close(self) -> None:
         """No more replies: judge any still waiting (held rules, if the reservoir gave none)."""
@@ -451,6 +480,38 @@ class StreamedRound:
             self.kept.sort(key=lambda r: r.client_key)
             self.rejected.sort()
             self.extra["replies_held_at_once"] = self.most_waiting
+
+
+def bound_held(
+    server_round: int,
+    replies: list[Reply],
+    bounds: Bounds,
+    history: NormHistory,
+    reference_of: Callable[[str], NDArrays],
+    extra: dict[str, Any],
+) -> tuple[list[Reply], list[str]]:
+    """A held round's replies judged by a streamed round's rules (the bounds are
+    written once, here): every reply is the reservoir, and the direction check's
+    centre is the round's median update (a held round keeps no last direction).
+    Returns (the replies kept, whole and at their capped weights; the rejection
+    reasons); the round's counters go into ``extra``, the kept norms into ``history``."""
+    judge = StreamedRound(
+        server_round,
+        {0},  # a reservoir: the references are fixed from the replies below
+        bounds,
+        history.values(),
+        weighted=False,
+        decode=lambda arrays: arrays,
+        check=lambda *args, **kwargs: None,
+        keys=ClientKeys(None),
+        reference_of=reference_of,
+    )
+    judge.held = True
+    judge.pending = list(replies)
+    judge._fix(list(replies))
+    extra.update({k: v for k, v in judge.extra.items() if k != "aggregation_streamed"})
+    history.add(judge.norms)
+    return judge.kept, judge.rejected
 
 
 def bound_reply(

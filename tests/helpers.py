@@ -27,6 +27,7 @@ from client_app.state import ContextStore
 from methods import get_method, parse_run_config
 from pflower.config.schema import RunConfig
 from pflower.data import data_info, load_client_data
+from pflower.results import RunRecorder
 from server_app.method_strategy import build_method_strategy
 from strategies.base import PFLStrategy
 
@@ -145,9 +146,9 @@ def make_client(
     return client, context
 
 
-def make_strategy(cfg: RunConfig) -> PFLStrategy:
+def make_strategy(cfg: RunConfig, recorder: RunRecorder | None = None) -> PFLStrategy:
     method = get_method(cfg.method)
-    return build_method_strategy(method, cfg, method.build_model(cfg, data_info(cfg)))
+    return build_method_strategy(method, cfg, method.build_model(cfg, data_info(cfg)), recorder)
 
 
 class FakeProxy(ClientProxy):
@@ -194,3 +195,13 @@ def short_federation(method: str, out: Path, clients: int = 3) -> dict[str, Any]
     everyone = [f"client-{i}" for i in range(clients)]
     assert sorted(res["rounds"][-1]["per_client_accuracy"]) == everyone
     return res
+
+
+def update_norm(upload: list[np.ndarray], reference: list[np.ndarray]) -> float:
+    """L2 norm of ``upload - reference`` over the float tensors whose shapes match, in
+    float64 (numpy's, a reference for the server's compiled norms)."""
+    total = 0.0
+    for u, r in zip(upload, reference):
+        if u.dtype.kind == "f" and u.shape == r.shape:
+            total += float(np.sum((u.astype(np.float64) - r) ** 2))
+    return float(np.sqrt(total))

@@ -19,9 +19,7 @@ from tests.helpers import FakeProxy, config, fit_res, make_strategy
 
 
 def _with_recorder(cfg: RunConfig) -> PFLStrategy:
-    strategy = make_strategy(cfg)
-    strategy.recorder = RunRecorder(cfg)
-    return strategy
+    return make_strategy(cfg, RunRecorder(cfg))
 
 
 def _one_round(strategy: PFLStrategy, server_round: int, clients: int = 4) -> None:

@@ -13,8 +13,10 @@ import pytest
 
 from methods import parse_run_config
 from pflower.config.schema import ConfigError
-from strategies.robust import bound_updates, capped_counts, robust_mean, update_norm
-from tests.helpers import FakeProxy, config, fit_res, make_strategy
+from strategies.replies import Reply
+from strategies.robust import Bounds, NormHistory, robust_mean
+from strategies.streaming import bound_held
+from tests.helpers import FakeProxy, config, fit_res, make_strategy, update_norm
 
 
 def _honest(start: list[np.ndarray], k: int, rng: np.random.Generator) -> list[np.ndarray]:
@@ -162,17 +164,27 @@ def test_the_direction_check_keeps_every_honest_site_of_a_clean_round() -> None:
     assert update_norm(strategy.global_arrays, honest_mean) < 1e-5
 
 
-def test_capped_counts_and_norm_bound_units() -> None:
-    assert capped_counts([10, 10, 30, 10**15], 2.0) == [10, 10, 20, 20]  # 2x the lower median
-    assert capped_counts([10, 10**15], 0.0) == [10, 10**15]  # off
+def _held(ups: list, counts: list[int], bounds: Bounds, ref: list) -> tuple[list, list, dict]:
+    replies = [
+        Reply(f"c{i}", list(u), n, {}) for i, (u, n) in enumerate(zip(ups, counts))
+    ]
+    extra: dict = {}
+    kept, reasons = bound_held(1, replies, bounds, NormHistory(3), lambda key: ref, extra)
+    return kept, reasons, extra
+
+
+def test_a_held_round_caps_weights_and_bounds_norms_in_the_units_the_keys_say() -> None:
     ref = [np.zeros(4, np.float32), np.array(3, np.int64)]
     ups = [[np.full(4, v, np.float32), np.array(5, np.int64)] for v in (1.0, 1.0, 1.0, 100.0)]
-    clipped, check = bound_updates(ups, [ref] * 4, 3.0, "clip")
-    assert check.limit == pytest.approx(3 * 2.0) and check.clipped == 1
-    assert update_norm(clipped[3], ref) == pytest.approx(6.0, rel=1e-6)
-    assert clipped[3][1] == 5  # integer tensors untouched
-    _, rejected = bound_updates(ups, [ref] * 4, 3.0, "reject")
-    assert rejected.rejected == [3]
+    kept, reasons, extra = _held(ups, [10, 10, 30, 10**15], Bounds(2.0, 3.0), ref)
+    assert [r.num_examples for r in kept] == [10, 10, 20, 20]  # 2x the lower median count
+    assert extra["weights_capped"] == 2 and not reasons
+    assert extra["update_norm_limit"] == pytest.approx(3 * 2.0) and extra["updates_clipped"] == 1
+    assert update_norm(kept[3].arrays, ref) == pytest.approx(6.0, rel=1e-6)
+    assert kept[3].arrays[1] == 5  # integer tensors untouched
+    kept, reasons, extra = _held(ups, [10, 10, 30, 10**15], Bounds(0.0, 3.0, "reject"), ref)
+    assert [r.num_examples for r in kept] == [10, 10, 30] and "weights_capped" not in extra
+    assert len(reasons) == 1 and reasons[0].startswith("c3: update norm above")
 
 
 def test_median_and_trimmed_mean_resist_a_minority_and_keep_dtypes() -> None:
@@ -284,9 +296,10 @@ def test_simulated_attackers_falsify_their_replies_and_sites_never_do(attack, tm
 
 def test_the_median_update_in_slices_is_the_whole_stacks_median(monkeypatch) -> None:
     """The direction check's median is taken a slice of coordinates at a time (the
-    round's updates are never stacked whole): the same cosines and projections as
-    the median of the whole stack, an int tensor and an extra tensor left alone."""
-    from strategies import robust
+    round's updates are never stacked whole): the whole stack's median to the bit, and
+    a held round projects the reply that points against it, an int tensor and an
+    extra tensor left alone."""
+    from strategies import streaming
 
     rng = np.random.default_rng(3)
     shapes = [(5, 7), (11,), (3, 2, 2)]
@@ -298,32 +311,46 @@ def test_the_median_update_in_slices_is_the_whole_stacks_median(monkeypatch) -> 
     ]
     for t in range(3):  # the first reply points against the others
         uploads[0][t] = (2 * reference[t] - uploads[0][t]).astype(np.float32)
-    references = [[*reference, np.arange(3)] for _ in uploads]
+    references = [*reference, np.arange(3)]
+    factors = [1.0, 0.5, 1.0, 1.0, 2.0, 1.0]
     whole = np.median(
         np.stack(
             [
-                np.concatenate([(u[t].astype(np.float64) - reference[t]).ravel() for t in range(3)])
-                for u in uploads
+                f
+                * np.concatenate(
+                    [
+                        np.subtract(u[t].ravel(), reference[t].ravel(), dtype=np.float64)
+                        for t in range(3)
+                    ]
+                )
+                for u, f in zip(uploads, factors)
             ]
         ),
         axis=0,
     )
-    monkeypatch.setattr(robust, "MEDIAN_SLICE", 13)  # slices of 2 coordinates x 6 replies
-    assert np.allclose(robust._median_update(uploads, references, [0, 1, 2]), whole)
-    assert robust.compared(uploads, references) == [0, 1, 2]
-    out, flagged = robust.against_the_round(uploads, references, 0.0, "project")
-    assert [i for i, _ in flagged] == [0]
-    unit = whole / np.linalg.norm(whole)
-    moved = np.concatenate(
-        [(out[0][t].astype(np.float64) - reference[t]).ravel() for t in range(3)]
-    )
+    replies = [Reply(f"c{i}", u, 10, {}) for i, u in enumerate(uploads)]
+    monkeypatch.setattr(streaming, "MEDIAN_SLICE", 13)  # slices of 2 coordinates x 6 replies
+    sliced = streaming.median_update(replies, lambda key: references, factors)
+    assert np.array_equal(sliced, whole)
+    bounds = Bounds(0.0, 0.0, direction_from=4, min_cosine=0.0)
+    kept, reasons, extra = _held(uploads, [10] * 6, bounds, references)
+    assert extra["against_the_round"] == 1 and not reasons
+    unit = np.median(np.stack([update_norm_vector(u, reference) for u in uploads]), axis=0)
+    unit /= np.linalg.norm(unit)
+    moved = update_norm_vector(kept[0].arrays, reference)
     assert abs(moved @ unit) < 1e-3  # the component along the median is gone
-    assert out[0][3] is uploads[0][3] and out[0][4] is uploads[0][4]
+    assert kept[0].arrays[3] is uploads[0][3] and kept[0].arrays[4] is uploads[0][4]
 
 
-def test_the_norm_history_takes_each_norm_once_and_as_the_update_was_kept(monkeypatch) -> None:
-    """The norms the history keeps are those of the updates as aggregated (a clipped one
-    after its clip), and an update left as it came is not measured a second time."""
+def update_norm_vector(upload: list, reference: list) -> np.ndarray:
+    return np.concatenate(
+        [(upload[t].astype(np.float64) - reference[t]).ravel() for t in range(len(reference))]
+    )
+
+
+def test_the_norm_history_takes_each_norm_as_the_update_was_kept() -> None:
+    """The norms the history keeps are those of the updates as aggregated: a clipped
+    one's is the limit it was clipped to (its float32 arrays within rounding of it)."""
     import strategies.robust as robust
 
     rng = np.random.default_rng(3)
@@ -332,16 +359,18 @@ def test_the_norm_history_takes_each_norm_once_and_as_the_update_was_kept(monkey
     honest = [_honest(start, k, rng) for k in range(4)]
     scaled = [(s + 50.0 * (b - s)).astype(b.dtype) for s, b in zip(start, honest[0])]
     kept: list[list[np.ndarray]] = []
-    calls = []
-    monkeypatch.setattr(robust, "update_norm", lambda u, r: calls.append(1) or update_norm(u, r))
     weighted_mean = robust.weighted_mean  # the arrays the round averages: what was kept
-    monkeypatch.setattr(
-        robust, "weighted_mean", lambda arrays, w: kept.extend(arrays) or weighted_mean(arrays, w)
-    )
-    replies = [(FakeProxy(i), fit_res(u, f"c{i}", 48)) for i, u in enumerate([*honest, scaled])]
-    strategy.aggregate_fit(1, replies, [])
+    mean_of = lambda arrays, w: kept.extend(arrays) or weighted_mean(arrays, w)  # noqa: E731
+    robust_weighted_mean, robust.weighted_mean = robust.weighted_mean, mean_of
+    try:
+        replies = [(FakeProxy(i), fit_res(u, f"c{i}", 48)) for i, u in enumerate([*honest, scaled])]
+        strategy.aggregate_fit(1, replies, [])  # no streamed round opened: held
+    finally:
+        robust.weighted_mean = robust_weighted_mean
     assert len(kept) == 5
     want = [update_norm(u, [a.astype(np.float64) for a in start]) for u in kept]
-    assert strategy.norm_history.values() == pytest.approx(want, rel=1e-12)
+    history = strategy.norm_history.values()
+    assert history[:4] == pytest.approx(want[:4], rel=1e-12)
+    assert history[4] == strategy.rounds[1].extra["update_norm_limit"]  # clipped to it
+    assert history[4] == pytest.approx(want[4], rel=1e-6)  # its float32 arrays' norm
     assert want[-1] < 4 * min(want[:-1])  # the 50x update was clipped before it was kept
-    assert len(calls) == 5 + 1  # each update once, and the clipped one again after its clip

@@ -16,13 +16,12 @@ from strategies.robust import (
     PREVIOUS,
     direction_of,
     remove_along,
-    update_norm,
     update_vector,
     weighted_mean,
     with_update,
 )
 from strategies.streaming import RESERVOIR, FoldingProxy, RunningMean, reservoir_nodes
-from tests.helpers import FakeProxy, config, fit_res, make_strategy
+from tests.helpers import FakeProxy, config, fit_res, make_strategy, update_norm
 
 
 class Replying(FakeProxy):
@@ -520,6 +519,11 @@ def test_each_reply_has_its_update_and_norm_taken_once(monkeypatch: pytest.Monke
             monkeypatch.setattr(
                 streaming, name, lambda *a, _real=real: made.append(_real(*a)) or made[-1]
             )
+    centred: list[int] = []
+    real_median = streaming.median_update
+    monkeypatch.setattr(
+        streaming, "median_update", lambda r, *a: centred.append(len(r)) or real_median(r, *a)
+    )
     real_moments = streaming.Moments.__init__
 
     def moments(self, upload, *rest) -> None:  # noqa: ANN001
@@ -543,7 +547,8 @@ def test_each_reply_has_its_update_and_norm_taken_once(monkeypatch: pytest.Monke
         proxy.fit(None, None, None)
     strategy.aggregate_fit(1, [], [])
     assert len(state.kept) == 40 and strategy.rounds[1].extra["against_the_round"] == 0
-    assert len(made) == RESERVOIR  # the round's median centre: the reservoir's updates only
+    assert centred == [RESERVOIR]  # the round's median centre: the reservoir's updates only
+    assert not made  # ... taken a slice at a time: no update written out whole
     # each reply measured once on arrival or while it waited, then judged (the
     # reservoir's replies: their norm kept, their dot with the centre taken once)
     assert len(measured) == 40 + RESERVOIR

@@ -3,7 +3,7 @@ whole stack and holds 28 MB, not 227-2,123 MB
 (docs/notes/2026-11-26-where-a-client-round-goes-and-streamed-aggregation.md).
 
 ``python -m benchmarks.studies.direction_check [--replies 10 100] [--reps 3]``: the server's
-direction check (strategies/robust.py ``against_the_round``) beside the whole-stack
+direction check (a held round's, strategies/streaming.py ``bound_held``) beside the whole-stack
 computation it replaced (every update flattened in float64, stacked whole,
 ``np.median`` down the stack), on uploads shaped like the 4-layer CNN's, in one
 process: seconds (best of ``reps``, wall) and peak extra memory of each."""
@@ -19,7 +19,9 @@ from collections.abc import Callable
 import numpy as np
 
 from models.backbones import build_backbone
-from strategies.robust import against_the_round, lower_median
+from strategies.replies import Reply
+from strategies.robust import Bounds, NormHistory, lower_median
+from strategies.streaming import bound_held
 
 
 def whole_stack(uploads: list[list[np.ndarray]], reference: list[np.ndarray]) -> list[float]:
@@ -32,6 +34,13 @@ def whole_stack(uploads: list[list[np.ndarray]], reference: list[np.ndarray]) ->
     unit = centre / np.linalg.norm(centre)
     lower_median([float(np.linalg.norm(d)) for d in updates])
     return [float(d @ unit) / float(np.linalg.norm(d)) for d in updates]
+
+
+def direction_checked(uploads: list[list[np.ndarray]], reference: list[np.ndarray]) -> None:
+    """A held round's direction check over ``uploads`` (every reply against ``reference``)."""
+    replies = [Reply(f"c{i}", u, 1, {}) for i, u in enumerate(uploads)]
+    bounds = Bounds(0.0, 0.0, direction_from=1, min_cosine=0.0)
+    bound_held(1, replies, bounds, NormHistory(0), lambda key: reference, {})
 
 
 def measure(run: Callable[[], object], reps: int) -> tuple[float, float]:
@@ -66,11 +75,8 @@ def main(argv: list[str] | None = None) -> int:
             ]
             for _ in range(n)
         ]
-        refs = [reference] * n
         before = measure(lambda u=uploads: whole_stack(u, reference), args.reps)
-        after = measure(
-            lambda u=uploads, r=refs: against_the_round(u, r, 0.0, "project"), args.reps
-        )
+        after = measure(lambda u=uploads: direction_checked(u, reference), args.reps)
         print(
             f"| {n} | {before[0]:.3f} | {before[1]:.0f} | {after[0]:.3f} | {after[1]:.0f} "
             f"| {before[0] / after[0]:.1f}x |"
