@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import zlib
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -105,9 +106,9 @@ def train_every_parameter(
 
 def settle(client: PFLClient, received: bool) -> None:
     """A resident model's entries left as the last client had them for ``receive`` to
-    overwrite (``client.stale``: the template and those entries; client_app/app.py):
+    overwrite (``client.stale``: the template and those entries; client_app/build.py):
     ``received``, they were; else they get the template's values (no tensors came)."""
-    stale = getattr(client, "stale", None)
+    stale = client.stale
     if stale is not None and not received:
         template, keep = stale
         reset_entries(client.model, template, frozenset(client.model.state_dict()) - keep)
@@ -136,22 +137,32 @@ def personal_nbytes(client: PFLClient) -> int:
     return sum(state[n].numel() * state[n].element_size() for n in client.roles.personal)
 
 
-class PFLClient(NumPyClient):
-    """Base client: plain local training of every tensor (FedAvg's schedule)."""
+@dataclass(frozen=True)
+class ClientSetup:
+    """What the builder decides of a client beside its model, data and store
+    (client_app/build.py); the defaults are a bare client's."""
 
     # The weight a fit reply reports: its sample count, or 1 where the method takes
-    # a plain mean under secure aggregation (SecAgg+ weights the sum by it).
-    weight_by_samples = True
+    # a plain mean under secure aggregation (SecAgg+ weights the sum by it;
+    # pflower/config/weighting.py).
+    weight_by_samples: bool = True
     # a digest of this client's own class list (its data's, when the run gives no
     # class-names): the server stops a run whose sites disagree
-    class_fingerprint = ""
-    data_info: dict[str, Scalar] = {}  # noqa: RUF012 - set per client by build_client
+    class_fingerprint: str = ""
+    # a deployed site's answer to the data-info query (client_app/site_data.py)
+    data_info: dict[str, Scalar] = field(default_factory=dict)
     # a digest of the client's data goes into results.json in simulation only: from a
     # deployed site it would let the server confirm which data the site holds
-    report_data_digest = False
+    report_data_digest: bool = False
     # a site that requires SecAgg+ and has not accepted 'metrics' (pflower/privacy/policy.py):
     # a fit reply carries its client key (and class digest) only
-    withhold_metrics = False
+    withhold_metrics: bool = False
+    # a resident model: the template and the entries receive overwrites (``settle``)
+    stale: tuple[nn.Module, frozenset[str]] | None = None
+
+
+class PFLClient(NumPyClient):
+    """Base client: plain local training of every tensor (FedAvg's schedule)."""
 
     def __init__(
         self,
@@ -163,7 +174,15 @@ class PFLClient(NumPyClient):
         device: torch.device,
         client_key: str,
         wire: Wire,
+        setup: ClientSetup | None = None,
     ) -> None:
+        setup = setup or ClientSetup()
+        self.weight_by_samples = setup.weight_by_samples
+        self.class_fingerprint = setup.class_fingerprint
+        self.data_info = setup.data_info
+        self.report_data_digest = setup.report_data_digest
+        self.withhold_metrics = setup.withhold_metrics
+        self.stale = setup.stale  # put back by ``settle`` once a message has begun
         self.model, self.roles = model.to(device), roles
         self.wire = wire  # how the shared tensors travel, built as the server builds it
         self.cfg = cfg

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.common import Context, Error, Message
 from flwr.common.constant import ErrorCode
 
+from pflower.config.node import NodeConfig, name_of
 from pflower.config.refusal import refusal_text
 from pflower.config.schema import ConfigError
 
@@ -40,18 +42,25 @@ class SiteError(RuntimeError):
     """The error reply a site sends in place of what its code raised."""
 
 
-def site_name(node: dict[str, Any]) -> str:
-    """The site's client key: its ``site`` node config, else its partition's."""
-    return str(node.get("site", "") or f"client-{node.get('partition-id', 0)}")
+def site_name(node: Mapping[str, Any] | NodeConfig) -> str:
+    """The site's client key: its ``site`` node config, else its partition's (a node
+    config that does not parse: its ``site`` as given)."""
+    return node.client_key if isinstance(node, NodeConfig) else name_of(node)
 
 
-def simulated(node: dict[str, Any]) -> bool:
+def simulated(node: Mapping[str, Any] | NodeConfig) -> bool:
     """Whether this node is a simulated client (Flower's simulation numbers its
-    partitions), not a deployed site (which names itself)."""
-    return "num-partitions" in node and not node.get("site")
+    partitions), not a deployed site (which names itself); False for a node config
+    that does not parse."""
+    try:
+        return NodeConfig.of(node).simulated
+    except ConfigError:
+        return False
 
 
-def error_reply_text(node: dict[str, Any], message_type: str, err: BaseException) -> str:
+def error_reply_text(
+    node: Mapping[str, Any] | NodeConfig, message_type: str, err: BaseException
+) -> str:
     """The one line a site sends for ``err`` raised while handling ``message_type``."""
     name = type(err).__name__
     return f"site {site_name(node)!r} failed in {message_type}: {name}; the details stay in its log"
@@ -66,7 +75,7 @@ def errors_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> 
     except Exception as err:
         if isinstance(err, (PublicError, SiteError)):
             raise
-        node = dict(context.node_config)
+        node = context.node_config
         if isinstance(err, ConfigError) and simulated(node):
             # the run's config, refused by a simulated client: its line as the reply (the
             # server shares this machine and data), not raised (a traceback per client

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from client_app.base import PFLClient
+from client_app.base import ClientSetup, PFLClient
 from client_app.state import PersonalStore
 from methods import Method, side_table
 from pflower.config.schema import RunConfig
@@ -26,9 +26,12 @@ def build_method_client(
     store: PersonalStore,
     device: torch.device,
     client_key: str,
+    setup: ClientSetup | None = None,
 ) -> PFLClient:
-    """``method``'s client of ``model`` on ``device``."""
+    """``method``'s client of ``model`` on ``device``, as ``setup`` says (a bare
+    client's defaults when None)."""
     model = model.to(device)
     roles = method.roles(model)
     wire = method.build_wire(model, roles, cfg)
-    return client_class(method)(model, roles, data, cfg, store, device, client_key, wire)
+    cls = client_class(method)
+    return cls(model, roles, data, cfg, store, device, client_key, wire, setup=setup)

@@ -11,19 +11,22 @@ input shape and class count its data give, so a run config needs no
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+
+from pflower.config.node import SITE_DATA_FIELDS, NodeConfig
 
 if TYPE_CHECKING:  # deploy.site reads the keys without importing torch
     from pflower.data import DataInfo
 
-SITE_DATA_KEYS = ("label-column", "split-column", "feature-columns", "categorical-columns")
+SITE_DATA_KEYS = tuple(NodeConfig.key(n) for n in SITE_DATA_FIELDS)
 ASK_DATA_INFO = "data-info"  # the properties query's config key
 SHAPE_KEY, CLASSES_COUNT_KEY = "data-input-shape", "data-num-classes"
 
 
-def site_declared(node: dict[str, Any] | Any) -> dict[str, str]:
+def site_declared(node: Mapping[str, Any] | NodeConfig) -> dict[str, str]:
     """The data keys this site's node config declares (they override the run's)."""
-    return {k: str(node[k]) for k in SITE_DATA_KEYS if str(node.get(k, "") or "")}
+    return NodeConfig.of(node).site_data
 
 
 def data_info_properties(info: DataInfo) -> dict[str, str | int]:

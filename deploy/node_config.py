@@ -7,11 +7,16 @@ from __future__ import annotations
 import argparse
 import os
 
+from pflower.config.node import SITE_DATA_FIELDS, NodeConfig
+
 
 def node_config(values: dict[str, str | int]) -> str:
     """The ``--node-config`` string: TOML strings in double quotes, ints as they are."""
     parts = []
     for key, value in values.items():
+        if isinstance(value, bool):
+            parts.append(f"{key}={str(value).lower()}")
+            continue
         if isinstance(value, int):
             parts.append(f"{key}={value}")
             continue
@@ -25,30 +30,31 @@ def node_config(values: dict[str, str | int]) -> str:
 
 
 def node_values(args: argparse.Namespace) -> dict[str, str | int]:
-    """The node config the SuperNode gets: the site, its data, device and policy."""
-    values: dict[str, str | int] = {"site": args.site, "state-dir": args.state_dir}
+    """The node config the SuperNode gets: the site, its data, device and policy;
+    checked by ``NodeConfig`` (ConfigError naming a bad key or value)."""
+    fields: dict[str, str | int] = {"site": args.site, "state_dir": args.state_dir}
     if args.data_path:
-        values["data-path"] = args.data_path
+        fields["data_path"] = args.data_path
     if args.device:
-        values["device"] = args.device
+        fields["device"] = args.device
     if args.data_cache:
-        values["data-cache"] = "disk"
-    from client_app.site_data import SITE_DATA_KEYS
-
-    for key in SITE_DATA_KEYS:
-        if getattr(args, key.replace("-", "_"), None):
-            values[key] = getattr(args, key.replace("-", "_"))
-    values["accept-disclosures"] = args.accept_disclosures
-    values["require-secure-aggregation"] = "true" if args.require_secure_aggregation else "false"
-    values["allowed-methods"] = args.allowed_methods
-    values["min-secagg-sites"] = args.min_secagg_sites
+        fields["data_cache"] = "disk"
+    for name in SITE_DATA_FIELDS:
+        if getattr(args, name, None):
+            fields[name] = getattr(args, name)
+    fields["accept_disclosures"] = args.accept_disclosures
+    fields["require_secure_aggregation"] = "true" if args.require_secure_aggregation else "false"
+    fields["allowed_methods"] = args.allowed_methods
+    fields["min_secagg_sites"] = args.min_secagg_sites
     if args.roster:
-        values["secagg-roster"] = os.path.abspath(args.roster)
+        fields["secagg_roster"] = os.path.abspath(args.roster)
     if args.unverified_secagg_keys:  # the SuperNode refuses SecAgg+ without a roster else
-        values["secagg-unverified-keys"] = "true"
+        fields["secagg_unverified_keys"] = "true"
     if args.auth_key:  # the SuperNode's authentication key signs its SecAgg+ keys too
-        values["identity-key"] = os.path.abspath(args.auth_key)
+        fields["identity_key"] = os.path.abspath(args.auth_key)
     if args.partition_id is not None:
-        values["partition-id"] = args.partition_id
-        values["num-partitions"] = args.num_partitions
+        fields["partition_id"] = args.partition_id
+        fields["num_partitions"] = args.num_partitions
+    values = {NodeConfig.key(name): value for name, value in fields.items()}
+    NodeConfig.of(values)  # the ClientApp's own parse, here before the SuperNode starts
     return values

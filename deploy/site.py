@@ -214,6 +214,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         )
     if args.min_secagg_sites < 2:
         p.error("--min-secagg-sites must be at least 2")
+    try:  # the node config as its ClientApp will parse it: one line naming a bad key
+        node_config(node_values(args))
+    except ValueError as err:  # pflower's ConfigError, or a value --node-config cannot carry
+        p.error(str(err))
     return args
 
 

@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from pflower.config.node import NodeConfig
 from pflower.flower_lines import default_fleet_port, fleet_over_http
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -88,14 +89,15 @@ def run_config(text: str) -> dict[str, Any]:
     return parse_config_args([text] if text else None)
 
 
-def node_config(args: argparse.Namespace) -> dict[str, Any]:
-    """The node config ``deploy.site`` gives the SuperNode, as the ClientApp reads it."""
+def node_config(args: argparse.Namespace) -> NodeConfig:
+    """The node config ``deploy.site`` gives the SuperNode, as the ClientApp reads it
+    (ConfigError naming a bad key or value)."""
     from flwr.common.config import parse_config_args
 
     from deploy.node_config import node_config as as_text
     from deploy.node_config import node_values
 
-    return parse_config_args([as_text(node_values(args))])
+    return NodeConfig.of(parse_config_args([as_text(node_values(args))]))
 
 
 def check_site(args: argparse.Namespace, say: Any = print) -> None:
@@ -107,12 +109,14 @@ def check_site(args: argparse.Namespace, say: Any = print) -> None:
         raise SiteCheckFailed(problems[0])
     say(f"ok: paths (data {args.data_path or '-'}, state {args.state_dir})")
     from client_app.app import policy_refusal
-    from client_app.site_data import site_declared
     from methods import parse_run_config
 
-    node = node_config(args)
+    try:
+        node = node_config(args)
+    except ConfigError as err:
+        raise SiteCheckFailed(str(err)) from None
     try:  # the site's own column names replace the run's, as its ClientApp does
-        cfg = parse_run_config({**run_config(args.check_run_config), **site_declared(node)})
+        cfg = parse_run_config({**run_config(args.check_run_config), **node.site_data})
     except ConfigError as err:
         raise SiteCheckFailed(f"run config: {err}") from None
     refusal = policy_refusal(node, cfg, "train", masked=cfg.secure_aggregation)

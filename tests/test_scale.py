@@ -247,19 +247,19 @@ def test_a_resident_model_per_worker_trains_what_a_copy_per_message_trains(
     back to the template each message: every method ends each round with the same
     numbers as with a fresh deep copy per message (a method that left state on the
     model would carry it into the next client's message and fail here)."""
-    import client_app.app
+    import client_app.build
 
-    fresh = client_app.app._fresh
+    fresh = client_app.build._fresh
     copies: list[bool] = []  # one entry per deep copy of the template
 
     def counted(template: Any, reuse: bool) -> Any:
         copies.append(reuse)
         return fresh(template, reuse)
 
-    monkeypatch.setattr(client_app.app, "_fresh", counted)
+    monkeypatch.setattr(client_app.build, "_fresh", counted)
     runs, copied_models = [], []
     for reuse in (True, False):
-        monkeypatch.setattr(client_app.app, "REUSE_MODELS", reuse)
+        monkeypatch.setattr(client_app.build, "REUSE_MODELS", reuse)
         copies.clear()
         config = {**SMALL, "method": method, "fraction-fit": 0.75, "output-dir": str(tmp_path)}
         runs.append(run_inprocess({**config, "run-name": f"reuse-{reuse}"}, 4, parallel=1))

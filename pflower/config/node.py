@@ -30,6 +30,8 @@ POLICY_FIELDS = (
     "min_secagg_sites",
 )
 DEFAULT_MIN_SECAGG_SITES = 3
+# the columns a site may name for its own table (client_app/site_data.py)
+SITE_DATA_FIELDS = ("label_column", "split_column", "feature_columns", "categorical_columns")
 
 
 def _field(default: Any, alias: str, **kw: Any) -> Any:
@@ -113,6 +115,11 @@ class NodeConfig(BaseModel):
             return _parse(dict(node))
 
     @classmethod
+    def key(cls, name: str) -> str:
+        """The node-config key of field ``name`` (``state_dir`` -> ``state-dir``)."""
+        return cls.model_fields[name].alias or name
+
+    @classmethod
     def keys(cls) -> tuple[str, ...]:
         """Every node-config key, as a node config writes it."""
         return tuple(f.alias or n for n, f in cls.model_fields.items())
@@ -141,9 +148,7 @@ class NodeConfig(BaseModel):
     @property
     def site_data(self) -> dict[str, str]:
         """The data keys this site declares (they override the run's), by key."""
-        columns = ("label_column", "split_column", "feature_columns", "categorical_columns")
-        fields = type(self).model_fields
-        return {str(fields[n].alias): getattr(self, n) for n in columns if getattr(self, n)}
+        return {self.key(n): getattr(self, n) for n in SITE_DATA_FIELDS if getattr(self, n)}
 
     @property
     def cache_dir(self) -> str:

@@ -45,6 +45,7 @@ from client_app.app import (
     InjectedDropout,
     PolicyRefusal,
     build_numpy_client,
+    dropout_name,
     dropped_out,
     policy_refusal,
 )
@@ -52,6 +53,7 @@ from client_app.batched import batch_orders, batchable, train_at_once
 from client_app.codec import receives_views, to_parameters
 from client_app.errors import PublicError, error_reply_text, site_name
 from methods import parse_run_config
+from pflower.config.node import NodeConfig
 from pflower.config.schema import ConfigError, RunConfig
 from pflower.patches import read_only_arrays
 
@@ -181,11 +183,10 @@ class Cohort:
 
     def _client(self, server_round: int, context: Context) -> Any:
         """The node's client for this fit, after the checks the ClientApp's mods make."""
-        node = dict(context.node_config)
-        why = policy_refusal(node, self.cfg, MessageType.TRAIN, masked=False)
+        why = policy_refusal(context.node_config, self.cfg, MessageType.TRAIN, masked=False)
         if why is not None:
             raise PolicyRefusal(why)
-        site = str(node.get("site", "") or node.get("partition-id", 0))
+        site = dropout_name(NodeConfig.of(context.node_config))
         if dropped_out(self.cfg.dropout_rate, self.cfg.seed, str(server_round), site):
             raise InjectedDropout(
                 f"client {site} dropped out (dropout-rate={self.cfg.dropout_rate})"
@@ -246,6 +247,6 @@ def _failure(context: Context, err: BaseException) -> BaseException:
     and the exception's class (client_app/errors.py)."""
     if isinstance(err, PublicError):
         return err
-    node = dict(context.node_config)
+    node = context.node_config
     log.error("%s failed in %s: %r", site_name(node), MessageType.TRAIN, err)
     return PublicError(error_reply_text(node, MessageType.TRAIN, err))

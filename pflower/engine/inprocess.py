@@ -45,6 +45,7 @@ from flwr.server.client_proxy import ClientProxy
 from threadpoolctl import threadpool_limits
 
 from client_app.app import build_client, make_client_app
+from pflower.config.node import NodeConfig
 from pflower.config.schema import ConfigError
 from pflower.engine.cohort import COHORT, Cohort
 from pflower.engine.cohort import check as cohort_check
@@ -72,7 +73,8 @@ class LocalProxy(ClientProxy):
     ) -> None:
         super().__init__(str(node_id))
         self.node_id = node_id
-        self.partition_id = int(context.node_config.get("partition-id", node_id - 1))
+        given = NodeConfig.of(context.node_config).partition_id
+        self.partition_id = node_id - 1 if given is None else given
         self.context = context
         self.overrides = overrides
         self.record = record
@@ -157,13 +159,14 @@ def build_inprocess(
     # measured faster than one client on every thread (docs/PERFORMANCE.md). Each
     # client's numbers are its own either way: its own generator, single-threaded ops
     # the same at any parallelism, and a round's sum does not depend on arrival order.
+    # each node's config parsed here, before anything starts: a bad key stops the run
+    nodes = [NodeConfig.of(n) for n in node_configs or [{}] * num_clients]
     keep_freed_memory()  # a round's large buffers reused, not faulted in again
     parallel = max(1, parallel or torch.get_num_threads())
     threads_each = max(1, torch.get_num_threads() // parallel)
     components = build_server(Context(0, 0, {}, RecordDict(), {}), config)
-    nodes = node_configs or [{}] * num_clients
     # clients on one GPU: the server's streamed sum and bounds run there too
-    components.strategy.fold_device = fold_device([str(n.get("device", "")) for n in nodes])
+    components.strategy.fold_device = fold_device([n.device for n in nodes])
     cohort = None
     if components.strategy.cfg.local_training == COHORT:
         cohort_check(config)

@@ -43,6 +43,9 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pflower.config.node import DEFAULT_MIN_SECAGG_SITES as DEFAULT_MIN_SECAGG_SITES
+from pflower.config.node import NodeConfig
+from pflower.config.schema import ConfigError
 from pflower.privacy.disclosure import Disclosure
 
 ACCEPT = "accept-disclosures"
@@ -51,7 +54,6 @@ ALLOWED_METHODS = "allowed-methods"
 MIN_SECAGG_SITES = "min-secagg-sites"
 ROSTER_KEY = "secagg-roster"  # the site's own copy of the roster (pflower/privacy/secagg.py)
 UNVERIFIED_KEYS = "secagg-unverified-keys"  # development only: no roster, keys unchecked
-DEFAULT_MIN_SECAGG_SITES = 3
 POLICY_KEYS = (ACCEPT, REQUIRE_SECAGG, ALLOWED_METHODS, MIN_SECAGG_SITES)
 REFUSED = "refuses this run by its policy"  # in every refusal: the server looks for it
 
@@ -74,42 +76,30 @@ def _names(value: Any, known: Collection[str], key: str) -> frozenset[str] | Non
     return names
 
 
-def _flag(value: Any, key: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("true", "1", "yes"):
-        return True
-    if text in ("false", "0", "no", ""):
-        return False
-    raise PolicyError(f"site policy '{key}' is {value!r}, expected true or false")
+def node_of(node: Mapping[str, Any] | NodeConfig) -> NodeConfig:
+    """The parsed node config; a bad key or value is a malformed policy (the site
+    refuses every run until it is fixed)."""
+    try:
+        return NodeConfig.of(node)
+    except ConfigError as err:
+        raise PolicyError(f"site policy: {err}") from None
 
 
-def roster_refusal(node: Mapping[str, Any]) -> str | None:
+def roster_refusal(node: Mapping[str, Any] | NodeConfig) -> str | None:
     """Why a site whose node config requires SecAgg+ must answer nothing: it has no
     roster to check its neighbours' signed keys against; or None."""
     try:
-        required = _flag(node.get(REQUIRE_SECAGG, False), REQUIRE_SECAGG)
-        waived = _flag(node.get(UNVERIFIED_KEYS, False), UNVERIFIED_KEYS)
+        parsed = node_of(node)
     except PolicyError as err:
         return str(err)
-    if not required or waived or str(node.get(ROSTER_KEY, "") or "").strip():
+    required, waived = parsed.require_secure_aggregation, parsed.secagg_unverified_keys
+    if not required or waived or parsed.secagg_roster.strip():
         return None
     return (
         f"site policy '{REQUIRE_SECAGG}' needs a roster (node config '{ROSTER_KEY}') to "
         "check its SecAgg+ neighbours' keys: without one a server can play them and read "
         "this site's upload, so it answers nothing (deploy.site --roster)"
     )
-
-
-def _at_least_two(value: Any, key: str) -> int:
-    try:
-        number = int(str(value).strip())
-    except ValueError:
-        number = 0
-    if number < 2 or isinstance(value, bool):
-        raise PolicyError(f"site policy '{key}' is {value!r}, expected a whole number >= 2")
-    return number
 
 
 @dataclass(frozen=True)
@@ -123,20 +113,22 @@ class SitePolicy:
 
     @classmethod
     def of_node(
-        cls, node: Mapping[str, Any], methods: Collection[str], kinds: Collection[str]
+        cls,
+        node: Mapping[str, Any] | NodeConfig,
+        methods: Collection[str],
+        kinds: Collection[str],
     ) -> SitePolicy | None:
         """The node's policy; None for a simulated node that gives none. ``methods``
         and ``kinds`` are the names it may list (the registry's methods and the
         disclosure kinds they declare)."""
-        if not any(k in node for k in POLICY_KEYS) and "site" not in node:
+        parsed = node_of(node)
+        if not parsed.has_policy:
             return None
         return cls(
-            accept=_names(node.get(ACCEPT, ""), kinds, ACCEPT),
-            require_secure_aggregation=_flag(node.get(REQUIRE_SECAGG, False), REQUIRE_SECAGG),
-            methods=_names(node.get(ALLOWED_METHODS, "all"), methods, ALLOWED_METHODS),
-            min_secagg_sites=_at_least_two(
-                node.get(MIN_SECAGG_SITES, DEFAULT_MIN_SECAGG_SITES), MIN_SECAGG_SITES
-            ),
+            accept=_names(parsed.accept_disclosures, kinds, ACCEPT),
+            require_secure_aggregation=parsed.require_secure_aggregation,
+            methods=_names(parsed.allowed_methods, methods, ALLOWED_METHODS),
+            min_secagg_sites=parsed.min_secagg_sites,
         )
 
     def withholds_metrics(self, secure_aggregation: bool) -> bool:

@@ -31,6 +31,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.server import Grid
 from flwr.server.workflow import SecAggPlusWorkflow
 
+from pflower.config.node import NodeConfig
 from pflower.patches import SECAGG_PROTOCOL, secagg_masks
 from pflower.privacy.policy import ROSTER_KEY  # noqa: F401 - the node config key, named here too
 
@@ -165,7 +166,7 @@ def neighbour_refusal(
 # ---- the client's side ---------------------------------------------------------------------
 
 
-def stage_refusal(msg: Message, node: dict[str, Any], min_sites: int | None) -> str | None:
+def stage_refusal(msg: Message, node: NodeConfig, min_sites: int | None) -> str | None:
     """Why this site refuses an incoming SecAgg+ stage, or None. ``min_sites`` None:
     the site checks no neighbours (it has no roster)."""
     secagg_masks()  # every process that masks: a cold ClientApp is new per message
@@ -177,7 +178,7 @@ def stage_refusal(msg: Message, node: dict[str, Any], min_sites: int | None) -> 
     if stage not in (Stage.SETUP, Stage.SHARE_KEYS) or min_sites is None:
         return None
     try:
-        roster = load_site_roster(str(node[ROSTER_KEY]))
+        roster = load_site_roster(node.secagg_roster)
     except ValueError as err:
         return str(err)
     if stage == Stage.SETUP:  # the size that sizes each distributed-DP noise share
@@ -195,17 +196,17 @@ def stage_refusal(msg: Message, node: dict[str, Any], min_sites: int | None) -> 
     )
 
 
-def sign_setup_reply(msg: Message, reply: Message, node: dict[str, Any]) -> None:
+def sign_setup_reply(msg: Message, reply: Message, node: NodeConfig) -> None:
     """Echo the protocol in a set-up reply, and sign its keys with the site's identity
     key (when the site has one)."""
     configs = reply.content.config_records[RECORD_KEY_CONFIGS]
     configs[PROTOCOL_KEY] = SECAGG_PROTOCOL
-    if node.get(IDENTITY_KEY):
+    if node.identity_key:
         pk1, pk2 = configs[Key.PUBLIC_KEY_1], configs[Key.PUBLIC_KEY_2]
         statement = key_statement(
             msg.metadata.run_id, msg.metadata.group_id, msg.metadata.dst_node_id, pk1, pk2
         )
-        configs[SIGNATURE_KEY] = sign(str(node[IDENTITY_KEY]), statement)
+        configs[SIGNATURE_KEY] = sign(node.identity_key, statement)
 
 
 # ---- the server's side ---------------------------------------------------------------------
