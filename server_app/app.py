@@ -108,10 +108,10 @@ def make_server_app(overrides: dict[str, Any] | None = None) -> ServerApp:
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         pflower.patches.serverapp_after_ray()  # each simulation: Ray forks first, alone
-        grid = PollingGrid(grid)  # one collector: replies noticed within 0.25 s, not 3 s
+        grid = PollingGrid(grid)  # one collector, polling faster than Flower's own (grid.py)
         # simulated, the clients train on this machine's cores while this process folds
         # their replies, and BLAS's idle threads would spin against them
-        # (docs/notes/2026-11-28-blas-threads-and-one-client-per-thread.md: 2x a client-round)
+        # (docs/notes/2026-11-28-blas-threads-and-one-client-per-thread.md measured it)
         simulated = not site_info.deployed(grid)
         with threadpool_limits(limits=1, user_api="blas") if simulated else nullcontext():
             _run(grid, context, overrides)

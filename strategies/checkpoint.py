@@ -40,7 +40,9 @@ def save_server_state(
 ) -> Path:
     path = run_dir / SERVER_STATE
     meta = json.dumps({"method": method, "round": server_round})
-    write_checked_npz(path, {**arrays, _META: np.array(meta)}, "xxh3")  # 90 MB a round: fast
+    write_checked_npz(
+        path, {**arrays, _META: np.array(meta)}, "xxh3"
+    )  # a fast hash: a large model is written every round
     return path
 
 

@@ -5,7 +5,7 @@ the server folds each reply on that device too: the reply's tensors (the Message
 bytes, read in place) go to the device once, and its update's norm, its dot with the
 direction centre, a moved update and the running sum are torch ops there, instead of
 compiled loops on one host core (strategies/kernels.py), which would be the round's
-longest path at a GPU's pace (ResNet-18: about 20 ms of host CPU a reply).
+longest path at a GPU's pace (docs/PERFORMANCE.md has the figures).
 
 The same arithmetic as the host's: the sum is TwoSum in float64, element by element
 (separate torch ops, no fused multiply-add: the host kernel's bits, tested on the

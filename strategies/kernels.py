@@ -6,8 +6,8 @@ arithmetic). Each loop that writes arrays does numpy's operations in numpy's ord
 without fast-math (no fused multiply-add, no reordering), so the bits are numpy's
 (tests/test_streaming.py compares each with the numpy expression it replaces). The
 one exception is ``reply_moments``, whose sums only are reordered (see there).
-Each kernel compiles once per dtype signature (about 0.07 s, and 0.35 s of numba's own
-start for the first) and is cached on disk where numba finds a writable place; ``warm``
+Each kernel compiles once per dtype signature (numba's own start before the first) and
+is cached on disk where numba finds a writable place; ``warm``
 loads or compiles a server's kernels on a thread of its own before its rounds need them.
 """
 
@@ -32,7 +32,7 @@ def _njit(**options: Any) -> Callable[..., Callable[..., None]]:
 
     def compiled(fn: Callable[..., None]) -> Callable[..., None]:
         # nogil: the workers that train meanwhile are not held back. cache: a later
-        # process loads the machine code (2 ms) instead of compiling it (70 ms)
+        # process loads the machine code instead of compiling it again
         try:
             return numba.njit(nogil=True, cache=True, **options)(fn)
         except RuntimeError:  # no writable cache directory (a read-only install)
@@ -45,8 +45,7 @@ def _njit(**options: Any) -> Callable[..., Callable[..., None]]:
 def two_sum() -> Callable[..., None]:
     """``add(x, weight, hi, lo)``: ``hi + lo += x * weight`` element by element, by
     TwoSum: ``lo`` gathers the bits each addition to ``hi`` loses. numpy needs nine
-    passes a chunk for it, 1.8 ms a CNN4 reply against 0.3 (python -m
-    benchmarks.studies.running_sum)."""
+    passes a chunk for it (the comparison: python -m benchmarks.studies.running_sum)."""
 
     @_njit()
     def add(x: np.ndarray, weight: float, hi: np.ndarray, lo: np.ndarray) -> None:
@@ -136,8 +135,8 @@ def reply_moments() -> Callable[..., tuple[int, float, float]]:
     verdict), ``unit`` is the centre's slice for this tensor (empty: no dot, 0).
 
     The two sums are reassociated (the one fast-math flag ``reassoc``), so LLVM
-    vectorizes them: 5.8 ms a ResNet-18 reply with the centre against 17 for the check,
-    the norm and the dot in element order (python -m benchmarks.studies.fold_pass). The
+    vectorizes them (against the check, the norm and the dot in element order: python
+    -m benchmarks.studies.fold_pass). The
     order is fixed by the machine code (the CPU's vector width): the same bits on a
     machine, a norm and a dot within float64's rounding of numpy's elsewhere
     (tests/test_streaming.py measures it against an exact sum)."""

@@ -221,7 +221,7 @@ def direction_of(before: NDArrays, after: NDArrays) -> np.ndarray | None:
     length = float(np.linalg.norm(change))
     if length == 0:
         return None
-    change /= length  # in place: no second 7 MB (CNN4) at the round's serial end
+    change /= length  # in place: no second copy of the model at the round's serial end
     return change
 
 
@@ -249,9 +249,8 @@ class RunningMean:
     sum up to float64 rounding of the (tiny) error terms, whatever the order.
 
     ``spare``: a finished sum's buffers (``release``), zeroed and reused if their shapes
-    fit: a CNN4 sum's fresh 14 MB cost its round's first reply 2.1 ms of CPU against 1.2
-    reused in one run of ``python -m benchmarks.studies.running_sum``, the same in another (1.30
-    against 1.29), as the allocator had freed memory to hand back or not."""
+    fit, so a round's first reply need not fault in fresh pages (whether it pays depends
+    on the allocator: ``python -m benchmarks.studies.running_sum`` measures it)."""
 
     def __init__(self, spare: tuple[list[np.ndarray], list[np.ndarray]] | None = None) -> None:
         self.hi: list[np.ndarray] = []

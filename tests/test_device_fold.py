@@ -30,6 +30,33 @@ def test_the_device_sum_is_the_host_kernels_bits_in_any_order() -> None:
         assert a.dtype == b.dtype and np.array_equal(a, b)
 
 
+def test_every_copy_of_the_mean_is_the_exact_mean_of_float64_replies_that_cancel() -> None:
+    """The round's mean is written once per array library (the compiled host kernel,
+    torch on a device): with float64 replies whose terms cancel, a sum without TwoSum's
+    compensation loses the small terms; each copy must give the exactly rounded mean
+    (math.fsum's) and so each other's bits."""
+    import math
+
+    rng = np.random.default_rng(11)
+    big = rng.normal(size=1000) * 1e16
+    small = rng.normal(size=1000)
+    uploads = [[big], [small], [-big], [0.5 * small]]  # the big terms cancel in the sum
+    weights = [1.0, 3.0, 1.0, 2.0]
+    total = sum(weights)
+    exact = np.array(
+        [
+            math.fsum(w * float(u[0][i]) for u, w in zip(uploads, weights)) / total
+            for i in range(1000)
+        ]
+    )
+    for mean in (RunningMean(), DeviceRunningMean(torch.device("cpu"))):
+        for u, w in zip(uploads, weights):
+            mean.add(u, w)
+        (got,) = mean.mean()
+        assert got.dtype == np.float64
+        assert np.array_equal(got, exact), f"{type(mean).__name__}: {np.sum(got != exact)} differ"
+
+
 def test_the_device_moments_are_the_hosts_within_rounding() -> None:
     rng = np.random.default_rng(4)
     reference = [rng.normal(size=s).astype(np.float32) for s in [(5000,), (8, 3, 3)]]
