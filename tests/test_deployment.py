@@ -48,10 +48,10 @@ from flwr.compat.common.recorddict_compat import (
 
 import methods
 from client_app.app import build_client
-from harness.loopback import BIN, REPO, LoopbackFederation, descendants, free_ports
 from deploy.site import main as site_main
 from deploy.site_guard import fab_hash, installed_app_hash, ledger_table, read_ledger
 from deploy.warm_superexec import own_flags
+from harness.loopback import BIN, REPO, LoopbackFederation, descendants, free_ports
 from methods import parse_run_config
 from models.wire import Wire
 from pflower.data import data_info

@@ -334,8 +334,8 @@ def test_a_deployed_secure_run_completes_with_signed_keys_and_an_outsider_is_ref
     leaves it, and nothing is aggregated."""
     import json
 
-    from harness.loopback import BIN, LoopbackFederation
     from deploy.roster import register
+    from harness.loopback import BIN, LoopbackFederation
 
     sites = ["site-a", "site-b", "site-c"]
     with LoopbackFederation(tmp_path, tls=True, auth=True, isolation="process", warm=True) as fed:

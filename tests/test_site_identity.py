@@ -110,9 +110,9 @@ def test_an_impostor_node_gets_nothing_of_the_site_whose_key_it_presents(tmp_pat
     key. Every reply of the impostor is rejected, and each round it is sent the
     global payload, never site-a's own aggregate (the sites' ledgers record a digest
     of what came in), also while site-a is away for a round and after it is back."""
-    from harness.loopback import BIN, LoopbackFederation
     from deploy.roster import register
     from deploy.site_guard import read_ledger
+    from harness.loopback import BIN, LoopbackFederation
 
     sites = ["site-a", "site-b"]
     with LoopbackFederation(tmp_path, tls=True, auth=True, isolation="process", warm=True) as fed:

@@ -18,8 +18,8 @@ import pytest
 import torch
 from PIL import Image
 
-from harness.loopback import LoopbackFederation
 from deploy.site_guard import installed_app_hash, read_ledger
+from harness.loopback import LoopbackFederation
 
 pytestmark = pytest.mark.slow
 

@@ -20,8 +20,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.loopback import LoopbackFederation
 from deploy.site_guard import read_ledger
+from harness.loopback import LoopbackFederation
 
 pytestmark = pytest.mark.slow
 
