@@ -39,6 +39,7 @@ from torch import nn
 from models.roles import DP_PARTICIPANTS, TensorSpec
 from models.wire import Wire
 from pflower.config.schema import RunConfig
+from pflower.config.weighting import aggregation_rule
 from pflower.results import RunRecorder
 from strategies import budget, checkpoint, kernels, privacy
 from strategies.bystanders import Bystanders
@@ -131,10 +132,8 @@ class PFLStrategy(Strategy):
 
     @property
     def aggregation(self) -> str:
-        if self.dp.on:
-            return "mean"  # the noise is calibrated to an equal-weight mean of clipped updates
-        chosen = self.cfg.aggregation
-        return self.default_aggregation if chosen == "default" else chosen
+        """The rule the round's replies are combined by (the clients weigh by the same)."""
+        return aggregation_rule(self.cfg, self.default_aggregation)
 
     @property
     def held_reason(self) -> str:
