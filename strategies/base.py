@@ -1,27 +1,23 @@
 """The one Strategy every method builds on: Flower's legacy Strategy API (SecAgg+
-needs it) around one aggregation, composed of steps that each live in their own
-module: sampling (strategies/sampling.py), reply validation and client identity
-(strategies/replies.py), the bounds on one client (strategies/robust.py), privacy
-(strategies/privacy.py), checkpoints (strategies/checkpoint.py) and the round
-records (strategies/recording.py).
+needs it) around one aggregation (strategies/aggregation.py: streamed, or held where a
+rule needs every reply), composed of steps that each live in their own module:
+sampling (strategies/sampling.py), reply validation and client identity
+(strategies/replies.py), the bounds on one client (strategies/streaming.py), privacy
+(strategies/privacy.py), checkpoints (strategies/checkpoint.py), the time budget
+(strategies/budget.py) and the round records (strategies/recording.py).
 
-A round's replies are folded into a running mean as they arrive (strategies/streaming.py)
-unless a rule needs every reply at once (``held_reason``): SecAgg+, central DP, a robust
-rule, ``streamed-aggregation=false``, or a method whose card says why its aggregation
-needs them (``Method.per_client``); only such a method overrides ``aggregate`` (and, for
-per-client aggregation, ``payload_for``). Server state beyond the global tensors:
-``server_state``/``restore_server_state``.
+A method overrides ``aggregate`` only where its card says why it needs every reply
+(``Method.per_client``), ``payload_for`` for per-client aggregation, and
+``server_state``/``restore_server_state`` for server state beyond the global tensors.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from typing import Any
 
 import numpy as np
-import torch
 from flwr.common import (
     EvaluateIns,
     EvaluateRes,
@@ -33,15 +29,14 @@ from flwr.common import (
 )
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
-from flwr.server.strategy import Strategy
 from torch import nn
 
 from models.roles import DP_PARTICIPANTS, TensorSpec
 from models.wire import Wire
 from pflower.config.schema import RunConfig
-from pflower.config.weighting import aggregation_rule
 from pflower.results import RunRecorder
-from strategies import budget, checkpoint, kernels, privacy
+from strategies import budget, checkpoint
+from strategies.aggregation import Aggregation
 from strategies.bystanders import Bystanders
 from strategies.payloads import Payloads
 from strategies.privacy import secure_decoder
@@ -55,23 +50,15 @@ from strategies.replies import (
     RunRefused,
     accept_evaluations,
     accept_fit_replies,
-    check_arrays,
     check_failures,
     enough_replies,
     payload_bytes,
     take_arrays,
 )
-from strategies.reply_log import ReplyLog
-from strategies.robust import (
-    Bounds,
-    NormHistory,
-    decoded_references,
-    mean_by_rule,
-    weighted_mean,
-)
+from strategies.robust import weighted_mean
 from strategies.roster import load_roster
 from strategies.sampling import Sampler
-from strategies.streaming import StreamedRound, bound_held, folding
+from strategies.streaming import folding
 
 log = logging.getLogger("flwr.pflower")
 
@@ -79,10 +66,9 @@ __all__ = ["ClassListMismatch", "Evaluation", "PFLStrategy", "Reply", "RoundLog"
 __all__ += ["payload_bytes", "take_arrays", "weighted_mean"]
 
 
-class PFLStrategy(Strategy):
-    """Sample-weighted mean of the shared tensors (FedAvg's aggregation)."""
-
-    default_aggregation = "weighted"
+class PFLStrategy(Aggregation):
+    """Flower's Strategy API around the round's steps; its aggregation (a mean of the
+    shared tensors, FedAvg's by default) is strategies/aggregation.py's."""
 
     def __init__(
         self,
@@ -95,91 +81,33 @@ class PFLStrategy(Strategy):
         wire: Wire | None = None,
         holds_replies: str = "",
     ) -> None:
-        super().__init__()
         if type(self).aggregate is not PFLStrategy.aggregate and not holds_replies:
             raise TypeError(
                 f"{type(self).__name__} overrides aggregate, but its method's card does not "
                 "say why its aggregation needs every reply at once (Method.per_client)"
             )
-        # the card's reason its aggregation needs every reply (empty: a mean, streamed)
-        self.holds_replies = holds_replies
-        if default_aggregation is not None:
-            self.default_aggregation = default_aggregation  # the method's rule (methods/)
-        self.cfg, self.spec = cfg, spec
+        super().__init__(cfg, holds_replies, default_aggregation)
+        self.spec = spec
         self.wire = wire if wire is not None else Wire.of_spec(spec)
         spill = recorder.dir / "client-payloads" if recorder is not None else None
         self.payloads = Payloads(self.wire, initial, cfg.personal_state_budget_mb * 2**20, spill)
         self.sampler = Sampler(cfg.min_available_clients, cfg.seed)
         self.clients = ClientKeys(load_roster(cfg.roster) if cfg.roster else None)
         self.class_lists = ClassLists()
-        self.dp = privacy.DPRelease(cfg)
-        self.rounds, self.norm_history = Rounds(recorder, cfg), NormHistory(cfg.norm_history_rounds)
-        self.streamed: StreamedRound | None = None  # this round's if streamed (streaming.py)
-        self.spare_sum: tuple[NDArrays, NDArrays] | None = None  # the last one's sum buffers
+        self.rounds = Rounds(recorder, cfg)
         self.bystanders = Bystanders()  # clients that do not train (FedFac's new clients)
-        self.reply_log: ReplyLog | None = None  # reply-log: set by the ServerApp
-        # where a streamed round sums its replies (None: the host; the in-process engine
-        # sets a GPU its clients all train on, strategies/device_fold.py)
-        self.fold_device: torch.device | None = None
-
-    @property
-    def recorder(self) -> RunRecorder | None:
-        """The run's results (None: not recorded), the one its rounds write to."""
-        return self.rounds.recorder
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(method={self.cfg.method})"
 
-    @property
-    def aggregation(self) -> str:
-        """The rule the round's replies are combined by (the clients weigh by the same)."""
-        return aggregation_rule(self.cfg, self.default_aggregation)
-
-    @property
-    def held_reason(self) -> str:
-        """Why this run's rounds hold every reply until the round ends ("" : each reply is
-        folded as it arrives, strategies/streaming.py)."""
-        cfg = self.cfg
-        if self.holds_replies:
-            return f"the method's aggregation needs every reply ({self.holds_replies})"
-        if cfg.secure_aggregation:
-            return "secure-aggregation: the server sees one sum"
-        if self.dp.on:
-            return f"dp-mode={cfg.dp_mode}: the round's mean is released with noise"
-        if self.aggregation not in ("mean", "weighted"):
-            return f"aggregation={self.aggregation} needs every reply"
-        if not cfg.streamed_aggregation:
-            return "streamed-aggregation=false"
-        return ""
-
     # ---- payloads: what each client is sent and must send back -------------------------------
-
-    @property
-    def global_arrays(self) -> NDArrays:
-        return self.payloads.global_arrays
-
-    def set_global(self, arrays: NDArrays) -> None:
-        self.payloads.set_global(arrays)
 
     def global_payload(self) -> Parameters:
         return self.payloads.global_payload()
 
-    def payload_for(self, client_key: str | None, server_round: int) -> Parameters:
-        """What one client receives: its own payload if the method keeps one, else global."""
-        return self.payloads.payload_for(client_key)
-
     def client_config(self, client_key: str | None, server_round: int) -> dict[str, Scalar]:
         """Per-client instructions sent with every payload, fit and evaluate alike."""
         return {}
-
-    def check_reply(
-        self, client_key: str, arrays: NDArrays, num_examples: int, values: bool = True
-    ) -> str | None:
-        """None if a reply is acceptable (the wire's upload), else the reason to reject it
-        (``values=False``: all but its values' range, which the caller checks)."""
-        spec = self.wire.up_spec()
-        problem = check_arrays(spec, arrays, num_examples, self.cfg.max_abs_value, values)
-        return problem or self.wire.check_up(arrays)
 
     # ---- the server checkpoint ---------------------------------------------------------------
 
@@ -249,91 +177,12 @@ class PFLStrategy(Strategy):
             return self.global_payload(), {}
         if streamed is not None:
             self.finish_streamed_round(streamed, server_round)
-        else:
-            accepted.sort(key=lambda r: r.client_key)  # order-independent aggregation
-            if not cfg.secure_aggregation and not self.dp.on:
-                sent = lambda key: self.payload_for(key, server_round)  # noqa: E731
-                mean = not self.holds_replies and self.aggregation in ("mean", "weighted")
-                bounds, history = Bounds.of(cfg, mean), self.norm_history
-                reference_of = decoded_references(sent, self.wire.upload_reference)
-                accepted, rejected = bound_held(
-                    server_round, accepted, bounds, history, reference_of, rl.extra
-                )
-                rl.rejected += rejected
-                if not accepted:
-                    log.error(
-                        "round %d: every reply was rejected: the global state is kept", server_round
-                    )
-                    return self.global_payload(), {}
-            self.aggregate_held(server_round, accepted, rl.extra)
+        elif not self.aggregate_held_round(server_round, accepted, rl):
+            return self.global_payload(), {}  # every reply rejected: the global state kept
         budget.stop_if_out_of_time(self.rounds, server_round)  # max-minutes: the run's last?
         checkpoint.save_if_due(self.rounds, server_round, self.server_state)
         rl.marks["aggregate"] = time.perf_counter()
         return self.global_payload(), {}  # no History metrics: results.json has them
-
-    def open_streamed_round(
-        self, server_round: int, node_ids: list[int], places: dict[int, int] | None = None
-    ) -> StreamedRound | None:
-        """A streamed round over the sampled ``node_ids`` (``places``: each one's rank
-        key, see ``streaming.reservoir_nodes``), or None where the round is held."""
-        if self.held_reason:
-            return None
-        cfg = self.cfg
-        dtypes = {a.dtype for a in self.global_arrays} & set(kernels.COMPILED_DTYPES)
-        spare, self.spare_sum = self.spare_sum, None  # one round's sum at a time
-        streamed = StreamedRound.open(
-            server_round,
-            node_ids,
-            places,
-            cfg,
-            dtypes,
-            weighted=self.aggregation == "weighted",
-            decode=secure_decoder(server_round, cfg, self.spec, {}),
-            check=self.check_reply,
-            keys=self.clients,
-            reference_of=decoded_references(
-                lambda key: self.payload_for(key, server_round), self.wire.upload_reference
-            ),
-            history=self.norm_history,
-            spare=spare,
-            device=self.fold_device,
-        )
-        if self.reply_log is not None:  # reply-log: each reply as it is added
-            done = self.rounds.offset + server_round
-            streamed.log = functools.partial(self.reply_log.reply, server_round, done)
-        return streamed
-
-    def finish_streamed_round(self, streamed: StreamedRound, server_round: int) -> None:
-        """The round's mean becomes the global state (and the reply log's aggregate); its
-        update norms join the history, its direction the next round's direction reference."""
-        before = self.global_arrays
-        self.set_global(streamed.sum.mean())
-        if self.reply_log is not None:
-            done = self.rounds.offset + server_round
-            self.reply_log.aggregate(server_round, done, self.global_arrays, len(streamed.kept))
-        self.spare_sum = streamed.sum.release()
-        self.norm_history.changed(before, self.global_arrays)
-        self.norm_history.add(streamed.norms)
-
-    def aggregate_held(
-        self, server_round: int, replies: list[Reply], extra: dict[str, Any]
-    ) -> None:
-        """``aggregate`` over a held round's replies; under central DP, inside its round:
-        the updates clipped first, the noisy release after."""
-        if not self.dp.on:
-            self.aggregate(server_round, replies)
-            return
-        self.dp.clip(replies, self.global_arrays, extra)
-        before = [a.astype(np.float64) for a in self.global_arrays]
-        self.aggregate(server_round, replies)
-        epsilon = self.dp.release(before, self.global_arrays, len(replies), self.set_global, extra)
-        if self.recorder is not None:
-            self.recorder.extra.update(dp_epsilon=epsilon, dp_delta=self.cfg.dp_delta)
-
-    def aggregate(self, server_round: int, replies: list[Reply]) -> None:
-        """Turn the accepted replies into the next global shared tensors."""
-        if self.spec:
-            self.set_global(mean_by_rule(replies, self.aggregation, self.cfg.trim_fraction))
 
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager

@@ -305,48 +305,6 @@ class StreamedRound:
         self.log: Callable[..., None] | None = None
         self.origins: dict[int, tuple[int, str]] = {}
 
-    @classmethod
-    def open(
-        cls,
-        server_round: int,
-        node_ids: list[int],
-        places: dict[int, int] | None,
-        cfg: RunConfig,
-        dtypes: set[np.dtype],
-        *,
-        weighted: bool,
-        decode: Callable[[NDArrays], NDArrays],
-        check: Callable[..., str | None],
-        keys: ClientKeys,
-        reference_of: Callable[[str], NDArrays],
-        history: NormHistory,
-        spare: tuple[NDArrays, NDArrays] | None = None,
-        device: torch.device | None = None,
-    ) -> StreamedRound:
-        """A round over the sampled ``node_ids`` (``places``: each one's rank key, see
-        ``reservoir_nodes``) under ``cfg``'s bounds, its kernels compiled for the
-        global arrays' ``dtypes``."""
-        bounded = cfg.weight_cap > 0 or cfg.update_norm_bound > 0 or cfg.direction_check_from > 0
-        bounds = Bounds.of(cfg, True)
-        kernels.warm(tuple(sorted(dtypes, key=str)), bounds.direction_from > 0)
-        return cls(
-            server_round,
-            reservoir_nodes(server_round, node_ids, cfg.stream_reservoir, places)
-            if bounded
-            else set(),
-            bounds,
-            history.values(),
-            weighted,
-            decode,
-            check,
-            keys,
-            reference_of,
-            history.direction,
-            spare,
-            device,
-            cfg.max_abs_value,
-        )
-
     def fold(self, proxy: ClientProxy, res: FitRes) -> None:
         """Check one reply; judge and add it, or hold it until the references are fixed."""
         with self.lock:
@@ -480,6 +438,45 @@ class StreamedRound:
             self.kept.sort(key=lambda r: r.client_key)
             self.rejected.sort()
             self.extra["replies_held_at_once"] = self.most_waiting
+
+
+def open_round(
+    server_round: int,
+    node_ids: list[int],
+    places: dict[int, int] | None,
+    cfg: RunConfig,
+    dtypes: set[np.dtype],
+    *,
+    weighted: bool,
+    decode: Callable[[NDArrays], NDArrays],
+    check: Callable[..., str | None],
+    keys: ClientKeys,
+    reference_of: Callable[[str], NDArrays],
+    history: NormHistory,
+    spare: tuple[NDArrays, NDArrays] | None = None,
+    device: torch.device | None = None,
+) -> StreamedRound:
+    """A round over the sampled ``node_ids`` (``places``: each one's rank key, see
+    ``reservoir_nodes``) under ``cfg``'s bounds, its kernels compiled for the
+    global arrays' ``dtypes``."""
+    bounded = cfg.weight_cap > 0 or cfg.update_norm_bound > 0 or cfg.direction_check_from > 0
+    bounds = Bounds.of(cfg, True)
+    kernels.warm(tuple(sorted(dtypes, key=str)), bounds.direction_from > 0)
+    return StreamedRound(
+        server_round,
+        reservoir_nodes(server_round, node_ids, cfg.stream_reservoir, places) if bounded else set(),
+        bounds,
+        history.values(),
+        weighted,
+        decode,
+        check,
+        keys,
+        reference_of,
+        history.direction,
+        spare,
+        device,
+        cfg.max_abs_value,
+    )
 
 
 def bound_held(

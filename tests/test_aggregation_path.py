@@ -81,3 +81,19 @@ def test_two_rounds_streamed_and_held_give_the_same_global_arrays(method: str, t
         if s.size:
             diff = np.abs(s.astype(np.float64) - h.astype(np.float64)).max()
             assert diff <= TOLERANCE, f"{method}: streamed and held differ by {diff}"
+
+
+def test_adding_a_method_says_how_many_lines_an_aggregations_author_reads() -> None:
+    """docs/ADDING_A_METHOD.md names the core an aggregation's author reads and its
+    length: the figure is the file's, and the core stays short enough to read."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "ADDING_A_METHOD.md").read_text()
+    said = re.search(
+        r"`strategies/aggregation\.py` \(how a\s+round's replies.*?: (\d+) lines\)", page, re.S
+    )
+    assert said, "ADDING_A_METHOD.md no longer says how long strategies/aggregation.py is"
+    lines = len((root / "strategies" / "aggregation.py").read_text().splitlines())
+    assert int(said.group(1)) == lines <= 600
