@@ -56,7 +56,8 @@ SIDES = {
 class ModelSide:
     """A method's model, built alike on the server and on every client."""
 
-    split: SplitRule  # model -> the names of its personal state_dict entries
+    # (model) or (model, run config) -> its personal state_dict entries, or a models.roles.Split
+    split: SplitRule
     transform: Callable[[nn.Module, RunConfig], nn.Module] | None = None  # backbone -> model
     check: Callable[[nn.Module, RunConfig], None] | None = None  # ConfigError for unusable keys
     wire: type[Wire] | None = None  # how the shared tensors travel; None: models/wire.py's
@@ -134,10 +135,12 @@ class Method:
             side.check(model, cfg)
         return model
 
-    def roles(self, model: nn.Module) -> Roles:
+    def roles(self, model: nn.Module, cfg: RunConfig | None = None) -> Roles:
+        """The shared and personal entries of ``model`` (``cfg``: the run config, which
+        a split rule may read)."""
         from models.roles import Roles
 
-        return Roles.of(model, self.model_side.split)
+        return Roles.of(model, self.model_side.split, cfg)
 
     def build_wire(self, model: nn.Module, roles: Roles, cfg: RunConfig) -> Wire:
         """The method's wire, built alike on the server and on every client."""

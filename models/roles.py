@@ -2,13 +2,18 @@
 
 A split rule names the *personal* state_dict entries of a model; everything else
 is *shared*. Server and client apply the same rule to the same model, so they
-derive the same ordered wire spec without talking.
+derive the same ordered wire spec without talking. A split may be finer than whole
+entries: a shared entry's rows (along its first dimension) may be personal, one
+boolean mask per entry (``Split.rows``, ``Roles.rows``; FedFac's neurons).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,8 +30,24 @@ DEVICE_KEY = "device"  # fit metrics: the device type the client trained on (cpu
 DP_PARTICIPANTS = "dp-participants"  # fit instruction: clients asked (distributed DP)
 EVAL_PREFIX = "eval-"  # fit metrics carrying that score (eval-accuracy, eval-loss, ...)
 
-SplitRule = Callable[[nn.Module], set[str]]
-"""Returns the names of the personal state_dict entries of a model."""
+SplitRule = Callable[..., "set[str] | Split"]
+"""(model) or (model, run config) -> the names of its personal state_dict entries, or
+a ``Split`` where some shared entries have personal rows."""
+
+
+@dataclass(frozen=True)
+class Split:
+    """What a split rule returns where the split is finer than whole entries: the
+    wholly personal entries, and per shared entry the rows that are personal."""
+
+    personal: frozenset[str] = frozenset()
+    # shared entry -> a boolean mask over its first dimension, True where the row is personal
+    rows: Mapping[str, np.ndarray] = field(default_factory=dict, compare=False)
+
+
+def takes_config(rule: SplitRule) -> bool:
+    """Whether ``rule`` reads the run config (its second argument)."""
+    return len(inspect.signature(rule).parameters) >= 2
 
 
 @dataclass(frozen=True)
@@ -58,18 +79,44 @@ class Roles:
 
     shared: tuple[str, ...]
     personal: tuple[str, ...]
+    # shared entry -> True where its row is personal (a row-level split; read-only masks)
+    rows: Mapping[str, np.ndarray] = field(default_factory=dict, compare=False)
 
     @classmethod
-    def of(cls, model: nn.Module, rule: SplitRule) -> Roles:
-        names = list(model.state_dict().keys())
-        personal = rule(model)
-        unknown = personal - set(names)
+    def of(cls, model: nn.Module, rule: SplitRule, cfg: Any = None) -> Roles:
+        """The roles ``rule`` gives ``model`` (``cfg``: the run config, for a rule that
+        reads it)."""
+        state = model.state_dict()
+        split = rule(model, cfg) if takes_config(rule) else rule(model)
+        split = split if isinstance(split, Split) else Split(frozenset(split))
+        unknown = split.personal - set(state)
         if unknown:
             raise ValueError(f"split rule names entries not in the model: {sorted(unknown)}")
-        return cls(
-            tuple(n for n in names if n not in personal),
-            tuple(n for n in names if n in personal),
+        roles = cls(
+            tuple(n for n in state if n not in split.personal),
+            tuple(n for n in state if n in split.personal),
         )
+        return roles.with_rows(split.rows, {n: int(state[n].shape[0]) for n in split.rows})
+
+    def with_rows(self, rows: Mapping[str, np.ndarray], sizes: Mapping[str, int]) -> Roles:
+        """These roles with ``rows`` (shared entry -> personal rows) as the row-level
+        split; ``sizes``: each entry's number of rows. ValueError naming a misfit."""
+        masks = {}
+        for name, mask in rows.items():
+            mask = np.asarray(mask)
+            if name not in self.shared:
+                raise ValueError(f"a row split names '{name}', which is not a shared entry")
+            if mask.dtype != bool or mask.shape != (sizes[name],):
+                raise ValueError(f"the row split of '{name}' is not {sizes[name]} booleans")
+            mask = mask.copy()
+            mask.flags.writeable = False
+            masks[name] = mask
+        return replace(self, rows=MappingProxyType(masks))
+
+    def shared_rows(self, name: str) -> np.ndarray | None:
+        """The rows of shared entry ``name`` that travel (None: every row)."""
+        mask = self.rows.get(name)
+        return None if mask is None else ~mask
 
 
 def numpy_dtype(dtype: torch.dtype) -> str:

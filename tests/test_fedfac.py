@@ -92,8 +92,13 @@ def make(method: str = "fedfac-dynamic", num: int = 4, **over):
     roles = m.roles(model)
     strategy = build_method_strategy(m, cfg, model)
     assert isinstance(strategy, FedFacStrategy)
-    strategy.num_clients = num
+    strategy.bystanders.num_clients = num
     return cfg, m, model, roles, strategy
+
+
+def _imposed(strategy: FedFacStrategy) -> dict[str, np.ndarray]:
+    new = strategy.bystanders
+    return imposed_split(strategy, new.num_clients, new.held_out)
 
 
 def client(cfg, m, key: int, num: int = 4) -> FedFacClient:
@@ -323,11 +328,11 @@ def test_fixed_splits_true_oracle_random():
     from pflower.data import simulation_study
 
     truth = simulation_study(cfg, 10).shared_neurons
-    np.testing.assert_array_equal(imposed_split(strategy)["features.1"], truth)
+    np.testing.assert_array_equal(_imposed(strategy)["features.1"], truth)
     cfg, m, model, roles, strategy = make(fa_split="oracle", num=10)
-    assert (imposed_split(strategy)["features.1"] == truth).mean() > 0.95
+    assert (_imposed(strategy)["features.1"] == truth).mean() > 0.95
     cfg, m, model, roles, strategy = make(fa_split="random", num=10)
-    r = imposed_split(strategy)["features.1"]
+    r = _imposed(strategy)["features.1"]
     assert r.sum() == 100 and 0.3 < (r == truth).mean() < 0.7
 
 
@@ -371,7 +376,7 @@ def test_end_to_end(tmp_path, method):
 
 def test_fixed_split_is_never_reestimated_and_updates_input_runs(monkeypatch):
     cfg, m, model, roles, strategy = make("fedfac-dynamic", fa_split="random", num=4)
-    strategy.set_split(imposed_split(strategy))
+    strategy.set_split(_imposed(strategy))
     assert not strategy.wire.full_upload()  # personal rows never leave under a fixed split
     split = {k: v.copy() for k, v in strategy.shared.items()}
 
@@ -431,16 +436,17 @@ def test_new_client_sites_hold_out_named_deployment_sites():
     for node in (1, 2, 3):
         manager.register(FakeProxy(node))
     *_, strategy = make(new_client_sites="site-b, site-c")
-    strategy.num_clients = 0  # not started: prepare counts the federation
+    strategy.bystanders.num_clients = 0  # not started: prepare counts the federation
     strategy.bystanders.prepare(manager)
-    assert strategy.num_clients == 3 and strategy.held_out == {"site-b", "site-c"}
+    assert strategy.bystanders.num_clients == 3
+    assert strategy.bystanders.held_out == {"site-b", "site-c"}
     assert strategy.client_config("site-a", 1)[HELD_OUT] == "site-b,site-c"
     # a held-out site is not sent fit instructions once its key is known
     strategy.clients.node_keys = {1: "site-a", 2: "site-b", 3: "site-c"}
     sampled = strategy.configure_fit(1, strategy.global_payload(), manager)
     assert [p.node_id for p, _ in sampled] == [1]
     *_, everyone = make(new_client_sites="site-a,site-b,site-c")
-    everyone.num_clients = 0
+    everyone.bystanders.num_clients = 0
     with pytest.raises(ValueError, match="config key 'fedfac.new-client-sites'"):
         everyone.bystanders.prepare(manager)
     with pytest.raises(ConfigError, match="'fedfac.new-clients' and 'fedfac.new-client-sites'"):
@@ -496,7 +502,7 @@ def test_the_strategy_runs_fa_on_the_servers_device(monkeypatch):
     splits = {}
     for device in (None, "cpu"):
         strategy.fa_device = device
-        strategy.wire.shared = None
+        strategy.set_split(None)
         strategy.rounds[1] = __import__("strategies.base", fromlist=["RoundLog"]).RoundLog()
         strategy.aggregate(1, replies)
         splits[device] = strategy.shared["features.1"].copy()

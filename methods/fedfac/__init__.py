@@ -130,9 +130,6 @@ class FedFacParams(MethodParams):
             )
         return self
 
-    def has_new_clients(self) -> bool:
-        return bool(self.new_clients or self.new_client_sites.strip())
-
     def federation_problem(self, cfg: RunConfig, clients: int) -> str | None:
         if self.new_clients and self.new_clients >= clients:
             return (

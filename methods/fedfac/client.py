@@ -38,6 +38,21 @@ class FedFacClient(PFLClient):
     the wire's (``FedFacWire``: the split, then the shared rows or every row)."""
 
     wire: FedFacWire
+    start: NDArrays = []  # fa-input=updates: this round's personal rows as it began
+
+    def receive(self, parameters: NDArrays, config: dict[str, Scalar]) -> None:
+        """The payload on the wire of the split it carries; with ``fa-input=updates``
+        the personal rows' values as the round begins, for the upload."""
+        self.wire = self.wire.for_payload(parameters)
+        super().receive(parameters, config)
+        if parameters and self.wire.upload_start():
+            self.start = self.wire.start_values(self.model)
+
+    def upload(self, config: dict[str, Scalar]) -> NDArrays:
+        """The shared tensors as the wire carries them, then (``upload_start``) the start
+        values of the rows that were personal."""
+        start = self.start if self.wire.upload_start() else []
+        return self.wire.encode_up(self.model) + start
 
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Cross-entropy, the batch mean or (``fedfac.ce-reduction='sum'``, the

@@ -14,8 +14,11 @@ if TYPE_CHECKING:
     from methods.fedfac.strategy import FedFacStrategy
 
 
-def imposed_split(strategy: FedFacStrategy) -> dict[str, np.ndarray]:
-    """``fa-split`` = true | oracle | random: a split imposed from round 1."""
+def imposed_split(
+    strategy: FedFacStrategy, num_clients: int, held_out: set[str]
+) -> dict[str, np.ndarray]:
+    """``fa-split`` = true | oracle | random: a split imposed from round 1, for a
+    federation of ``num_clients`` of which ``held_out`` never train."""
     cfg = strategy.cfg
     if FedFacParams.of(cfg).fa_split == "random":
         rng = np.random.default_rng(cfg.seed + 7)
@@ -34,13 +37,11 @@ def imposed_split(strategy: FedFacStrategy) -> dict[str, np.ndarray]:
             f"fedfac.fa-split={FedFacParams.of(cfg).fa_split} needs the simulation study: "
             "dataset=synthetic, an MLP and fedfac.fa-layers naming its hidden layer only"
         )
-    study = simulation_study(cfg, strategy.num_clients, teachers=True)
+    study = simulation_study(cfg, num_clients, teachers=True)
     layer = next(iter(strategy.sizes))
     if FedFacParams.of(cfg).fa_split == "true":
         return {layer: study.shared_neurons.copy()}
     # oracle: FA on the teacher's true incoming weights of the training clients
-    trained = [
-        w for i, w in enumerate(study.teacher_weights) if f"client-{i}" not in strategy.held_out
-    ]
+    trained = [w for i, w in enumerate(study.teacher_weights) if f"client-{i}" not in held_out]
     fit = strategy.factor_analysis(trained)
     return {layer: shared_elements(fit.communalities, FedFacParams.of(cfg).fa_quantile)}

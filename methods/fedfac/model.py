@@ -5,6 +5,8 @@ rows of each Lambda entry once a split exists."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 from flwr.common import NDArrays
 from torch import nn
@@ -71,33 +73,27 @@ def layer_sizes(model: nn.Module, layers: list[str]) -> dict[str, int]:
     return {layer: int(modules[layer].weight.shape[0]) for layer in layers}
 
 
-def pack_mask(mask: np.ndarray) -> bytes:
-    """A boolean mask as packed bits (what travels in a config)."""
-    return np.packbits(np.asarray(mask, dtype=bool)).tobytes()
-
-
-def unpack_mask(data: bytes, size: int) -> np.ndarray:
-    """Inverse of ``pack_mask`` for a layer of ``size`` elements."""
-    return np.unpackbits(np.frombuffer(data, dtype=np.uint8), count=size).astype(bool)
-
-
-LOCAL_BN_STATS = "fedfac_local_bn_stats"  # the model's mark: fedfac.bn-stats = "local"
+LOCAL_BN_STATS = "fedfac_local_bn_stats"  # the model's mark, for a caller that passes no config
 
 
 def mark_bn_stats(model: nn.Module, cfg: RunConfig) -> nn.Module:
-    """The transform: mark the model whose BatchNorm running statistics stay local
-    (``fedfac.bn-stats``), for the split rule, which sees the model alone."""
+    """The transform: marks the model for ``fedfac_personal`` called without the run
+    config (server_app/method_strategy.py and client_app/method_client.py pass none
+    yet); with it the rule reads ``fedfac.bn-stats`` itself."""
     setattr(model, LOCAL_BN_STATS, FedFacParams.of(cfg).bn_stats == "local")
     return model
 
 
-def fedfac_personal(model: nn.Module) -> set[str]:
+def fedfac_personal(model: nn.Module, cfg: RunConfig | None) -> set[str]:
     """By layer, nothing is personal (the split is per element, decided by factor
-    analysis on the server), except every BatchNorm's running statistics under
-    ``fedfac.bn-stats='local'`` (the authors' code averages named_parameters only)."""
-    if getattr(model, LOCAL_BN_STATS, False):
-        return batchnorm_entries(model, running_stats_only=True)
-    return set()
+    analysis on the server: ``Roles.rows``), except every BatchNorm's running statistics
+    under ``fedfac.bn-stats='local'`` (the authors' code averages named_parameters only)."""
+    local = (
+        getattr(model, LOCAL_BN_STATS, False)
+        if cfg is None
+        else FedFacParams.of(cfg).bn_stats == "local"
+    )
+    return batchnorm_entries(model, running_stats_only=True) if local else set()
 
 
 class FedFacWire(Wire):
@@ -107,13 +103,14 @@ class FedFacWire(Wire):
     except in a round whose uploads feed factor analysis (every round of dynamic
     FedFac, the first of static): those upload every row. With
     ``fedfac.fa-input=updates`` such an upload also carries the start values of the
-    rows that were personal (appended), so the server measures each row's change
-    from what this client really started from.
+    rows that were personal (appended by the client: ``FedFacClient.upload``), so the
+    server measures each row's change from what this client really started from.
 
-    Both sides derive the same shapes from the split the payload carries: the
-    server sets it (``shared``), a client reads it from every payload it decodes.
-    The rows a payload leaves out are the client's own (the model's, as its personal
-    state restored them)."""
+    A wire is of one split, its roles' row split (``Roles.rows``: each Lambda entry's
+    personal rows; none before the first): the server's ``with_split`` and a client's
+    ``for_payload`` (the split a payload carries) make the wire of another. The rows
+    a payload leaves out are the client's own (the model's, as its personal state
+    restored them)."""
 
     def __init__(self, model: nn.Module, roles: Roles, cfg: RunConfig) -> None:
         super().__init__(model, roles, cfg)
@@ -130,10 +127,41 @@ class FedFacWire(Wire):
         # tau 'inf': every element personal from the start, nothing for FA to decide
         self.dynamic = cfg.method == "fedfac-dynamic" and p.fa_split == "fa" and p.tau != "inf"
         self.updates = p.fa_input == "updates" and p.fa_split == "fa"
-        self.shared: dict[str, np.ndarray] | None = None  # layer -> True where shared
-        self.start: NDArrays = []  # a client's personal rows as the round began
+        self.roles = roles
+        self.shared = self.split_in(roles)  # layer -> True where shared; None before the first
 
     # ---- the split -------------------------------------------------------------------------
+
+    def with_split(self, shared: dict[str, np.ndarray] | None) -> FedFacWire:
+        """The wire of the split ``shared`` (layer -> True where the element is shared;
+        None: before the first split)."""
+        rows = {} if shared is None else {e: ~shared[self.layer_of[e]] for e in self.layer_of}
+        sizes = {e: self.sizes[self.layer_of[e]] for e in rows}
+        wire = copy.copy(self)
+        wire.roles = self.roles.with_rows(rows, sizes)
+        wire.shared = self.split_in(wire.roles)
+        return wire
+
+    def split_in(self, roles: Roles) -> dict[str, np.ndarray] | None:
+        """Each Lambda layer's shared elements in ``roles``' row split (None: it has none)."""
+        if not roles.rows:
+            return None
+        return {layer: ~roles.rows[es[0]] for layer, es in self.entries.items()}
+
+    def split_of(self, payload: NDArrays) -> dict[str, np.ndarray] | None:
+        """The split at the head of ``payload`` (None: it carries none)."""
+        masks = payload[: len(self.sizes)]
+        if not any(m.size for m in masks):
+            return None
+        return {
+            layer: ~np.unpackbits(m, count=size).astype(bool)
+            for (layer, size), m in zip(self.sizes.items(), masks, strict=True)
+        }
+
+    def for_payload(self, payload: NDArrays) -> FedFacWire:
+        """A client's wire for ``payload``: of the split it carries (this one's if none)."""
+        split = self.split_of(payload)
+        return self if split is None else self.with_split(split)
 
     def full_upload(self) -> bool:
         """Whether uploads carry every Lambda row (for factor analysis)."""
@@ -173,6 +201,15 @@ class FedFacWire(Wire):
             out.append(TensorSpec(f"{layer}.weight (start)", (rows, *s.shape[1:]), s.dtype))
         return out
 
+    def start_values(self, model: nn.Module) -> NDArrays:
+        """The personal rows of each Lambda weight in ``model`` (a client's, as its round
+        begins: what an upload with ``upload_start`` carries after the shared tensors)."""
+        weights = [f"{layer}.weight" for layer in self.sizes]
+        return [
+            w[self.personal(layer)]
+            for layer, w in zip(self.sizes, get_arrays(model, weights), strict=True)
+        ]
+
     # ---- the wire --------------------------------------------------------------------------
 
     def down_spec(self) -> list[TensorSpec]:
@@ -196,36 +233,26 @@ class FedFacWire(Wire):
         return self._masks() + self._compact(dense)
 
     def decode_down(self, arrays: NDArrays, model: nn.Module) -> NDArrays:
-        """Read the split, then put the payload's shared rows beside the model's own."""
-        n = len(self.sizes)
-        masks, arrays = arrays[:n], arrays[n:]
-        if any(m.size for m in masks):
-            self.shared = {
-                layer: ~np.unpackbits(m, count=size).astype(bool)
-                for (layer, size), m in zip(self.sizes.items(), masks, strict=True)
-            }
-        if self.shared is None:
+        """The payload's shared rows beside the model's own, by the split the payload
+        carries (this wire's if it carries none)."""
+        split = self.split_of(arrays)
+        shared = self.shared if split is None else split
+        arrays = arrays[len(self.sizes) :]
+        if shared is None:
             return arrays
         own = get_arrays(model, self.names)
         out = []
         for name, a, mine in zip(self.names, arrays, own, strict=True):
             layer = self.layer_of.get(name)
             if layer is not None:
-                mine[self.shared[layer]] = a
+                mine[shared[layer]] = a
                 a = mine
             out.append(a)
-        if self.upload_start():  # where this round's personal rows begin
-            weights = [f"{layer}.weight" for layer in self.sizes]
-            self.start = [
-                w[self.personal(layer)]
-                for layer, w in zip(self.sizes, get_arrays(model, weights), strict=True)
-            ]
         return out
 
     def encode_up(self, model: nn.Module) -> NDArrays:
+        """The shared tensors as they travel (the start values, if any, not included)."""
         dense = get_arrays(model, self.names)
-        if self.upload_start():
-            return dense + self.start
         return dense if self.full_upload() else self._compact(dense)
 
     def decode_up(self, arrays: NDArrays) -> tuple[NDArrays, NDArrays]:

@@ -53,25 +53,27 @@ class NewClients(Bystanders):
 
     def __init__(self, strategy: FedFacStrategy) -> None:
         self.strategy = strategy
+        self.num_clients = 0  # the federation's size, once known
+        self.held_out: set[str] = set()  # the new clients' keys
 
     def prepare(self, client_manager: ClientManager) -> None:
         """Once: wait for the federation, then fix who is held out."""
-        s = self.strategy
-        if s.num_clients:
+        if self.num_clients:
             return
-        s.num_clients = s.sampler.wait_for_federation(client_manager)
-        s.held_out = held_out_keys(s.cfg, s.num_clients)
-        if len(s.held_out) >= s.num_clients:
-            sites = FedFacParams.of(s.cfg).new_client_sites.strip()
+        cfg = self.strategy.cfg
+        num_clients = self.strategy.sampler.wait_for_federation(client_manager)
+        held_out = held_out_keys(cfg, num_clients)
+        if len(held_out) >= num_clients:
+            sites = FedFacParams.of(cfg).new_client_sites.strip()
             key = "fedfac.new-client-sites" if sites else "fedfac.new-clients"
             raise ValueError(
-                f"config key '{key}': {len(s.held_out)} held out of {s.num_clients} "
+                f"config key '{key}': {len(held_out)} held out of {num_clients} "
                 "clients leaves none to train"
             )
-        s.federation_known()
+        self.num_clients, self.held_out = num_clients, held_out
 
     def sits_out(self, client_key: str | None) -> bool:
-        return client_key in self.strategy.held_out  # known new clients never train
+        return client_key in self.held_out  # known new clients never train
 
     def trained_fits(
         self, server_round: int, results: list[tuple[ClientProxy, FitRes]]
@@ -81,7 +83,7 @@ class NewClients(Bystanders):
         trained = []
         for proxy, res in results:
             if res.metrics.get(HELD_OUT):
-                held_out_claim(self.strategy, server_round, proxy, res.metrics)
+                held_out_claim(self.strategy, self.held_out, server_round, proxy, res.metrics)
             else:
                 trained.append((proxy, res))
         return trained
@@ -93,7 +95,11 @@ class NewClients(Bystanders):
         the final round's), return the trained clients' evaluations."""
         s, params = self.strategy, FedFacParams.of(self.strategy.cfg)
         claims = [(p, r) for p, r in results if r.metrics.get(HELD_OUT)]
-        new = [(p, r) for p, r in claims if held_out_claim(s, server_round, p, r.metrics)]
+        new = [
+            (p, r)
+            for p, r in claims
+            if held_out_claim(s, self.held_out, server_round, p, r.metrics)
+        ]
         trained = [(p, r) for p, r in results if not r.metrics.get(HELD_OUT)]
         if new and params.new_client_mode == "localtrain":
             accs = [float(r.metrics["accuracy"]) for _, r in new]
@@ -109,13 +115,17 @@ class NewClients(Bystanders):
 
 
 def held_out_claim(
-    strategy: FedFacStrategy, server_round: int, proxy: ClientProxy, metrics: dict
+    strategy: FedFacStrategy,
+    held_out: set[str],
+    server_round: int,
+    proxy: ClientProxy,
+    metrics: dict,
 ) -> bool:
     """Whether a reply's held-out claim stands: its key is one the run config lists
     and is bound to this node. Any other claim is rejected (logged): a trained
     site posing as new would be sent every other site's model by Ensemble."""
     key = str(metrics.get(CLIENT_KEY))
-    problem = None if key in strategy.held_out else "it is not a held-out client of this run"
+    problem = None if key in held_out else "it is not a held-out client of this run"
     problem = problem or strategy.clients.bind(proxy.node_id, key)
     if problem is not None:
         log.warning(

@@ -6,10 +6,11 @@ runs FA once and fixes the split; later rounds upload only the shared elements.
 Dynamic: every round uploads every element of the Lambda layers, FA runs on that
 round's uploads and decides which elements are averaged. Personal elements of
 the global arrays are not written in a round. ``fedfac.fa-split`` = true | oracle
-| random imposes a fixed split instead (simulation study). The split lives in the
-wire (``FedFacWire``): it travels at the head of every payload, and once it exists
-the payload carries only the shared rows of each Lambda layer (the personal rows'
-global values are never used by a client).
+| random imposes a fixed split instead (simulation study). The split is a row-level
+split of the roles (``Roles.rows``), and the wire (``FedFacWire``) is of one split:
+a new split is a new wire. It travels at the head of every payload, and once it
+exists the payload carries only the shared rows of each Lambda layer (the personal
+rows' global values are never used by a client).
 
 ``fedfac.fa-input=updates``: FA runs on each Lambda weight's change over the round from
 what the client started from: the global rows where they were shared, the
@@ -33,9 +34,7 @@ from functools import partial
 from typing import Any
 
 import numpy as np
-from flwr.common import (
-    Scalar,
-)
+from flwr.common import Parameters, Scalar
 from threadpoolctl import threadpool_limits
 from torch import nn
 
@@ -65,12 +64,11 @@ class FedFacStrategy(PFLStrategy):
 
     def __init__(self, cfg: RunConfig, model: nn.Module, **kwargs: Any) -> None:
         super().__init__(cfg=cfg, model=model, **kwargs)
-        self.num_clients = 0
-        self.held_out: set[str] = set()
         self.model_spec = wire_spec(model, list(model.state_dict()))  # Ensemble's shared models
         self._communalities: dict[str, np.ndarray] = {}  # fa-smoothing's running average
-        self.bystanders = new_clients.NewClients(self)
+        self.bystanders: new_clients.NewClients = new_clients.NewClients(self)
         self.fa_device = server_device()  # None: numpy (factor_analysis.server_device)
+        self.split_imposed = False  # fa-split true | oracle | random, tau inf: set once known
 
     @property
     def shared(self) -> dict[str, np.ndarray] | None:
@@ -134,8 +132,9 @@ class FedFacStrategy(PFLStrategy):
         return communalities
 
     def set_split(self, shared: dict[str, np.ndarray] | None) -> None:
-        self.wire.shared = shared
-        self.set_global(self.global_arrays)  # the payload is re-encoded with the new split
+        """The wire of split ``shared`` from now on (the payload re-encoded with it)."""
+        self.wire = self.payloads.wire = self.wire.with_split(shared)
+        self.set_global(self.global_arrays)
 
     # ---- the checkpoint: the global tensors and the split -----------------------------------
 
@@ -173,13 +172,25 @@ class FedFacStrategy(PFLStrategy):
         return out
 
     def client_config(self, client_key: str | None, server_round: int) -> dict[str, Scalar]:
-        return {HELD_OUT: ",".join(sorted(self.held_out))} if self.held_out else {}
+        held_out = self.bystanders.held_out
+        return {HELD_OUT: ",".join(sorted(held_out))} if held_out else {}
+
+    def payload_for(self, client_key: str | None, server_round: int) -> Parameters:
+        """The payload; the first after ``NewClients.prepare`` has counted the federation
+        fixes the split that factor analysis does not decide (``federation_known``)."""
+        if not self.split_imposed and self.bystanders.num_clients:
+            self.federation_known()
+        return super().payload_for(client_key, server_round)
 
     def federation_known(self) -> None:
-        """The federation's size and held-out clients are known (NewClients.prepare)."""
+        """The split imposed from round 1, once the federation's size and held-out
+        clients are known: ``fedfac.fa-split`` true | oracle | random, or every element
+        personal (tau infinite)."""
+        self.split_imposed = True
+        new = self.bystanders
         if FedFacParams.of(self.cfg).fa_split != "fa":
-            self.set_split(imposed_split(self))
-        elif self.fa_decides_nothing:  # tau infinite: every element of Lambda personal
+            self.set_split(imposed_split(self, new.num_clients, new.held_out))
+        elif self.fa_decides_nothing:
             self.set_split(
                 {layer: np.zeros(size, dtype=bool) for layer, size in self.sizes.items()}
             )
