@@ -1,8 +1,8 @@
 """The directions of dependency (pyproject.toml's import-linter contracts,
 docs/ARCHITECTURE.md): every module of the root packages sits in a layer, the code
 keeps the contracts, and an upward import planted in client_app, strategies, methods,
-pflower.engine or models breaks them. The plants go into a copy of the packages, one
-at a time; a run of ``lint-imports`` takes about a second."""
+pflower.engine or models breaks them. The plants go into one copy of the packages,
+one at a time."""
 
 from __future__ import annotations
 
