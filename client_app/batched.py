@@ -9,7 +9,7 @@ with one client after another up to float rounding (tests/test_cohort.py measure
 
 Only where it is faster: on a CPU, ``vmap`` over per-client convolution weights runs
 a grouped convolution without channels-last, slower than one client after another
-for CNN4 (docs/PERFORMANCE.md); the MLP trains 2-4x faster at once. The clients of a
+for CNN4 (docs/PERFORMANCE.md); the MLP trains faster at once. The clients of a
 batch must hold the same number of training samples (the same batch shapes); the
 others train one after another.
 """

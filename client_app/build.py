@@ -66,8 +66,8 @@ def _built_template(cfg: RunConfig, data_path: str, cache_dir: str) -> nn.Module
 
 
 # A simulated client's model is its worker thread's resident copy of the template, put
-# back to the template's values each message: a deep copy per message held the GIL
-# for 2 ms of a 40 ms client-round (measured), against the other worker's training.
+# back to the template's values each message: a deep copy per message holds the GIL
+# against the other worker's training (docs/results/client-cpu.md measured it).
 # A method keeps its per-message state on its client, never on the model
 # (docs/ADDING_A_METHOD.md); tests/test_scale.py checks every method trains the same
 # numbers either way.
@@ -75,7 +75,7 @@ REUSE_MODELS = True
 _resident = threading.local()
 # resident copies whose thread has ended (Flower's round loop and the cohort start a
 # thread pool each round): a new worker adopts one instead of a deep copy of its own
-# (0.4 s of CPU each on ResNet-18, two a round; docs/results/client-cpu.md)
+# (a large model's copy costs CPU every round: docs/results/client-cpu.md)
 _orphans: list[tuple[threading.Thread, tuple[nn.Module, nn.Module, Any]]] = []
 _orphans_lock = threading.Lock()
 MOST_RESIDENT = 32  # resident copies kept for adoption (one a worker thread)

@@ -182,8 +182,8 @@ def evaluate(
 def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
     """ROC AUC of ``scores`` for labels 0/1, ties averaged: sklearn's ``roc_auc_score``,
     as the Mann-Whitney U of the scores' ranks. Not sklearn's call itself: its input
-    checks cost 1.3 ms on a 20-sample test split (the embedded study's, every client
-    every round), 20x the ranking (measured; tests/test_cohort.py checks the two agree)."""
+    checks cost many times the ranking on a small test split, every client every
+    round (tests/test_cohort.py checks the two agree)."""
     ranks = rankdata(scores)  # ties get their average rank, as sklearn's trapezoids count
     positive = labels == 1
     n_pos = int(positive.sum())

@@ -73,7 +73,7 @@ def preload() -> list[str]:
     import flwr.supernode.runtime.run_clientapp  # noqa: F401 - what a child runs
 
     try:
-        import sklearn.metrics  # noqa: F401 - a binary task's AUC (client_app/train.py): 2.6 s
+        import sklearn.metrics  # noqa: F401 - a binary task's AUC (client_app/train.py): slow to import
 
         import client_app.app  # noqa: F401 - pulls in torch, numpy, pydantic, ...
         import pflower.data.hf  # noqa: F401 - the image decoders (pyarrow, datasets)

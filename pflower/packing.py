@@ -3,9 +3,8 @@
 Flower 1.39 sends a message as a tree of parts (the message, its content, each
 record, each array, each array's chunks) and moves every part in its own request,
 at every hop: the ServerApp's push, the SuperNode's download, the ClientApp's read
-over the site-local Runtime API, and the same four back. A cifar-cnn4 reply was 33
-parts, and each request cost 10-100 ms on a loaded 2-core machine
-(docs/PERFORMANCE.md). Packed, the whole content travels as one config record of
+over the site-local Runtime API, and the same four back: a CNN's reply is dozens of
+parts, each a request (docs/PERFORMANCE.md measured them). Packed, the whole content travels as one config record of
 two values: a header (JSON: each record's name, kind and size, and each array's
 key, dtype, shape, stype and size) and the records' bytes one after another (each
 array's data, each config or metric record as Flower deflates it): a message is 3

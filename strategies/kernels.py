@@ -210,7 +210,7 @@ def rebase_moved() -> Callable[..., None]:
 def warm(dtypes: tuple[np.dtype, ...], projection: bool) -> threading.Thread:
     """Load or compile, on a thread of its own, the kernels a server whose tensors
     are of ``dtypes`` calls (with ``projection``: the direction check's two), so a
-    round's first call does not wait for them (round 2 waited 0.15-0.35 s). Once
+    round's first call does not wait for them. Once
     a process; a kernel it fails to build is built, or fails, at its first call."""
 
     def build() -> None:

@@ -85,7 +85,7 @@ class FedFacStrategy(PFLStrategy):
         # on the server's GPU when it has one (torch, float64: the same communalities
         # to float64 rounding); else numpy on one BLAS thread: the simulated clients
         # share the machine's cores. Iterated until Psi moves < 1e-4 or for 100 steps
-        # (a 512-wide layer: ~10 s on one core)
+        # (a wide layer takes seconds: it runs once a round, on the server)
         kappa = FedFacParams.of(self.cfg).fa_kappa
         device = self.fa_device
         fit = (

@@ -231,11 +231,11 @@ def _to_tensors(
 
 
 # A simulation actor serves every client in turn. A federation whose clients' tensors
-# fit CLIENT_DATA_BUDGET is kept whole (a hit: 1.4 us against a rebuild's 0.24 ms for 60
-# CIFAR-10 images, about 1% of training on them); a larger one is rebuilt each message:
-# any LRU smaller than the federation misses on every message of a round that asks every
-# client (the rounds cycle through them), while its slots hold 189 MB at 1,000 CIFAR-10
-# clients. A site's own data (``data_path``, ``cache_dir``) are always kept.
+# fit CLIENT_DATA_BUDGET is kept whole (a hit costs next to nothing against a rebuild);
+# a larger one is rebuilt each message: any LRU smaller than the federation misses on
+# every message of a round that asks every client (the rounds cycle through them),
+# while its slots would hold memory for nothing. A site's own data (``data_path``,
+# ``cache_dir``) are always kept.
 CLIENT_DATA_BUDGET = 256 * 2**20
 _client_bytes: dict[tuple, int] = {}  # (cfg, num_partitions) -> one client's bytes
 

@@ -6,10 +6,9 @@ The IID, Dirichlet and pathological (classes in shards) partitions are flwr-data
 for the same seed, draw for draw, row for row (tests/test_partitions.py compares them
 with the library's partitioners); the natural partition is its NaturalIdPartitioner's.
 Why not the library's own: its partitioners build a Python list of row ids for every
-partition, and a ``datasets.Dataset`` at every ``load_partition``: 6-10 ms a client at
-10,000 clients on the shared 2-core machine, hours at a million, in every process that
-serves clients; the tuple of arrays kept held 440 B a client at 40 rows, 168 B here
-(docs/results/scale-1m-partitions.md). Here the same draws are made on arrays: the
+partition, and a ``datasets.Dataset`` at every ``load_partition``: hours at a million
+clients, in every process that serves clients, and more memory a client than arrays
+(docs/results/scale-1m-partitions.md measured both). Here the same draws are made on arrays: the
 Dirichlet proportions and the class choices from the same generator in the same order,
 each partition's rows shuffled by the same calls (numpy's shuffle makes the same draws
 for a list and an array).

@@ -37,10 +37,9 @@ DOMAIN_SHIFTS = ("identity", "grayscale", "rotate90", "colour-shift", "blur", "i
 _STATS_ROWS = 2048  # rows used to compute per-channel normalisation statistics
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)  # torchvision's weights
 IMAGENET_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
-# A simulated client's first message decoded its own rows inside a round (2.7 ms for
-# 60 CIFAR-10 images, measured); a set whose decoded images fit this many bytes is
-# decoded whole at the first client's message instead, in one pass (43 us an image:
-# 0.45 s for the 12k dev set, rows no client holds included), so later rounds train
+# A simulated client's first message would decode its own rows inside a round; a set
+# whose decoded images fit this many bytes is decoded whole at the first client's
+# message instead, in one pass (rows no client holds included), so later rounds train
 # rather than decode. Larger sets stay decoded row by row as clients ask.
 DECODE_WHOLE_BYTES = 256 * 2**20
 
@@ -104,7 +103,7 @@ class _Source:
         todo = np.unique(idx[~self._done[idx]])
         if len(todo):
             # rows of the Arrow-formatted set, not select_columns' new data set per
-            # call (its fingerprint and copied features: 0.7 of 0.9 ms a call)
+            # call (most of a call's time went to its fingerprint and copied features)
             cells = self.ds[todo.tolist()].column(self.image_column).to_pylist()
             for row, cell in zip(todo, cells, strict=True):
                 self._cache[row] = _decode(cell, self.mode, self.input_shape)
@@ -142,8 +141,8 @@ def _decode(cell: Any, mode: str, shape: tuple[int, ...]) -> np.ndarray:
 
     data = cell.get("bytes") if isinstance(cell, dict) else None
     if data and png_as_is(data, mode, shape):
-        # torchvision's libpng decoder: the same pixels as PIL's in about 0.6 of the
-        # time (0.045 against 0.07 ms a CIFAR image), no PIL image in between
+        # torchvision's libpng decoder: the same pixels as PIL's in less time, no PIL
+        # image in between
         import torch
         from torchvision.io import ImageReadMode, decode_png
 

@@ -16,8 +16,8 @@ intercept, and a per-client one keeps the teacher's decision surface.
 
 Two streams of draws: the study's one stream, client after client (the default, the
 study every committed result used: client c's draws begin where client c-1's end, so
-a process that serves some clients of many first passes over the stream once, 16.5 s
-for 100,000 clients), or, with ``sim-client-streams``, each client's own stream,
+a process that serves some clients of many first passes over the stream once, a pass
+that grows with the federation), or, with ``sim-client-streams``, each client's own stream,
 seeded by (seed, c): any client drawn alone at once, a million clients as cheap as
 ten (another draw of the same study: the same distributions, other numbers).
 """

@@ -3,9 +3,8 @@
 A round of an in-process run allocates and frees the same large buffers again and
 again (each reply's bytes, each update, torch's activations and optimizer state):
 glibc hands a block above its mmap threshold back to the kernel on free, and the
-next allocation of that size faults every page in again. On this project's 2-core
-VM a fresh 118 MB of ResNet-18-sized buffers cost 320 ms against 35 ms reused
-(docs/results/client-cpu.md). ``keep_freed_memory`` raises the mmap threshold and
+next allocation of that size faults every page in again (docs/results/client-cpu.md
+measured what that costs). ``keep_freed_memory`` raises the mmap threshold and
 the trim threshold once per process (glibc's ``mallopt``), so freed blocks stay in
 the heap and are reused: the process's resident memory stays at its peak instead
 of shrinking between rounds; the peak itself is unchanged. A no-op where the C

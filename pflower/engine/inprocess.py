@@ -206,7 +206,8 @@ def run_inprocess(
         raise ValueError("run_inprocess() needs a 'run-name' to find its results")
     threads = torch.get_num_threads()  # build_client pins simulated clients to one thread
     # the server's numpy work runs between the clients' training on the same cores:
-    # BLAS's own threads would spin against torch's (2x a client-round, measured)
+    # BLAS's own threads would spin against torch's
+    # (docs/notes/2026-11-28-blas-threads-and-one-client-per-thread.md measured it)
     with threadpool_limits(limits=1, user_api="blas"):
         try:
             server, rounds = build_inprocess(config, num_clients, record, node_configs, parallel)

@@ -49,7 +49,7 @@ class RunRecorder:
         self.rounds: list[dict[str, Any]] = []
         # each record of ``rounds`` as results.json holds it, encoded once: a record does
         # not change once added, and encoding every round again each round (json's
-        # indented encoder is pure Python) cost 20 ms a write at 300 rounds, growing
+        # indented encoder is pure Python) costs more with every round
         self._encoded: list[str] = []
         self.extra: dict[str, Any] = dict(extra or {})
         self.t0 = time.perf_counter()

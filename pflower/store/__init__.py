@@ -4,8 +4,8 @@ checkpoint are both written and read through here (neither side imports the othe
 Each file holds its arrays and a digest of them (their names, dtypes, shapes and
 bytes), checked when it is read: sha256 (a deployed site's personal state, small), or
 xxHash's XXH3-128 (the server's checkpoint and a simulated run's spilled personal
-state: ResNet-18's 90 MB checkpoint is hashed in 4 ms against sha256's 52, with this
-CPU's SHA extensions; docs/notes/2026-12-06-the-client-paths-cpu-and-cnn4-as-a-cohort.md).
+state, large: many times faster than sha256;
+docs/notes/2026-12-06-the-client-paths-cpu-and-cnn4-as-a-cohort.md measured it).
 Either digest catches a corrupt or truncated file (a flipped bit, a lost member) as
 the zip's own CRC-32 of each member does; neither is a signature (the file carries it).
 A file is written straight from the arrays' memory, a megabyte at a time: the zip's
