@@ -1,9 +1,10 @@
 """What a site's own process enforces on every ClientApp, whatever app a run ships.
 
 The site's SuperExec (deploy/warm_superexec.py) installs these checks into Flower's
-ClientApp runner (``flwr.supernode.runtime.run_clientapp``) before it starts any
-task, so they run in site-installed code, before the run's FAB is unpacked or
-imported, and a submitted app cannot skip them:
+ClientApp runner (``flwr.supernode.runtime.run_clientapp``, by pflower.patches'
+``clientapp-site-checks``) before it starts any task, so they run in site-installed
+code, before the run's FAB is unpacked or imported, and a submitted app cannot skip
+them:
 
 - **Approved apps.** The run's FAB (its bytes, as the SuperNode received them) must
   hash to one of the builds the site approved (``--approved-apps sha256:...``, or
@@ -29,15 +30,18 @@ import io
 import json
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from pflower.config.node import NodeConfig
+from pflower.config.schema import ConfigError
+
 log = logging.getLogger("flwr")
 
-APPROVED_KEY = "approved-apps"  # node config: comma-separated sha256:<hex> builds
+APPROVED_KEY = NodeConfig.key("approved_apps")  # comma-separated sha256:<hex> builds
 LEDGER_FILE = "ledger.jsonl"
 ANY_APP = "any"  # --approved-apps any: no check (development only; the ledger says so)
 REFUSED = (
@@ -90,9 +94,11 @@ class SiteGuard:
         self.approved = approved  # None: any app (--approved-apps any)
         self.task: dict[str, Any] = {}  # the current task's run, context and app hash
 
-    def allowed(self, node_config: dict[str, Any]) -> frozenset[str] | None:
-        """The builds this site approves: its SuperExec's list and its node config's."""
-        extra = str(node_config.get(APPROVED_KEY, "") or "")
+    def allowed(self, node_config: Mapping[str, Any] | NodeConfig) -> frozenset[str] | None:
+        """The builds this site approves: its SuperExec's list and its node config's
+        (ConfigError for a node config that does not parse; ValueError for a list
+        that does not)."""
+        extra = NodeConfig.of(node_config).approved_apps
         from_node = parse_approved(extra) if extra.strip() else frozenset()
         if self.approved is None or from_node is None:
             return None
@@ -104,6 +110,8 @@ class SiteGuard:
         self.task["app"] = digest
         try:
             allowed = self.allowed(self.task.get("node_config", {}))
+        except ConfigError as err:  # the node config itself, naming its bad key
+            return f"{err}: every app is refused"
         except ValueError as err:
             return f"site policy '{APPROVED_KEY}' is malformed ({err}): every app is refused"
         if allowed is None or digest in allowed:
@@ -113,46 +121,53 @@ class SiteGuard:
             f"(approved: {', '.join(sorted(allowed)) or 'none'})"
         )
 
-    # ---- Flower's ClientApp runner, wrapped -----------------------------------------------
+    # ---- the hooks Flower's ClientApp runner calls (pflower.patches) ------------------
 
     def install(self) -> None:
-        """Wrap ``run_clientapp``'s input, install and push steps (in this process and
-        every child forked from it)."""
-        from flwr.supernode.runtime import run_clientapp as runner
+        """Put this site's checks into Flower's ClientApp runner: the app check before
+        its install step, the ledger before its push (in this process and every child
+        forked from it; pflower.patches' ``clientapp-site-checks``)."""
+        from pflower.patches import clientapp_site_checks
 
-        pull, unpack, push = runner.pull_task_input, runner.install_from_fab, runner.push_message
+        clientapp_site_checks(self.pulled, self.installing, self.replying)
 
-        def pull_task_input(client: Any) -> Any:
-            state_events().clear()  # this task's, from here on
-            message, context, run, fab = pull(client)
-            self.task = {
-                "node_config": dict(context.node_config),
-                "run_config": dict(context.run_config),
-                "run_id": int(context.run_id),
-                "received": message,
-            }
-            return message, context, run, fab
+    def pulled(self, message: Any, context: Any) -> None:
+        """A task's input, as Flower pulled it: this task's record starts here."""
+        state_events().clear()  # this task's, from here on
+        self.task = {
+            "node_config": dict(context.node_config),
+            "run_config": dict(context.run_config),
+            "run_id": int(context.run_id),
+            "received": message,
+        }
 
-        def install_from_fab(content: bytes, *args: Any, **kwargs: Any) -> Any:
-            why = self.refusal(content)
-            if why is not None:  # before a byte of the app is unpacked
-                site = self.task.get("node_config", {}).get("site", "?")
-                line = f"site {site!r} {REFUSED}: {why}"
-                log.error("%s", line)
-                self.task["refused"] = line
-                raise AppNotApproved(line)
-            return unpack(content, *args, **kwargs)
+    def installing(self, content: bytes) -> None:
+        """Raise ``AppNotApproved`` for a FAB this site refuses (before a byte of it
+        is unpacked)."""
+        why = self.refusal(content)
+        if why is not None:
+            line = f"site {self.site()!r} {REFUSED}: {why}"
+            log.error("%s", line)
+            self.task["refused"] = line
+            raise AppNotApproved(line)
 
-        def push_message(client: Any, message: Any, context: Any) -> None:
-            try:
-                self.record(message)
-            except Exception as err:  # noqa: BLE001 - a reply the ledger lacks is not sent
-                message = self.unrecorded(message, err)
-            push(client, message, context)
+    def replying(self, reply: Any) -> Any:
+        """The reply to push: ``reply``, recorded in the ledger; if it cannot be
+        recorded, an error in its place."""
+        try:
+            self.record(reply)
+        except Exception as err:  # noqa: BLE001 - a reply the ledger lacks is not sent
+            return self.unrecorded(reply, err)
+        return reply
 
-        runner.pull_task_input = pull_task_input
-        runner.install_from_fab = install_from_fab
-        runner.push_message = push_message
+    def site(self) -> str:
+        """The task's site name for a log line: its node config's ``site``, "?" where
+        it names none (or does not parse: the line still goes out)."""
+        try:
+            site = NodeConfig.of(self.task.get("node_config", {})).site
+        except ConfigError:
+            site = None
+        return "?" if site is None else site
 
     def unrecorded(self, reply: Any, err: BaseException) -> Any:
         """What goes out in place of a reply the ledger could not record (a full disk):
@@ -160,8 +175,7 @@ class SiteGuard:
         from flwr.common import Error, Message
         from flwr.common.constant import ErrorCode
 
-        site = self.task.get("node_config", {}).get("site", "?")
-        line = f"site {site!r} could not record its reply in its ledger ({err}): not sent"
+        line = f"site {self.site()!r} could not record its reply in its ledger ({err}): not sent"
         log.error("site ledger: %s", line)
         received = self.task.get("received")
         if received is None:  # nothing to answer (not expected: every task pulls one)
@@ -170,8 +184,8 @@ class SiteGuard:
 
     def record(self, reply: Any) -> None:
         """Append the ledger line of one reply (the site's state-dir; none without)."""
-        node = self.task.get("node_config", {})
-        state_dir = str(node.get("state-dir", "") or "")
+        node = NodeConfig.of(self.task.get("node_config", {}))
+        state_dir = node.state_dir
         if not state_dir:
             return
         received = self.task.get("received")
@@ -259,18 +273,17 @@ def _scalars(records: dict[str, Any]) -> dict[str, Any]:
     return dict(sorted(out.items()))
 
 
-def upload_names(run_config: dict[str, Any], node_config: dict[str, Any], count: int) -> list[str]:
+def upload_names(run_config: dict[str, Any], node_config: NodeConfig, count: int) -> list[str]:
     """The names of the ``count`` arrays a fit sends, in the method's wire order (the
     approved app's registry, its model as the ClientApp built it); [] if unknown."""
     if not count:  # a refusal, an evaluation, a query: nothing to name (and no model built)
         return []
     try:
-        from client_app.app import _template, data_cache_dir
+        from client_app.app import _template
         from methods import get_method, parse_run_config
 
         cfg = parse_run_config(dict(run_config))
-        data_path = str(node_config.get("data-path", ""))
-        model = _template(cfg, data_path, data_cache_dir(node_config))
+        model = _template(cfg, node_config.data_path, node_config.cache_dir)
         method = get_method(cfg.method)
         names = [s.name for s in method.build_wire(model, method.roles(model), cfg).up_spec()]
         return names if len(names) == count else []

@@ -23,7 +23,9 @@ after another, retrying a part that is not there yet for minutes; one site that
 died while uploading its reply would hold back every other reply of the round.
 So, on Flower's deployed grid, the collector's one request only finds the replies,
 and each reply's parts are downloaded on a thread of its own, by Flower's own
-``pull_messages`` handed that one reply.
+``pull_messages`` handed that one reply (pflower.patches' ``reply-downloads-apart``,
+which reads the grid's private Runtime API client; with the patches off, Flower's
+``pull_messages`` brings the replies it finds whole).
 
 On Flower's deployed grid each message leaves with its whole content packed in one
 part, and each reply is unpacked before its caller sees it (pflower/packing.py):
@@ -32,7 +34,6 @@ every part is a request of its own at every hop.
 
 from __future__ import annotations
 
-import copy
 import logging
 import sys
 import threading
@@ -44,7 +45,7 @@ from flwr.common import Message
 from flwr.server import Grid
 
 from pflower.packing import pack, unpack
-from pflower.patches import wakeups
+from pflower.patches import reply_downloads, wakeups
 
 FIRST_WAIT, GROWTH, LONGEST_WAIT = 0.02, 1.5, 0.1
 # How long a deployed grid's node list is reused: Flower's legacy loop asks the
@@ -99,8 +100,12 @@ class PollingGrid(Grid):
     def create_message(self, *args: Any, **kwargs: Any) -> Message:
         return self._grid.create_message(*args, **kwargs)
 
+    def deployed(self) -> bool:
+        """Whether the wrapped grid is Flower's deployed one (it talks to a SuperLink)."""
+        return reply_downloads.deployed(self._grid)
+
     def get_node_ids(self) -> Iterable[int]:
-        if self._runtime_client() is None:  # in memory: asking costs nothing
+        if not self.deployed():  # in memory: asking costs nothing
             return self._grid.get_node_ids()
         with self._lock:
             if self._nodes is not None and self.clock() - self._nodes[0] < NODE_LIST_SECONDS:
@@ -113,7 +118,7 @@ class PollingGrid(Grid):
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         messages = list(messages)
-        if self._runtime_client() is not None:  # deployed: the whole content in one part
+        if self.deployed():  # the whole content in one part
             for message in messages:
                 if isinstance(message, Message) and message.has_content():
                     message.content = pack(message.content)
@@ -210,10 +215,13 @@ class PollingGrid(Grid):
     def _find(self, ids: list[str]) -> int:
         """Ask the SuperLink for these replies; how many it had. On Flower's deployed
         grid each found reply's parts are downloaded on their own thread; on any
-        other grid (in-memory) the replies come whole and are handed over here."""
-        client = self._runtime_client()
+        other grid (in-memory), or with pflower.patches' ``reply-downloads-apart`` off,
+        the replies come whole and are handed over here."""
+        client = reply_downloads.runtime_client(self._grid)
         if client is None:
             got = list(self.pull_messages(ids))
+            if self.deployed():  # Flower's own pull of packed replies
+                got = [_unpacked(m) for m in got]
             self._hand_over(got)
             return len(got)
         from flwr.proto.runtime_pb2 import PullAppMessagesRequest, PullAppMessagesResponse
@@ -235,19 +243,16 @@ class PollingGrid(Grid):
         return len(res.messages_list)
 
     def _runtime_client(self) -> Any:
-        """Flower's deployed grid's Runtime API client, or None for another grid."""
-        if not isinstance(getattr(type(self._grid), "_runtime_client", None), property):
-            return None
-        client = self._grid._runtime_client  # connects on first use, as Flower's own calls
-        return client if getattr(self._grid, "_client", None) is client else None
+        """The wrapped grid if it is Flower's deployed one, else None (what
+        server_app/site_info.py asks; ``deployed()`` says the same)."""
+        return self._grid if self.deployed() else None
 
     def _download(self, client: Any, found: Any, reply_to: str) -> None:
         """One found reply's parts, by Flower's own pull_messages (its retries, its
         receipt to the SuperLink, its error reply when a part never arrives)."""
-        view = copy.copy(self._grid)  # the same grid, answering its pull with ``found``
-        view._client = _Found(client, found)
         try:
-            got = [_unpacked(m) for m in view.pull_messages([reply_to])]
+            found_whole = reply_downloads.pull_found(self._grid, client, found, reply_to)
+            got = [_unpacked(m) for m in found_whole]
             self._hand_over(got)
         except Exception as err:  # noqa: BLE001 - raised in this reply's caller only
             with self._lock:
@@ -291,17 +296,3 @@ def _unpacked(reply: Message) -> Message:
     if reply.has_content():
         reply.content = unpack(reply.content)
     return reply
-
-
-class _Found:
-    """A Runtime API client whose PullMessages answers with replies already found;
-    everything else (PullObject, ConfirmMessageReceived) is the real client's."""
-
-    def __init__(self, client: Any, response: Any) -> None:
-        self._client, self._response = client, response
-
-    def PullMessages(self, request: Any) -> Any:  # noqa: N802 - Flower's RPC name
-        return self._response
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)

@@ -24,6 +24,7 @@ def test_the_table_lists_every_patch_and_every_patch_function_is_in_it() -> None
     functions |= {"optimizers-without-dynamo", "secagg-masks", "npy-headers"}
     functions |= {"engine-wakeups", "ray-app-once", "ray-two-in-flight", "ray-weights-once"}
     functions |= {"serverapp-after-ray", "sparse-node-stores", "activation-retry"}
+    functions |= {"clientapp-site-checks", "reply-downloads-apart", "resident-model-hooks"}
     assert set(pflower.patches.PATCHES) == functions
     for name in functions:
         assert f"``{name}``" in doc  # the table row
@@ -513,3 +514,103 @@ def test_ray_two_in_flight_lists_each_actor_twice_and_runs_a_worker_per_listing(
     assert backend.num_workers == 6
     pool.terminate_all_actors()
     assert made == [["terminate"]] * 3
+
+
+def test_site_checks_wrap_flowers_clientapp_steps_and_stay_on_with_the_switch(
+    monkeypatch,
+) -> None:
+    """``clientapp-site-checks``: the site's hooks run around Flower's own input,
+    install and push steps; a hook that raises stops the install before Flower's runs.
+    A site's security, so the speed switch leaves it on; on a Flower it was not
+    checked against it refuses in one line."""
+    from flwr.supernode.runtime import run_clientapp as runner
+
+    calls: list[Any] = []
+    for name in ("pull_task_input", "install_from_fab", "push_message"):
+        monkeypatch.setattr(runner, name, getattr(runner, name))  # restored after the test
+    monkeypatch.setattr(runner, "pull_task_input", lambda client: ("msg", "ctx", "run", "fab"))
+    monkeypatch.setattr(
+        runner, "install_from_fab", lambda content, **kw: calls.append(("flower", content))
+    )
+    monkeypatch.setattr(runner, "push_message", lambda c, m, ctx: calls.append(("push", m)))
+
+    def installing(content: bytes) -> None:
+        if content == b"bad":
+            raise PermissionError("refused")
+        calls.append(("check", content))
+
+    monkeypatch.setenv("PFLOWER_FLOWER_PATCHES", "0")
+    pflower.patches.clientapp_site_checks(
+        lambda m, c: calls.append(("pulled", m, c)), installing, lambda r: f"{r}, recorded"
+    )
+    assert runner.pull_task_input(None) == ("msg", "ctx", "run", "fab")
+    runner.install_from_fab(b"app", skip_prompt=True)
+    with pytest.raises(PermissionError):
+        runner.install_from_fab(b"bad", skip_prompt=True)
+    runner.push_message(None, "reply", None)
+    assert calls == [
+        ("pulled", "msg", "ctx"),
+        ("check", b"app"),
+        ("flower", b"app"),
+        ("push", "reply, recorded"),
+    ]
+    monkeypatch.setattr(pflower.patches.core, "installed", lambda lib: "9.9.9")
+    with pytest.raises(pflower.patches.UntestedVersion, match="clientapp-site-checks") as err:
+        pflower.patches.clientapp_site_checks(print, print, print)
+    assert "\n" not in str(err.value) and "flwr 9.9.9" in str(err.value)
+
+
+def test_reply_downloads_apart_reads_the_deployed_grids_client_and_has_an_off_switch(
+    monkeypatch,
+) -> None:
+    """``reply-downloads-apart``: the deployed grid's Runtime API client with the patch
+    on; none with it off, when Flower's own pull brings the replies whole (and
+    unpacked). Whether a grid is the deployed one holds either way."""
+    from flwr.app import ConfigRecord, Message, Metadata, RecordDict
+    from flwr.supercore.run import Run
+    from flwr.superlink.grid.http_grid import HttpGrid
+
+    from pflower.packing import pack
+    from server_app.grid import PollingGrid
+
+    http = HttpGrid(token="t")
+    http.set_run(Run.create_empty(7))
+    http._client = runtime = object()  # connected (the property connects otherwise)
+    assert pflower.patches.deployed_grid(http) and not pflower.patches.deployed_grid(object())
+    assert pflower.patches.runtime_client(http) is runtime
+    monkeypatch.setenv("PFLOWER_FLOWER_PATCHES", "0")
+    assert pflower.patches.runtime_client(http) is None and pflower.patches.deployed_grid(http)
+
+    meta = Metadata(7, "", 1, 1, "m-1", "g", 0.0, 60.0, "train")
+    reply = Message(pack(RecordDict({"r": ConfigRecord({"n": 1})})), metadata=meta)
+    pulled: list[list[str]] = []
+    http.push_messages = lambda messages: list(messages)  # the ids, as pushed
+    http.pull_messages = lambda ids: pulled.append(list(ids)) or [reply]
+    grid = PollingGrid(http)
+    assert grid.deployed() and grid._runtime_client() is http  # what site_info asks
+    (got,) = grid.send_and_receive(["m-1"], timeout=10)
+    assert pulled == [["m-1"]] and got.content["r"]["n"] == 1  # Flower's pull, unpacked
+
+
+def test_hooks_left_sees_each_kind_of_hook_and_counts_every_model_hooked_when_off(
+    monkeypatch,
+) -> None:
+    """``resident-model-hooks``: a forward, forward-pre, module backward or parameter
+    hook left on a model is seen, and a removed one is not; with the patches off
+    nothing is read and every model counts as hooked (a fresh copy each client)."""
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    assert not pflower.patches.hooks_left(model)
+    for register in (
+        lambda: model[0].register_forward_hook(lambda *a: None),
+        lambda: model[1].register_forward_pre_hook(lambda *a: None),
+        lambda: model[0].register_full_backward_hook(lambda *a: None),
+        lambda: model[0].weight.register_hook(lambda g: g),
+    ):
+        handle = register()
+        assert pflower.patches.hooks_left(model)
+        handle.remove()
+        assert not pflower.patches.hooks_left(model)
+    monkeypatch.setenv("PFLOWER_FLOWER_PATCHES", "0")
+    assert pflower.patches.hooks_left(model)

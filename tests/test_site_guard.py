@@ -45,6 +45,9 @@ def test_a_build_not_approved_is_refused_naming_its_hash() -> None:
     assert guard.refusal(OTHER) is None
     guard.task = {"node_config": {"site": "h", "approved-apps": "nonsense"}}
     assert "malformed" in (guard.refusal(APP) or "")
+    # a node config that does not parse: every app refused, in a line naming the key
+    guard.task = {"node_config": {"site": "h", "no-such-key": "1"}}
+    assert "'no-such-key'" in (guard.refusal(APP) or "") and guard.site() == "?"
     assert SiteGuard(None).refusal(OTHER) is None  # --approved-apps any
     assert site_guard.REFUSED == REFUSED  # the server recognises the refusal
 
@@ -58,6 +61,7 @@ def test_a_refused_app_is_never_unpacked(monkeypatch) -> None:
     for name in ("pull_task_input", "install_from_fab", "push_message"):
         monkeypatch.setattr(runner, name, getattr(runner, name))  # restored after the test
     monkeypatch.setattr(runner, "install_from_fab", lambda content, **kw: unpacked.append(content))
+    monkeypatch.setenv("PFLOWER_FLOWER_PATCHES", "0")  # the speed patches' switch: checks stay
     guard = SiteGuard(frozenset({fab_hash(APP)}))
     guard.install()
     guard.task = {"node_config": {"site": "h"}}

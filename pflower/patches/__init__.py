@@ -1,8 +1,11 @@
-"""Every Flower or torch internal the product patches, in one module.
+"""Every Flower or torch internal the product patches or reads, in one module.
 
-Each patch replaces a private function or default of one library version, for a
-speed measured (docs/PERFORMANCE.md; each measurement in docs/notes/); none changes
-what is computed or sent.
+Each patch replaces a private function or default of one library version, or uses
+one of its private attributes: for a speed measured (docs/PERFORMANCE.md; each
+measurement in docs/notes/), none changing what is computed or sent; or, where the
+last paragraph says so, for a fix or a site's own checks. No module outside this
+package rebinds a Flower or torch name or reads their private attributes
+(tests/test_patch_table.py).
 
 | patch | what it replaces | why | checked against |
 |---|---|---|---|
@@ -23,11 +26,14 @@ what is computed or sent.
 | ``sparse-node-stores`` | flwr ``vce_api._register_node_info_stores`` and ``run_api``, ``DeprecatedRunInfoStore.register_context`` | the simulation engine made a Context for every node before the first round, with the run config parsed again for each under ``flwr run``: 18.7 KB and 2.3 ms a node | flwr 1.39.0, 1.42.0 |
 | ``activation-retry`` | the Fleet client's ``ActivateNode`` (1.39: the gRPC stub, through ``grpc_rere_client.connection.wrap_stub``; 1.42: ``FleetHttpClient.ActivateNode``), in ``deploy.fast_supernode`` | a SuperNode restarted within a minute of a crash exited 305 (the SuperLink refuses its key until the old session's heartbeat lapses); now it asks again, 1-10 s apart, for up to 150 s | flwr 1.39.0, 1.42.0 (the 1.42 client read in its wheel) |
 | ``serverapp-after-ray`` | nothing: the ServerApp waits on the thread flwr ``run_serverapp_th`` starts (its target by name) | Flower's simulation starts the ServerApp's thread before Ray, whose services are forked with a Python ``preexec_fn`` beside it: once a forked ``gcs_server`` blocked before its exec and the run hung | flwr 1.39.0, 1.42.0 |
+| ``clientapp-site-checks`` | flwr ``run_clientapp.pull_task_input`` / ``install_from_fab`` (over ``fab-reuse``'s) / ``push_message``, in a site's SuperExec | a site checks a run's app before Flower unpacks it and lists each reply in its ledger before Flower sends it, in site-installed code a submitted app cannot skip (deploy/site_guard.py) | flwr 1.39.0, 1.42.0 |
+| ``reply-downloads-apart`` | nothing: the private ``_runtime_client`` of flwr's ``HttpGrid``, and its ``_client`` on a copy, in our ``PollingGrid`` | Flower's ``pull_messages`` downloaded the found replies' parts one reply after another, retrying a missing part for minutes: one site that died mid-upload held back every other reply of the round | flwr 1.39.0, 1.42.0 |
+| ``resident-model-hooks`` | nothing: torch ``nn.Module``'s private ``_forward_hooks`` / ``_forward_pre_hooks`` / ``_backward_hooks`` and a parameter's ``_backward_hooks``, read | a client thread's model is kept across rounds only if no hook is left on it, and torch has no public way to ask | torch 2.13, 2.14 |
 
 Each patch is its own module, in the table's order: ``linkstate``, ``backoff``,
 ``long_poll``, ``retries``, ``fab``, ``fork``, ``task_end``, ``optim``, ``secagg``, ``npy``,
 ``wakeups``, ``ray_app``, ``ray_pipeline``, ``ray_weights``, ``node_stores``, ``activation``,
-``start_order``;
+``start_order``, ``site_checks``, ``reply_downloads``, ``module_hooks``;
 ``core`` holds the switch and the version check, ``timing`` the waits the polling
 patches share. Callers import them from here.
 
@@ -35,8 +41,9 @@ patches share. Callers import them from here.
 they are (slower, nothing else changes). ``secagg-masks`` is a security fix, not a
 speed-up, and stays on: its protocol version travels in the SecAgg+ set-up, and
 a peer that speaks another refuses the round in one line. ``serverapp-after-ray``, a fix
-for a hang, and ``activation-retry``, a fix for a site that could not come back after a
-crash, stay on too. With patches on, ``check()`` refuses a Flower
+for a hang, ``activation-retry``, a fix for a site that could not come back after a
+crash, and ``clientapp-site-checks``, a site's own checks (its off switch is the site's
+``--approved-apps any``), stay on too. With patches on, ``check()`` refuses a Flower
 or torch version the table does not list, in one line that names the switch.
 """
 
@@ -50,6 +57,7 @@ from pflower.patches.fab import fab_reuse, installed_fab
 from pflower.patches.fork import superexec_fork
 from pflower.patches.linkstate import linkstate_index
 from pflower.patches.long_poll import fleet_long_poll
+from pflower.patches.module_hooks import hooks_left
 from pflower.patches.node_stores import sparse_node_stores
 from pflower.patches.npy import npy_headers, read_only_arrays
 from pflower.patches.optim import optimizers
@@ -57,8 +65,11 @@ from pflower.patches.ray_app import ray_app_once
 from pflower.patches.ray_engine import when_the_engine_starts as ray_when_the_engine_starts
 from pflower.patches.ray_pipeline import IN_FLIGHT, ray_two_in_flight
 from pflower.patches.ray_weights import ray_weights_once
+from pflower.patches.reply_downloads import deployed as deployed_grid
+from pflower.patches.reply_downloads import pull_found, runtime_client
 from pflower.patches.retries import object_retries
 from pflower.patches.secagg import SECAGG_PROTOCOL, mask_arrays, secagg_masks
+from pflower.patches.site_checks import clientapp_site_checks
 from pflower.patches.start_order import serverapp_after_ray
 from pflower.patches.task_end import TaskEnded, clientapp_task_end
 from pflower.patches.timing import LONG_POLL
@@ -76,22 +87,27 @@ __all__ = [
     "TaskEnded",
     "UntestedVersion",
     "check",
+    "clientapp_site_checks",
     "clientapp_task_end",
+    "deployed_grid",
     "enabled",
     "engine_wakeups",
     "fab_reuse",
     "fleet_long_poll",
+    "hooks_left",
     "installed_fab",
     "linkstate_index",
     "mask_arrays",
     "npy_headers",
     "object_retries",
     "optimizers",
+    "pull_found",
     "ray_app_once",
     "ray_two_in_flight",
     "ray_weights_once",
     "ray_when_the_engine_starts",
     "read_only_arrays",
+    "runtime_client",
     "secagg_masks",
     "serverapp_after_ray",
     "sparse_node_stores",

@@ -28,6 +28,9 @@ PATCHES: dict[str, tuple[str, tuple[str, ...]]] = {
     "serverapp-after-ray": ("flwr", (FLWR_39, FLWR_42)),
     "sparse-node-stores": ("flwr", (FLWR_39, FLWR_42)),
     "activation-retry": ("flwr", (FLWR_39, FLWR_42)),
+    "clientapp-site-checks": ("flwr", (FLWR_39, FLWR_42)),
+    "reply-downloads-apart": ("flwr", (FLWR_39, FLWR_42)),
+    "resident-model-hooks": ("torch", ("2.13.", "2.14.")),
 }
 # library -> every version prefix some patch of it was checked against
 TESTED: dict[str, tuple[str, ...]] = {}
