@@ -44,6 +44,7 @@ from pflower.data import (
     site_class_names,
 )
 from pflower.data.sites import site_name as natural_site
+from pflower.patches import hooks_left
 from pflower.privacy.policy import PolicyError, SitePolicy
 from pflower.store import PERSONAL_STATE_DIR, clients_that_train
 
@@ -101,14 +102,6 @@ def _structure(model: nn.Module) -> tuple[list[str], list[str]]:
     return [n for n, _ in model.named_parameters()], [n for n, _ in model.named_buffers()]
 
 
-def _hooked(model: nn.Module) -> bool:
-    """Whether a hook is left on the model (a method that registers one removes it)."""
-    hook_lists = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks")
-    return any(getattr(p, "_backward_hooks", None) for p in model.parameters()) or any(
-        getattr(m, name, None) for m in model.modules() for name in hook_lists
-    )
-
-
 def client_model(
     template: nn.Module, reuse: bool, keep: frozenset[str] = frozenset()
 ) -> tuple[nn.Module, bool]:
@@ -122,7 +115,7 @@ def client_model(
     if held is None or held[0] is not template or _structure(held[1]) != held[2]:
         return _fresh(template, reuse), False
     model = held[1]
-    if _hooked(model):
+    if hooks_left(model):
         return _fresh(template, reuse), False
     reset_entries(model, template, keep)
     with torch.no_grad():
@@ -149,7 +142,7 @@ def received_entries(template: nn.Module, cfg: RunConfig) -> frozenset[str]:
         from models.wire import Wire
 
         method = get_method(cfg.method)
-        roles = method.roles(template)
+        roles = method.roles(template, cfg)
         wire = method.build_wire(template, roles, cfg)
         plain = client_class(method).receive is PFLClient.receive
         plain = plain and type(wire).decode_down is Wire.decode_down

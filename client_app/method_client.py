@@ -31,7 +31,7 @@ def build_method_client(
     """``method``'s client of ``model`` on ``device``, as ``setup`` says (a bare
     client's defaults when None)."""
     model = model.to(device)
-    roles = method.roles(model)
+    roles = method.roles(model, cfg)
     wire = method.build_wire(model, roles, cfg)
     cls = client_class(method)
     return cls(model, roles, data, cfg, store, device, client_key, wire, setup=setup)

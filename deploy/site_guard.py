@@ -285,7 +285,7 @@ def upload_names(run_config: dict[str, Any], node_config: NodeConfig, count: int
         cfg = parse_run_config(dict(run_config))
         model = _template(cfg, node_config.data_path, node_config.cache_dir)
         method = get_method(cfg.method)
-        names = [s.name for s in method.build_wire(model, method.roles(model), cfg).up_spec()]
+        names = [s.name for s in method.build_wire(model, method.roles(model, cfg), cfg).up_spec()]
         return names if len(names) == count else []
     except Exception:  # noqa: BLE001 - a refused or foreign app: positions only
         return []

@@ -157,7 +157,7 @@ def upload_spec(config: dict[str, Any]) -> list[tuple[str, tuple[int, ...]]]:
     model = method.build_model(cfg, data_info(cfg))
     return [
         (s.name, tuple(s.shape))
-        for s in method.build_wire(model, method.roles(model), cfg).up_spec()
+        for s in method.build_wire(model, method.roles(model, cfg), cfg).up_spec()
     ]
 
 

@@ -98,7 +98,7 @@ class Method:
     disclosure_kinds: tuple[DisclosureKind, ...] = ()
     # why the method has no mean of one global state (so no SecAgg+, DP or robust rule)
     per_client: str = ""
-    # the attacks on its own machinery (pflower.config.schema.METHOD_ATTACKS) it may be run with
+    # the attacks on its own machinery it may be run with (its package's attacks.py, ATTACKS)
     attacks: tuple[str, ...] = ()
     # configs beyond its defaults that change what it discloses (the PRIVACY.md table's rows)
     disclosure_modes: tuple[dict[str, Any], ...] = ()

@@ -188,7 +188,7 @@ def head_personal(model: nn.Module) -> set[str]:
     return {n for n in model.state_dict() if n.startswith("head.")}
 
 
-_BN = (nn.modules.batchnorm._BatchNorm,)
+_BN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)  # torch's public ones
 
 
 def batchnorm_entries(model: nn.Module, running_stats_only: bool = False) -> set[str]:

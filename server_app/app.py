@@ -59,7 +59,7 @@ def build_server(context: Context, overrides: dict[str, Any] | None = None) -> S
     info = data_info(cfg)
     check_against_data(cfg, info.num_classes)
     model = method.build_model(cfg, info)
-    roles = method.roles(model)
+    roles = method.roles(model, cfg)
     recorder = RunRecorder(cfg, extra={"auto_resolved": list(cfg.auto_resolved)})
     checkpoint.clear_stale_personal_state(recorder.dir, cfg.resume_from)
     on = cfg.dataset  # a deployed server reads no data when the run declares the shape

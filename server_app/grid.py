@@ -242,11 +242,6 @@ class PollingGrid(Grid):
             ).start()
         return len(res.messages_list)
 
-    def _runtime_client(self) -> Any:
-        """The wrapped grid if it is Flower's deployed one, else None (what
-        server_app/site_info.py asks; ``deployed()`` says the same)."""
-        return self._grid if self.deployed() else None
-
     def _download(self, client: Any, found: Any, reply_to: str) -> None:
         """One found reply's parts, by Flower's own pull_messages (its retries, its
         receipt to the SuperLink, its error reply when a part never arrives)."""

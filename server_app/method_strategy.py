@@ -21,7 +21,7 @@ def build_method_strategy(
     method: Method, cfg: RunConfig, model: nn.Module, recorder: RunRecorder | None = None
 ) -> PFLStrategy:
     """``method``'s strategy of ``model``, recording to ``recorder``."""
-    roles = method.roles(model)
+    roles = method.roles(model, cfg)
     wire = method.build_wire(model, roles, cfg)
     return strategy_class(method)(
         cfg=cfg,

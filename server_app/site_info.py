@@ -14,7 +14,7 @@ import logging
 import time
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flwr.server.compat.grid_client_proxy import GridClientProxy
 
@@ -24,15 +24,17 @@ from pflower.config.schema import ConfigError, RunConfig
 from pflower.data.sites import data_sites, federation_fit_problem, size_problem
 from strategies.replies import ClassLists, Reply, ask_properties
 
+if TYPE_CHECKING:
+    from server_app.grid import PollingGrid
+
 log = logging.getLogger("flwr.pflower")
 # the project's default federation (in the app: flwr run ships scripts/ with it)
 PROJECT_FEDERATION = Path(__file__).resolve().parents[1] / "scripts" / "federation.toml"
 
 
-def deployed(grid: Any) -> bool:
-    """Whether ``grid`` (a PollingGrid) talks to a SuperLink, not to an in-memory engine."""
-    runtime = getattr(grid, "_runtime_client", None)
-    return callable(runtime) and runtime() is not None
+def deployed(grid: PollingGrid) -> bool:
+    """Whether ``grid`` talks to a SuperLink, not to an in-memory engine."""
+    return grid.deployed()
 
 
 def wait_for_sites(grid: Any, count: int, timeout: float) -> list[int]:

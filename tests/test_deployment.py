@@ -171,9 +171,8 @@ def test_only_the_shared_spec_leaves_the_client(method: str, tmp_path: Path) -> 
     # uploads v^{L-1} for similarity matching, dynamic FedFac whole Lambda layers for factor
     # analysis: their papers' protocols, declared in their wires' up_spec.)
     method_ = methods.get_method(method)
-    roles = method_.roles(
-        method_.build_model(parse_run_config(cfg), data_info(parse_run_config(cfg)))
-    )
+    parsed = parse_run_config(cfg)
+    roles = method_.roles(method_.build_model(parsed, data_info(parsed)), parsed)
     spec = strategy.wire.up_spec()
     assert {s.name.split("#")[0] for s in spec} <= set(roles.shared) | set(roles.personal)
     if type(strategy.wire).up_spec is Wire.up_spec:

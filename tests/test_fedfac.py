@@ -89,7 +89,7 @@ def make(method: str = "fedfac-dynamic", num: int = 4, **over):
     m = get_method(method)
     info = data_info(cfg)
     model = m.build_model(cfg, info)
-    roles = m.roles(model)
+    roles = m.roles(model, cfg)
     strategy = build_method_strategy(m, cfg, model)
     assert isinstance(strategy, FedFacStrategy)
     strategy.bystanders.num_clients = num

@@ -41,21 +41,8 @@ ALLOWED = {
     "TaskIdentity.node_id": "Flower's public setter (server_app/nodes.py, as start_grid)",
 }
 # what the scan names -> where it is and what it waits for (another change owns the file)
-HOOKS = "client_app/build.py _hooked: to call pflower.patches.hooks_left (resident-model-hooks)"
-PENDING = {
-    "getattr(grid, '_runtime_client', None)": (
-        "server_app/site_info.py: PollingGrid's own method under Flower's private name; "
-        "to ask grid.deployed()"
-    ),
-    "getattr(p, '_backward_hooks', None)": HOOKS,
-    "'_forward_hooks'": HOOKS,
-    "'_forward_pre_hooks'": HOOKS,
-    "'_backward_hooks'": HOOKS,
-    "nn.modules.batchnorm._BatchNorm": (
-        "models/roles.py, methods/fedfac/model.py: torch's private base of its batch norms; "
-        "to name the public classes (nn.BatchNorm1d/2d/3d, nn.SyncBatchNorm)"
-    ),
-}
+PENDING: dict[str, str] = {}  # none now: site_info asks grid.deployed(), build.py
+# pflower.patches.hooks_left, roles.py and fedfac name torch's public batch norms
 
 
 # torch's sources whose private names the scan knows: modules, tensors, optimizers

@@ -18,7 +18,7 @@ from models.wire import Wire
 from pflower.config.schema import ConfigError, RunConfig
 
 _SPLITTABLE = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
-_BN = (nn.modules.batchnorm._BatchNorm,)
+_BN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)  # torch's public ones
 
 HELD_OUT = "fa-held-out"  # instruction: the new clients' keys; metric: "I am one"
 PHASE = "fa-phase"  # "share-model" (fit) / "ensemble" (evaluate): the consented Ensemble
@@ -73,26 +73,11 @@ def layer_sizes(model: nn.Module, layers: list[str]) -> dict[str, int]:
     return {layer: int(modules[layer].weight.shape[0]) for layer in layers}
 
 
-LOCAL_BN_STATS = "fedfac_local_bn_stats"  # the model's mark, for a caller that passes no config
-
-
-def mark_bn_stats(model: nn.Module, cfg: RunConfig) -> nn.Module:
-    """The transform: marks the model for ``fedfac_personal`` called without the run
-    config (server_app/method_strategy.py and client_app/method_client.py pass none
-    yet); with it the rule reads ``fedfac.bn-stats`` itself."""
-    setattr(model, LOCAL_BN_STATS, FedFacParams.of(cfg).bn_stats == "local")
-    return model
-
-
-def fedfac_personal(model: nn.Module, cfg: RunConfig | None) -> set[str]:
+def fedfac_personal(model: nn.Module, cfg: RunConfig) -> set[str]:
     """By layer, nothing is personal (the split is per element, decided by factor
     analysis on the server: ``Roles.rows``), except every BatchNorm's running statistics
     under ``fedfac.bn-stats='local'`` (the authors' code averages named_parameters only)."""
-    local = (
-        getattr(model, LOCAL_BN_STATS, False)
-        if cfg is None
-        else FedFacParams.of(cfg).bn_stats == "local"
-    )
+    local = FedFacParams.of(cfg).bn_stats == "local"
     return batchnorm_entries(model, running_stats_only=True) if local else set()
 
 
@@ -261,8 +246,6 @@ class FedFacWire(Wire):
 
 
 MODEL_SIDES = {
-    name: ModelSide(
-        fedfac_personal, transform=mark_bn_stats, check=check_fa_layers, wire=FedFacWire
-    )
+    name: ModelSide(fedfac_personal, check=check_fa_layers, wire=FedFacWire)
     for name in ("fedfac-static", "fedfac-dynamic")
 }
