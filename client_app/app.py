@@ -13,6 +13,7 @@ import logging
 import random
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from flwr.client import Client, ClientApp
@@ -74,7 +75,9 @@ class PolicyRefusal(PublicError):
     """The site refuses a run (its own policy, or SecAgg+ asked for and not used)."""
 
 
-def policy_refusal(node: Any, cfg: RunConfig, message_type: str, masked: bool) -> str | None:
+def policy_refusal(
+    node: Mapping[str, Any] | NodeConfig, cfg: RunConfig, message_type: str, masked: bool
+) -> str | None:
     """Why this site refuses this message of this run, or None (a node config that
     does not parse: the site refuses every message, naming the key)."""
     site = site_name(node)
