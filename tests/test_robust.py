@@ -165,9 +165,7 @@ def test_the_direction_check_keeps_every_honest_site_of_a_clean_round() -> None:
 
 
 def _held(ups: list, counts: list[int], bounds: Bounds, ref: list) -> tuple[list, list, dict]:
-    replies = [
-        Reply(f"c{i}", list(u), n, {}) for i, (u, n) in enumerate(zip(ups, counts))
-    ]
+    replies = [Reply(f"c{i}", list(u), n, {}) for i, (u, n) in enumerate(zip(ups, counts))]
     extra: dict = {}
     kept, reasons = bound_held(1, replies, bounds, NormHistory(3), lambda key: ref, extra)
     return kept, reasons, extra
