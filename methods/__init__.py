@@ -135,7 +135,7 @@ class Method:
             side.check(model, cfg)
         return model
 
-    def roles(self, model: nn.Module, cfg: RunConfig | None = None) -> Roles:
+    def roles(self, model: nn.Module, cfg: RunConfig) -> Roles:
         """The shared and personal entries of ``model`` (``cfg``: the run config, which
         a split rule may read)."""
         from models.roles import Roles

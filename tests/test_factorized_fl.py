@@ -148,7 +148,7 @@ def test_split_rules_alpha_and_beta() -> None:
         cfg = cfg_of(method=method, model="resnet8")
         m = get_method(method)
         model = m.build_model(cfg, CIFAR)
-        roles = m.roles(model)
+        roles = m.roles(model, cfg)
         assert all(
             n.startswith("head.")
             or "running" in n

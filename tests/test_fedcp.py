@@ -88,8 +88,9 @@ def test_mmd_zero_on_itself_and_grows_with_shift() -> None:
 
 
 def test_split_personal_head_only() -> None:
-    model = _model(model="cnn4")
-    roles = METHOD.roles(model)
+    cfg = _cfg(model="cnn4")
+    model = _model(cfg, model="cnn4")
+    roles = METHOD.roles(model, cfg)
     assert roles.personal == ("head.weight", "head.bias")
     assert {n.split(".")[0] for n in roles.shared} == {"features", "global_head", "cpn"}
 
@@ -195,8 +196,9 @@ def test_end_to_end_completes_improves_and_records_pir(tmp_path) -> None:  # noq
         assert all(0.0 < v < 1.0 for v in r["per_client_pir"].values())
         assert r["rejected"] == []
     # what went up each round is exactly the shared part (features, h_g, CPN)
-    model = _model()
-    roles = METHOD.roles(model)
+    cfg = _cfg()
+    model = _model(cfg)
+    roles = METHOD.roles(model, cfg)
     shared_bytes = sum(a.nbytes for a in get_arrays(model, roles.shared))
     assert rounds[0]["bytes_up"] >= 3 * shared_bytes
     assert rounds[0]["bytes_up"] < 3 * shared_bytes + 3 * model.head.weight.numel() * 4
@@ -210,4 +212,4 @@ def test_wraps_resnet18_with_its_fc_as_heads() -> None:
     x = torch.randn(2, 3, 32, 32)
     assert model(x).shape == (2, 10)
     assert torch.equal(model(x), model(x))
-    assert METHOD.roles(model).personal == ("head.weight", "head.bias")
+    assert METHOD.roles(model, cfg).personal == ("head.weight", "head.bias")

@@ -113,7 +113,7 @@ def test_split_personal_is_exactly_a_and_b_and_reverse_swaps() -> None:
         cfg = cfg_of(model="resnet8", **{"feddecomp.reverse": reverse})
         method = get_method("feddecomp")
         net = method.build_model(cfg, DataInfo(IMAGE, 10))
-        roles = method.roles(net)
+        roles = method.roles(net, cfg)
         lora = {n for n in net.state_dict() if ".lora_A" in n or ".lora_B" in n}
         n_layers = sum(isinstance(m, (nn.Linear, nn.Conv2d)) for m in net.modules())
         assert len(lora) == 2 * n_layers
@@ -276,7 +276,7 @@ def test_end_to_end_on_the_default_data(tmp_path: object) -> None:
     cfg = parse_run_config(overrides)
     method = get_method("feddecomp")
     net = method.build_model(cfg, data_info(cfg))
-    roles = method.roles(net)
+    roles = method.roles(net, cfg)
     plain = build_backbone("mlp", (cfg.sim_dim,), 2, hidden=cfg.hidden_dim)
     avg = Roles.of(plain, nothing_personal)
     one = sum(len(ndarray_to_bytes(a)) for a in get_arrays(net, roles.shared))

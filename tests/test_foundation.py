@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("model", ["mlp", "resnet8"])
 def test_roles_are_disjoint_and_cover_the_model(method: str, model: str) -> None:
     net = build_backbone(model, (3, 32, 32), 10)
-    roles = get_method(method).roles(net)
+    roles = get_method(method).roles(net, config(method=method, model=model))
     names = list(net.state_dict())
     assert not set(roles.shared) & set(roles.personal)
     assert sorted(roles.shared + roles.personal) == sorted(names)

@@ -54,7 +54,7 @@ def test_every_method_builds_on_resnet9_and_takes_a_batch(method: str) -> None:
     cfg = parse_run_config(raw_config(method=method, model="resnet9", dataset="images.parquet"))
     m = get_method(method)
     model = m.build_model(cfg, CIFAR)
-    roles = m.roles(model)
+    roles = m.roles(model, cfg)
     assert roles.shared or method == "local"
     model.eval()
     with torch.no_grad():
