@@ -7,7 +7,7 @@ The hook is ours, not a patch of Flower: ``configure_fit`` hands Flower each sam
 client wrapped in a ``FoldingProxy`` whose ``fit`` folds the reply on the thread that
 received it and returns it emptied of its arrays.
 
-The bounds (strategies/robust.py) take their references from a bounded reservoir of
+The bounds (their keys: strategies/robust.py) take their references from a bounded reservoir of
 the round's own replies: the ``RESERVOIR`` sampled nodes whose hash of round and node
 id (in simulation: the client's number, the same in every engine) is smallest, sent
 their instructions first. Replies that arrive before every
@@ -30,7 +30,9 @@ the held path sums the same way, so a streamed and a held round agree.
 
 A round is held when a rule needs every reply at once: SecAgg+, central DP, a method
 whose aggregation is its own (Factorized-FL, FedFac), median or trimmed mean, or
-``streamed-aggregation = false``.
+``streamed-aggregation = false``. A held round's replies are judged by the same rules
+here (``bound_held``: every reply is the reservoir, the centre the round's median
+update), so the bounds are written once.
 """
 
 from __future__ import annotations
