@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from pflower.config.params import MethodParams, NoParams
 from pflower.config.schema import ConfigError, RunConfig
 from pflower.config.schema import parse_run_config as _parse
+from pflower.config.weighting import MeanPart
 from pflower.privacy.disclosure import METRICS, Disclosure, DisclosureKind
 
 if TYPE_CHECKING:
@@ -98,6 +99,9 @@ class Method:
     disclosure_kinds: tuple[DisclosureKind, ...] = ()
     # why the method has no mean of one global state (so no SecAgg+, DP or robust rule)
     per_client: str = ""
+    # its mean in parts, each with its own weights and server step (SCAFFOLD's model and
+    # control variate); empty: every shared array by ``aggregation``, taken as it is
+    means: tuple[MeanPart, ...] = ()
     # the attacks on its own machinery it may be run with (its package's attacks.py, ATTACKS)
     attacks: tuple[str, ...] = ()
     # configs beyond its defaults that change what it discloses (the PRIVACY.md table's rows)
@@ -231,6 +235,7 @@ def _parse_cached(items: tuple[tuple[str, Any], ...]) -> RunConfig:
 
 __all__ = [
     "ConfigError",
+    "MeanPart",
     "Method",
     "foreign_keys",
     "get_method",

@@ -32,4 +32,5 @@ def build_method_strategy(
         default_aggregation=method.aggregation,
         wire=wire,
         holds_replies=method.per_client,
+        means=method.means,
     )

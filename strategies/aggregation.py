@@ -23,9 +23,10 @@ from flwr.server.strategy import Strategy
 
 from models.wire import Wire
 from pflower.config.schema import RunConfig
-from pflower.config.weighting import aggregation_rule
+from pflower.config.weighting import MeanPart, aggregation_rule
 from pflower.results import RunRecorder
 from strategies import kernels, privacy
+from strategies.parts import PartedMean
 from strategies.payloads import Payloads
 from strategies.privacy import secure_decoder
 from strategies.recording import RoundLog, Rounds
@@ -49,12 +50,17 @@ class Aggregation(Strategy):
     rounds: Rounds
 
     def __init__(
-        self, cfg: RunConfig, holds_replies: str = "", default_aggregation: str | None = None
+        self,
+        cfg: RunConfig,
+        holds_replies: str = "",
+        default_aggregation: str | None = None,
+        means: tuple[MeanPart, ...] = (),
     ) -> None:
         super().__init__()
         self.cfg = cfg
         # the card's reason its aggregation needs every reply (empty: a mean, streamed)
         self.holds_replies = holds_replies
+        self.means = means  # the card's mean in parts (empty: one mean of every array)
         if default_aggregation is not None:
             self.default_aggregation = default_aggregation  # the method's rule (methods/)
         self.dp = privacy.DPRelease(cfg)
@@ -75,6 +81,20 @@ class Aggregation(Strategy):
     def aggregation(self) -> str:
         """The rule the round's replies are combined by (the clients weigh by the same)."""
         return aggregation_rule(self.cfg, self.default_aggregation)
+
+    @property
+    def parted(self) -> PartedMean:
+        """Each uploaded array's part of the mean: its weights and its server step."""
+        return PartedMean.of(self.wire.up_spec(), self.means)
+
+    def weigh(self, num_examples: int) -> float | list[float]:
+        """A kept reply's weight in the round's mean (one per array for a parted mean)."""
+        return self.parted.weight(num_examples, self.aggregation == "weighted")
+
+    def next_global(self, before: NDArrays, mean: NDArrays, kept: int) -> NDArrays:
+        """The round's ``mean`` of ``kept`` replies moved to by each part's server step."""
+        size = self.rounds.facts.federation_size or kept
+        return self.parted.moved(before, mean, self.cfg, kept / max(size, 1))
 
     @property
     def held_reason(self) -> str:
@@ -133,7 +153,7 @@ class Aggregation(Strategy):
             places,
             cfg,
             dtypes,
-            weighted=self.aggregation == "weighted",
+            weigh=self.weigh,
             decode=secure_decoder(server_round, cfg, self.spec, {}),
             check=self.check_reply,
             keys=self.clients,
@@ -152,11 +172,11 @@ class Aggregation(Strategy):
     def finish_streamed_round(self, streamed: StreamedRound, server_round: int) -> None:
         """The round's mean becomes the global state (and the reply log's aggregate); its
         update norms join the history, its direction the next round's direction reference."""
-        before = self.global_arrays
-        self.set_global(streamed.sum.mean())
-        if self.reply_log is not None:
+        before, mean = self.global_arrays, streamed.sum.mean()
+        self.set_global(self.next_global(before, mean, len(streamed.kept)))
+        if self.reply_log is not None:  # the replies' mean, which the log's replay remakes
             done = self.rounds.offset + server_round
-            self.reply_log.aggregate(server_round, done, self.global_arrays, len(streamed.kept))
+            self.reply_log.aggregate(server_round, done, mean, len(streamed.kept))
         self.spare_sum = streamed.sum.release()
         self.norm_history.changed(before, self.global_arrays)
         self.norm_history.add(streamed.norms)
@@ -203,4 +223,5 @@ class Aggregation(Strategy):
     def aggregate(self, server_round: int, replies: list[Reply]) -> None:
         """Turn the accepted replies into the next global shared tensors."""
         if self.spec:
-            self.set_global(mean_by_rule(replies, self.aggregation, self.cfg.trim_fraction))
+            mean = mean_by_rule(replies, self.aggregation, self.cfg.trim_fraction, self.weigh)
+            self.set_global(self.next_global(self.global_arrays, mean, len(replies)))

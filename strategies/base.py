@@ -34,6 +34,7 @@ from torch import nn
 from models.roles import DP_PARTICIPANTS, TensorSpec
 from models.wire import Wire
 from pflower.config.schema import RunConfig
+from pflower.config.weighting import MeanPart
 from pflower.results import RunRecorder
 from strategies import budget, checkpoint
 from strategies.aggregation import Aggregation
@@ -80,13 +81,14 @@ class PFLStrategy(Aggregation):
         default_aggregation: str | None = None,
         wire: Wire | None = None,
         holds_replies: str = "",
+        means: tuple[MeanPart, ...] = (),
     ) -> None:
         if type(self).aggregate is not PFLStrategy.aggregate and not holds_replies:
             raise TypeError(
                 f"{type(self).__name__} overrides aggregate, but its method's card does not "
                 "say why its aggregation needs every reply at once (Method.per_client)"
             )
-        super().__init__(cfg, holds_replies, default_aggregation)
+        super().__init__(cfg, holds_replies, default_aggregation, means)
         self.spec = spec
         self.wire = wire if wire is not None else Wire.of_spec(spec)
         spill = recorder.dir / "client-payloads" if recorder is not None else None

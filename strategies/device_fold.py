@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from strategies.kernels import per_array
+
 NDArrays = list[np.ndarray]
 
 
@@ -58,40 +60,42 @@ class DeviceRunningMean:
         self.hi: list[torch.Tensor] = []
         self.lo: list[torch.Tensor] = []
         self.dtypes: list[np.dtype] = []
-        self.total = 0.0
+        self.totals: list[float] = []  # each array's sum of weights
         self.count = 0
 
-    def add(self, arrays: NDArrays, weight: float) -> None:
+    def add(self, arrays: NDArrays, weight: float | list[float]) -> None:
         if not self.count:
             self.hi = [
                 torch.zeros(a.shape, dtype=torch.float64, device=self.device) for a in arrays
             ]
             self.lo = [torch.zeros_like(h) for h in self.hi]
             self.dtypes = [a.dtype for a in arrays]
+            self.totals = [0.0] * len(arrays)
         elif len(arrays) != len(self.hi):
             raise ValueError(f"{len(arrays)} tensors, the sum has {len(self.hi)}")
-        for a, hi, lo in zip(arrays, self.hi, self.lo):
+        weights = per_array(weight, len(arrays))
+        for i, (a, hi, lo) in enumerate(zip(arrays, self.hi, self.lo)):
             if tuple(a.shape) != tuple(hi.shape):
                 raise ValueError(f"a tensor of shape {a.shape} where the sum has {tuple(hi.shape)}")
-            term = on_device(a, self.device).to(torch.float64) * float(weight)
+            term = on_device(a, self.device).to(torch.float64) * weights[i]
             total = hi + term
             back = total - hi
             lo += (term - back) + (hi - (total - back))
             hi.copy_(total)
-        self.total += weight
+            self.totals[i] += weights[i]
         self.count += 1
 
     def mean(self) -> NDArrays:
         if not self.count:
             raise ValueError("an empty sum has no mean")
         out = []
-        for hi, lo, dtype in zip(self.hi, self.lo, self.dtypes):
-            mean = ((hi + lo) / self.total).cpu().numpy()
+        for hi, lo, dtype, total in zip(self.hi, self.lo, self.dtypes, self.totals):
+            mean = ((hi + lo) / total).cpu().numpy()
             out.append(mean.astype(dtype))
         return out
 
     def release(self) -> None:
-        self.hi, self.lo, self.dtypes, self.total, self.count = [], [], [], 0.0, 0
+        self.hi, self.lo, self.dtypes, self.totals, self.count = [], [], [], [], 0
         return None
 
 

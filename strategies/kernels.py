@@ -235,3 +235,12 @@ def warm(dtypes: tuple[np.dtype, ...], projection: bool) -> threading.Thread:
     thread = threading.Thread(target=build, name="kernels-warm", daemon=True)
     thread.start()
     return thread
+
+
+def per_array(weight: float | list[float], arrays: int) -> list[float]:
+    """A reply's weight for each of its ``arrays`` (one number: the same for each)."""
+    if isinstance(weight, list):
+        if len(weight) != arrays:
+            raise ValueError(f"{len(weight)} weights for {arrays} tensors")
+        return [float(w) for w in weight]
+    return [float(weight)] * arrays

@@ -71,7 +71,7 @@ class ReplyLog:
         node: int | None,
         client_key: str,
         received: str,
-        weight: float,
+        weight: float | list[float],
         arrays: NDArrays,
     ) -> None:
         """One reply, as it was added to round ``server_round``'s sum (run-wide round
@@ -120,5 +120,7 @@ def replay(run_dir: Path, replies: list[dict[str, Any]]) -> NDArrays:
     total = RunningMean()
     for entry in sorted(replies, key=lambda e: e["seq"]):
         with np.load(run_dir / REPLIES / entry["file"]) as z:
-            total.add([z[f"arr_{i}"] for i in range(len(z.files))], float(entry["weight"]))
+            weight = entry["weight"]  # one per array where the method's mean is in parts
+            weight = [float(w) for w in weight] if isinstance(weight, list) else float(weight)
+            total.add([z[f"arr_{i}"] for i in range(len(z.files))], weight)
     return total.mean()

@@ -256,9 +256,14 @@ class RunningMean:
         self.hi: list[np.ndarray] = []
         self.lo: list[np.ndarray] = []
         self.dtypes: list[np.dtype] = []
-        self.total = 0.0
+        self.totals: list[float] = []  # each array's sum of weights
         self.count = 0
         self.spare = spare
+
+    @property
+    def total(self) -> float:
+        """The sum of the weights (of the first array: a parted sum has one per array)."""
+        return self.totals[0] if self.totals else 0.0
 
     def _start(self, arrays: NDArrays) -> None:
         spare, self.spare = self.spare, None
@@ -270,22 +275,26 @@ class RunningMean:
             self.hi = [np.zeros(a.shape, np.float64) for a in arrays]
             self.lo = [np.zeros(a.shape, np.float64) for a in arrays]
         self.dtypes = [a.dtype for a in arrays]
+        self.totals = [0.0] * len(arrays)
 
-    def add(self, arrays: NDArrays, weight: float) -> None:
+    def add(self, arrays: NDArrays, weight: float | list[float]) -> None:
+        """Add ``arrays`` times ``weight`` (one per array: a method's mean in parts,
+        strategies/parts.py)."""
         if not self.count:
             self._start(arrays)
         elif len(arrays) != len(self.hi):
             raise ValueError(f"{len(arrays)} tensors, the sum has {len(self.hi)}")
+        weights = kernels.per_array(weight, len(arrays))
         add = kernels.two_sum()
-        for a, hi, lo in zip(arrays, self.hi, self.lo):
+        for i, (a, hi, lo) in enumerate(zip(arrays, self.hi, self.lo)):
             if a.shape != hi.shape:
                 raise ValueError(f"a tensor of shape {a.shape} where the sum has {hi.shape}")
             # other dtypes convert exactly, or as numpy's float64 multiply would
             flat = np.ascontiguousarray(a).reshape(-1)
             if flat.dtype not in kernels.COMPILED_DTYPES:
                 flat = flat.astype(np.float64)
-            add(flat, float(weight), hi.reshape(-1), lo.reshape(-1))
-        self.total += weight
+            add(flat, weights[i], hi.reshape(-1), lo.reshape(-1))
+            self.totals[i] += weights[i]
         self.count += 1
 
     def mean(self) -> NDArrays:
@@ -293,23 +302,23 @@ class RunningMean:
         if not self.count:
             raise ValueError("an empty sum has no mean")
         out = []
-        for hi, lo, dtype in zip(self.hi, self.lo, self.dtypes):
+        for hi, lo, dtype, total in zip(self.hi, self.lo, self.dtypes, self.totals):
             if dtype in kernels.COMPILED_DTYPES:  # numpy's bits, without its temporaries
                 into = np.empty(hi.shape, dtype)
-                kernels.mean_of()(hi.reshape(-1), lo.reshape(-1), self.total, into.reshape(-1))
+                kernels.mean_of()(hi.reshape(-1), lo.reshape(-1), total, into.reshape(-1))
                 out.append(into)
             else:
-                out.append(((hi + lo) / self.total).astype(dtype))
+                out.append(((hi + lo) / total).astype(dtype))
         return out
 
     def release(self) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
         """The sum's buffers for the next sum to reuse (this one is empty after)."""
         buffers = (self.hi, self.lo) if self.count else None
-        self.hi, self.lo, self.dtypes, self.total, self.count = [], [], [], 0.0, 0
+        self.hi, self.lo, self.dtypes, self.totals, self.count = [], [], [], [], 0
         return buffers
 
 
-def weighted_mean(arrays: list[NDArrays], weights: list[float]) -> NDArrays:
+def weighted_mean(arrays: list[NDArrays], weights: list[float] | list[list[float]]) -> NDArrays:
     """Per-tensor weighted mean (``RunningMean``: a streamed round's sum, so a held and
     a streamed round agree), cast back to each tensor's dtype."""
     total = RunningMean()
@@ -318,10 +327,18 @@ def weighted_mean(arrays: list[NDArrays], weights: list[float]) -> NDArrays:
     return total.mean()
 
 
-def mean_by_rule(replies: list[Any], rule: str, trim: float) -> NDArrays:
+def mean_by_rule(
+    replies: list[Any],
+    rule: str,
+    trim: float,
+    weigh: Callable[[int], float | list[float]] | None = None,
+) -> NDArrays:
     """The replies' arrays combined by ``rule``: weighted (by sample count), mean
-    (equal weights), median or trimmed-mean."""
+    (equal weights), median or trimmed-mean; ``weigh``: a reply's sample count -> its
+    weight, one per array where a method's mean is in parts (strategies/parts.py)."""
     arrays = [r.arrays for r in replies]
     if rule in ("median", "trimmed-mean"):
         return robust_mean(arrays, rule, trim)
-    return weighted_mean(arrays, [1.0 if rule == "mean" else r.num_examples for r in replies])
+    if weigh is None:
+        weigh = lambda count: 1.0 if rule == "mean" else float(count)  # noqa: E731
+    return weighted_mean(arrays, [weigh(r.num_examples) for r in replies])

@@ -267,7 +267,7 @@ class StreamedRound:
         members: set[int],
         bounds: Bounds,
         history: list[float],
-        weighted: bool,
+        weigh: Callable[[int], float | list[float]],
         decode: Callable[[NDArrays], NDArrays],
         check: Callable[..., str | None],
         keys: ClientKeys,
@@ -278,7 +278,7 @@ class StreamedRound:
         limit: float | None = None,
     ) -> None:
         self.round, self.bounds, self.history = server_round, bounds, history
-        self.weighted = weighted
+        self.weigh = weigh  # a reply's sample count -> its weight (one per array, or one)
         self.direction = direction  # the last streamed round's unit update, if any
         self.decode, self.check, self.keys, self.reference_of = decode, check, keys, reference_of
         # max-abs-value: the values are checked in the moments' pass (None: by ``check``)
@@ -421,7 +421,7 @@ class StreamedRound:
                 self.norms.append(verdict.norm)
                 if self.held:  # kept whole, at its capped weight, for the round's rule
                     continue
-                weight = float(reply.num_examples) if self.weighted else 1.0
+                weight = self.weigh(reply.num_examples)
                 self.sum.add(reply.arrays, weight)
                 if self.log is not None:
                     node, arrived = self.origins.pop(id(reply), (None, ""))
@@ -449,7 +449,7 @@ def open_round(
     cfg: RunConfig,
     dtypes: set[np.dtype],
     *,
-    weighted: bool,
+    weigh: Callable[[int], float | list[float]],
     decode: Callable[[NDArrays], NDArrays],
     check: Callable[..., str | None],
     keys: ClientKeys,
@@ -469,7 +469,7 @@ def open_round(
         reservoir_nodes(server_round, node_ids, cfg.stream_reservoir, places) if bounded else set(),
         bounds,
         history.values(),
-        weighted,
+        weigh,
         decode,
         check,
         keys,
@@ -499,7 +499,7 @@ def bound_held(
         {0},  # a reservoir: the references are fixed from the replies below
         bounds,
         history.values(),
-        weighted=False,
+        weigh=lambda count: 1.0,
         decode=lambda arrays: arrays,
         check=lambda *args, **kwargs: None,
         keys=ClientKeys(None),

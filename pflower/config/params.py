@@ -76,6 +76,8 @@ class MethodSpec(Protocol):
     name: str
     params: type[MethodParams]
     per_client: str  # why it has no mean of one global state to protect ("": it has)
+    aggregation: str  # its rule unless the config sets one: weighted | mean
+    means: tuple[Any, ...]  # its mean's parts (pflower.config.weighting.MeanPart)
     attacks: tuple[str, ...]  # the attacks on its own machinery it may be run with
 
     def defaults(self, raw: dict[str, Any]) -> dict[str, Any]:

@@ -48,6 +48,23 @@ def _per_client(info: ValidationInfo) -> str:
     return getattr(spec, "per_client", "") if spec is not None else ""
 
 
+def _parts_weighed_apart(aggregation: str, dp_mode: str, info: ValidationInfo) -> str:
+    """Which of the method's mean's parts weighs otherwise than the run's rule ('' if
+    none: the whole upload takes one weight, as SecAgg+ needs)."""
+    spec = (info.context or {}).get("spec")
+    if spec is None or dp_mode != "off":  # DP averages every part with equal weights
+        return ""
+    rule = spec.aggregation if aggregation == "default" else aggregation
+    equal = [p.prefix for p in spec.means if p.weights == "equal"]
+    if not equal or rule != "weighted":
+        return ""
+    return (
+        f"with aggregation='weighted' it averages {equal[0]}* with equal weights and the "
+        "rest by sample count, and SecAgg+ scales a whole upload by one weight (use "
+        "aggregation='mean')"
+    )
+
+
 class TaskKeys(BaseModel):
     """What to run: the method, the data and how it is split, the model."""
 
@@ -243,7 +260,7 @@ class RunConfig(TaskKeys):
     def _secure_aggregation_fits_the_method(self, info: ValidationInfo) -> RunConfig:
         if not self.secure_aggregation:
             return self
-        why = _per_client(info)
+        why = _per_client(info) or _parts_weighed_apart(self.aggregation, self.dp_mode, info)
         if why:
             raise ValueError(
                 f"config key 'secure-aggregation': method '{self.method}' cannot use it: {why}"
