@@ -9,6 +9,7 @@ Methods override ``local_train`` (the schedule) and, where they need to, the
 
 from __future__ import annotations
 
+import copy
 import logging
 import zlib
 from dataclasses import dataclass, field
@@ -102,6 +103,29 @@ def train_every_parameter(
         loss_fn=client.loss,
         optimizer=optimizer,
     )
+
+
+def fine_tuned_copy(client: PFLClient, epochs: int) -> nn.Module:
+    """A copy of ``client``'s model after ``epochs`` of the run's optimizer on every
+    parameter and its own train split, on its own seeded stream (the same at every
+    evaluation, so two scores of one model agree)."""
+    tuned = copy.deepcopy(client.model)
+    cfg = client.cfg
+    generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + client.seed_offset)
+    params = list(tuned.parameters())
+    x, y = client.x_train, client.y_train
+    train_epochs(tuned, params, x, y, epochs, cfg, generator, loss_fn=client.loss)
+    return tuned
+
+
+def score_fine_tuned(client: PFLClient, epochs: int) -> tuple[float, dict[str, Scalar]]:
+    """``client``'s score of its ``fine_tuned_copy`` (``accuracy``) beside its model's
+    own (``accuracy-global``). The copy is dropped: it never leaves the client."""
+    tuned = fine_tuned_copy(client, epochs)
+    extra: dict[str, float] = {}
+    loss, acc = evaluate(tuned, client.x_test, client.y_test, extra=extra)
+    _, acc_global = evaluate(client.model, client.x_test, client.y_test)
+    return loss, {"accuracy": acc, "accuracy-global": acc_global, **extra}
 
 
 def settle(client: PFLClient, received: bool) -> None:

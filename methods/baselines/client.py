@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
 from flwr.common import Scalar
 
-from client_app.base import PFLClient
-from client_app.train import evaluate, train_epochs
+from client_app.base import PFLClient, score_fine_tuned
+from client_app.train import train_epochs
 from methods.baselines import FedAvgFTParams, FedRepParams
 
 
@@ -35,21 +34,7 @@ class FedAvgFTClient(PFLClient):
     and the next round starts from the global model again."""
 
     def score(self) -> tuple[float, dict[str, Scalar]]:
-        tuned = copy.deepcopy(self.model)
-        generator = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self.seed_offset)
-        train_epochs(
-            tuned,
-            list(tuned.parameters()),
-            self.x_train,
-            self.y_train,
-            FedAvgFTParams.of(self.cfg).finetune_epochs,
-            self.cfg,
-            generator,
-        )
-        extra: dict[str, float] = {}
-        loss, acc = evaluate(tuned, self.x_test, self.y_test, extra=extra)
-        _, acc_global = evaluate(self.model, self.x_test, self.y_test)
-        return loss, {"accuracy": acc, "accuracy-global": acc_global, **extra}
+        return score_fine_tuned(self, FedAvgFTParams.of(self.cfg).finetune_epochs)
 
 
 CLIENTS = {"fedrep": FedRepClient, "fedavg-ft": FedAvgFTClient}
