@@ -21,7 +21,7 @@ from pydantic import Field
 
 from methods import Method
 from methods.baselines import baseline_schedule
-from pflower.config.params import MethodParams
+from pflower.config.params import MethodParams, check_proximal_pull
 from pflower.config.schema import RunConfig
 
 
@@ -39,15 +39,7 @@ class DittoParams(MethodParams):
         return {"personal-epochs": epochs if ok else 1}
 
     def check(self, cfg: RunConfig) -> None:
-        # The pull alone is a quadratic of curvature lambda; SGD with momentum beta on
-        # it converges only while lr * lambda < 2 (1 + beta) (heavy-ball's stability
-        # bound): past it the personal model diverges from the first epoch.
-        if cfg.optimizer == "sgd" and cfg.lr * self.lam >= 2 * (1 + cfg.momentum):
-            raise ValueError(
-                f"config key 'ditto.lambda' ({self.lam}) with lr {cfg.lr} and momentum "
-                f"{cfg.momentum}: SGD diverges on the proximal term when lr * lambda >= "
-                f"2 * (1 + momentum) = {2 * (1 + cfg.momentum):g}; lower 'ditto.lambda' or 'lr'"
-            )
+        check_proximal_pull("ditto.lambda", self.lam, cfg)
 
 
 METHODS = (

@@ -21,7 +21,7 @@ from pydantic import Field
 
 from methods import Method
 from methods.baselines import baseline_schedule
-from pflower.config.params import MethodParams
+from pflower.config.params import MethodParams, check_proximal_pull
 from pflower.config.schema import RunConfig
 
 
@@ -31,14 +31,7 @@ class FedProxParams(MethodParams):
     mu: float = Field(0.01, alias="mu", ge=0)  # the pull of the local model to w_g
 
     def check(self, cfg: RunConfig) -> None:
-        # The term alone is a quadratic of curvature mu; SGD with momentum beta on it
-        # converges only while lr * mu < 2 (1 + beta) (heavy-ball's stability bound).
-        if cfg.optimizer == "sgd" and cfg.lr * self.mu >= 2 * (1 + cfg.momentum):
-            raise ValueError(
-                f"config key 'fedprox.mu' ({self.mu}) with lr {cfg.lr} and momentum "
-                f"{cfg.momentum}: SGD diverges on the proximal term when lr * mu >= "
-                f"2 * (1 + momentum) = {2 * (1 + cfg.momentum):g}; lower 'fedprox.mu' or 'lr'"
-            )
+        check_proximal_pull("fedprox.mu", self.mu, cfg)
 
 
 METHODS = (

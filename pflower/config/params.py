@@ -84,3 +84,16 @@ class MethodSpec(Protocol):
         """The method's values for the common ``auto`` keys (its paper's local
         schedule, ...) given the raw config."""
         ...
+
+
+def check_proximal_pull(key: str, strength: float, cfg: RunConfig) -> None:
+    """A pull ``strength``/2 ||w - anchor||^2 alone is a quadratic of that curvature; SGD
+    with momentum beta converges on it only while lr * strength < 2 (1 + beta)
+    (heavy-ball's stability bound): past it the pulled model diverges from the first
+    epoch. ValueError naming ``key`` (a method's namespaced key) if it would."""
+    if cfg.optimizer == "sgd" and cfg.lr * strength >= 2 * (1 + cfg.momentum):
+        raise ValueError(
+            f"config key '{key}' ({strength}) with lr {cfg.lr} and momentum "
+            f"{cfg.momentum}: SGD diverges on the proximal term when lr * {key.split('.')[-1]} "
+            f">= 2 * (1 + momentum) = {2 * (1 + cfg.momentum):g}; lower '{key}' or 'lr'"
+        )
