@@ -153,14 +153,6 @@ def reply_metrics(client: PFLClient, metrics: dict, evaluation: dict) -> dict[st
     return sent
 
 
-def personal_nbytes(client: PFLClient) -> int:
-    """The bytes ``personal_state`` holds (read off the model, without a copy)."""
-    if type(client).personal_state is not PFLClient.personal_state:
-        return sum(a.nbytes for a in client.personal_state().values())
-    state = client.model.state_dict()
-    return sum(state[n].numel() * state[n].element_size() for n in client.roles.personal)
-
-
 @dataclass(frozen=True)
 class ClientSetup:
     """What the builder decides of a client beside its model, data and store
@@ -291,6 +283,13 @@ class PFLClient(NumPyClient):
         return torch.Generator().manual_seed(
             self.cfg.seed * 1_000_003 + server_round * 7919 + self.seed_offset
         )
+
+    @classmethod
+    def personal_bytes(cls, model: nn.Module, roles: Roles, wire: Wire) -> int:
+        """The bytes a client of this class keeps as personal state for ``model`` (read
+        off the model before the client is built: its store is chosen by it)."""
+        state = model.state_dict()
+        return sum(state[n].numel() * state[n].element_size() for n in roles.personal)
 
     def personal_state(self) -> dict[str, np.ndarray]:
         """What survives between rounds: the personal tensors (plus method extras)."""

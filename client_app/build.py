@@ -11,7 +11,8 @@ import copy
 import hashlib
 import logging
 import threading
-from functools import lru_cache
+from collections.abc import Callable
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from torch import nn
 
 from client_app import timing
 from client_app.attacks import Attacker, flip_labels
-from client_app.base import ClientSetup, PFLClient, personal_nbytes
+from client_app.base import ClientSetup, PFLClient
 from client_app.codec import FastClient
 from client_app.devices import pick_device
 from client_app.errors import name_site
@@ -226,10 +227,11 @@ def build_numpy_client(context: Context, overrides: dict[str, Any] | None = None
     data = load_client_data(cfg, partition_id, num_partitions, data_path, cache_dir)
     check_site_data(cfg, data, f"site '{site}'" if node.deployed_site else site)
     timing.mark("data")
-    store: PersonalStore = (
+    # a site's on disk; a simulated client's chosen by the bytes its state will take
+    store: PersonalStore | Callable[[int], PersonalStore] = (
         DiskStore(node.state_dir, experiment_id(cfg, model), site)
         if node.state_dir
-        else ContextStore(context)
+        else partial(simulation_store, cfg, context, site, num_partitions=num_partitions)
     )
     attacker = cfg.attack != "none" and partition_id < cfg.attack_clients
     attacker = attacker and not node.deployed_site
@@ -251,15 +253,13 @@ def build_numpy_client(context: Context, overrides: dict[str, Any] | None = None
         stale=(template, keep) if resident and keep else None,
     )
     client = build_method_client(method, model, data, cfg, store, device, site, setup)
-    if not node.state_dir:  # simulation: in memory, or on disk past the budget
-        client.store = simulation_store(cfg, context, client, num_partitions)
     if attacker and cfg.attack != "label-flip":  # simulated hostile client (client_app/attacks.py)
         return Attacker(client, cfg.attack, cfg.attack_scale, cfg.seed + partition_id)
     return client
 
 
 def simulation_store(
-    cfg: RunConfig, context: Context, client: Any, num_partitions: int
+    cfg: RunConfig, context: Context, client_key: str, nbytes: int, num_partitions: int
 ) -> PersonalStore:
     """Where a simulated client keeps its personal state: in its node's context (the
     engine holds the contexts of the nodes that hold state, in memory), or, when the
@@ -273,7 +273,7 @@ def simulation_store(
     resumed = resumed_personal_state(cfg)
     if resumed is None and cfg.personal_state != "disk":
         holders = clients_that_train(num_partitions, cfg.num_server_rounds, cfg.fraction_fit)
-        total = holders * personal_nbytes(client)
+        total = holders * nbytes
         if cfg.personal_state == "memory" or total <= cfg.personal_state_budget_mb * 2**20:
             if cfg.resume_from and total:
                 _warn_once(
@@ -284,7 +284,7 @@ def simulation_store(
             return ContextStore(context)
     output = Path(cfg.output_dir).expanduser().resolve()
     run_dir = output / cfg.run_name if cfg.run_name else output / f"run-{context.run_id}"
-    return RoundStore(run_dir / PERSONAL_STATE_DIR, client.client_key, resumed)
+    return RoundStore(run_dir / PERSONAL_STATE_DIR, client_key, resumed)
 
 
 def resumed_personal_state(cfg: RunConfig) -> Path | None:

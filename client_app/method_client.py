@@ -3,6 +3,8 @@ the base's schedule, built on the model, roles and wire the server builds alike.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -23,15 +25,19 @@ def build_method_client(
     model: nn.Module,
     data: ClientData,
     cfg: RunConfig,
-    store: PersonalStore,
+    store: PersonalStore | Callable[[int], PersonalStore],
     device: torch.device,
     client_key: str,
     setup: ClientSetup | None = None,
 ) -> PFLClient:
     """``method``'s client of ``model`` on ``device``, as ``setup`` says (a bare
-    client's defaults when None)."""
+    client's defaults when None). ``store``: where it keeps its personal state, or a
+    choice of it by the bytes that state takes (``PFLClient.personal_bytes``), made
+    before the client is built."""
     model = model.to(device)
     roles = method.roles(model, cfg)
     wire = method.build_wire(model, roles, cfg)
     cls = client_class(method)
+    if callable(store):  # a choice by size (a store is not callable)
+        store = store(cls.personal_bytes(model, roles, wire))
     return cls(model, roles, data, cfg, store, device, client_key, wire, setup=setup)

@@ -8,6 +8,7 @@ import ast
 import itertools
 from pathlib import Path
 
+import pytest
 from flwr.common import Context, RecordDict
 
 from client_app.base import ClientSetup, PFLClient
@@ -60,9 +61,9 @@ def test_a_built_client_has_what_its_node_decides_from_its_constructor() -> None
     assert bare.weight_by_samples and not bare.withhold_metrics and bare.stale is None
 
 
-def test_the_builder_sets_no_attribute_on_a_built_client_but_its_store() -> None:
-    """Everything but the simulation store (sized by the built client's personal
-    state) goes to the constructor."""
+def test_the_builder_sets_no_attribute_on_a_built_client() -> None:
+    """Everything, the simulation store too (chosen by the personal state's bytes,
+    read off the model before the client is built), goes to the constructor."""
     tree = ast.parse(BUILD.read_text())
     set_after = [
         target.attr
@@ -73,4 +74,15 @@ def test_the_builder_sets_no_attribute_on_a_built_client_but_its_store() -> None
         and isinstance(target.value, ast.Name)
         and target.value.id == "client"
     ]
-    assert set_after == ["store"], set_after
+    assert set_after == [], set_after
+
+
+@pytest.mark.parametrize("method", method_names())
+def test_the_store_is_sized_by_what_the_built_client_keeps(method: str) -> None:
+    """``personal_bytes``, read off the model before the client exists, is what the
+    built client's ``personal_state`` holds (the simulation store is chosen by it)."""
+    from tests.helpers import config, make_client
+
+    client, _ = make_client(config(method=method))
+    held = sum(a.nbytes for a in client.personal_state().values())
+    assert type(client).personal_bytes(client.model, client.roles, client.wire) == held

@@ -88,13 +88,15 @@ def test_resuming_a_run_that_kept_its_state_in_memory_says_the_state_is_gone(
         {"method": "fedper", "personal-state": "memory", "resume-from": str(old), "seed": 11}
     )
     client, context = make_client(cfg, 0, 2)
+    nbytes = type(client).personal_bytes(client.model, client.roles, client.wire)
+    assert nbytes > 0  # fedper's head
     with caplog.at_level(logging.WARNING, logger="flwr.pflower"):
-        store = simulation_store(cfg, context, client, 2)
+        store = simulation_store(cfg, context, client.client_key, nbytes, 2)
     assert isinstance(store, ContextStore)
     assert "personal parts start afresh" in caplog.text
     # with the state on disk there, the run reads it
     (old / PERSONAL_STATE_DIR).mkdir()
-    store = simulation_store(cfg, context, client, 2)
+    store = simulation_store(cfg, context, client.client_key, nbytes, 2)
     assert isinstance(store, RoundStore) and store.fallback is not None
 
 

@@ -28,7 +28,8 @@ from client_app.base import PFLClient, message_round
 from client_app.train import evaluate, train_epochs
 from methods.fedfac import PERSONAL_ROWS, FedFacParams
 from methods.fedfac.model import HELD_OUT, PHASE, FedFacWire
-from models.roles import CLIENT_KEY, get_arrays, set_arrays
+from models.roles import CLIENT_KEY, Roles, get_arrays, set_arrays
+from models.wire import Wire
 
 _LOCAL = "fedfac.local."
 
@@ -60,6 +61,15 @@ class FedFacClient(PFLClient):
         return F.cross_entropy(model(x), y, reduction=FedFacParams.of(self.cfg).ce_reduction)
 
     # ---- personal state: own values of every Lambda entry ------------------------------------
+
+    @classmethod
+    def personal_bytes(cls, model: nn.Module, roles: Roles, wire: Wire) -> int:
+        """The base personal tensors plus this client's own values of every Lambda entry."""
+        if not isinstance(wire, FedFacWire):
+            raise TypeError(f"FedFac's client needs FedFac's wire, not {type(wire).__name__}")
+        state, own = model.state_dict(), list(wire.layer_of)
+        extra = sum(state[n].numel() * state[n].element_size() for n in own)
+        return super().personal_bytes(model, roles, wire) + extra
 
     def personal_state(self) -> dict[str, np.ndarray]:
         state = super().personal_state()
