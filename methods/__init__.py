@@ -99,6 +99,8 @@ class Method:
     disclosure_kinds: tuple[DisclosureKind, ...] = ()
     # why the method has no mean of one global state (so no SecAgg+, DP or robust rule)
     per_client: str = ""
+    # its name in PFLlib d832e76 (system/main.py's -algo): it then has profile='pfllib'
+    pfllib: str = ""
     # its mean in parts, each with its own weights and server step (SCAFFOLD's model and
     # control variate); empty: every shared array by ``aggregation``, taken as it is
     means: tuple[MeanPart, ...] = ()

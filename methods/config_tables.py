@@ -99,7 +99,8 @@ def settings_markdown() -> str:
 
 def profile_rows(shown: tuple[str, ...]) -> list[str]:
     """What ``profile = "authors"`` resolves to, for each method that has it, on its
-    authors' backbone (docs/factorized_fl.md, docs/fedfac.md say where each comes from)."""
+    authors' backbone (docs/factorized_fl.md, docs/fedfac.md say where each comes from),
+    and ``profile = "pfllib"`` for each method PFLlib has."""
     out = [
         '## profile = "authors"',
         "",
@@ -121,6 +122,27 @@ def profile_rows(shown: tuple[str, ...]) -> list[str]:
         own = [f"{k}={data[f'{ns}.{k}']}" for k in method.params.auto_keys]
         cells = [str(data[k]) for k in shown] + [", ".join(own)]
         out.append(f"| `{name}` | {model} | " + " | ".join(cells) + " |")
+    out += [
+        "",
+        '## profile = "pfllib"',
+        "",
+        "Every `auto` key as PFLlib d832e76's `system/main.py` runs the method by default,",
+        "on its 4-layer CNN (`cnn4` here); where that default makes the method degenerate",
+        "(FedProx's and Ditto's mu = 0) ours stays, and the card says so. The column",
+        "`PFLlib` is the method's name there (`-algo`).",
+        "",
+        "| method | PFLlib | " + " | ".join(shown) + " | method keys |",
+        "|---" * (len(shown) + 3) + "|",
+    ]
+    for name, method in registry().items():
+        if not method.pfllib:
+            continue
+        raw = {"method": name, "model": "cnn4", "dataset": "images.parquet", "profile": "pfllib"}
+        data = _parse(raw, registry()).as_dict()
+        ns = method.params.namespace
+        own = [f"{k}={data[f'{ns}.{k}']}" for k in method.params.auto_keys]
+        cells = [str(data[k]) for k in shown] + [", ".join(own)]
+        out.append(f"| `{name}` | {method.pfllib} | " + " | ".join(cells) + " |")
     return [*out, ""]
 
 

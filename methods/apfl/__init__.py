@@ -37,7 +37,11 @@ def _positive(value: Any) -> float | None:
 
 class ApflParams(MethodParams):
     namespace: ClassVar[str] = "apfl"
-    auto_keys: ClassVar[tuple[str, ...]] = ("alpha-lr", "alpha-decay")
+    auto_keys: ClassVar[tuple[str, ...]] = ("alpha-lr", "alpha-decay", "alpha", "variant")
+    # PFLlib: -al 1.0 (main.py:465) and its reading of the schedule (docs/apfl.md)
+    profile_keys: ClassVar[dict[str, dict[str, Any]]] = {
+        "pfllib": {"alpha": 1.0, "variant": "pfllib"}
+    }
 
     # the mixing weight of the local model, where alpha starts (the authors' code's 0.5)
     alpha: float = Field(0.5, alias="alpha", ge=0, le=1)
@@ -85,6 +89,7 @@ METHODS = (
     Method(
         "apfl",
         params=ApflParams,
+        pfllib="APFL",
         schedule=baseline_schedule,
         disclosures=apfl_disclosures,
         disclosure_kinds=(LOCAL_MODEL_TRACK,),

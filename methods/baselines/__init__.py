@@ -38,14 +38,15 @@ class FedAvgFTParams(MethodParams):
 
 
 METHODS = (
-    Method("fedavg", schedule=baseline_schedule),
+    Method("fedavg", schedule=baseline_schedule, pfllib="FedAvg"),
     Method("fedavg-ft", params=FedAvgFTParams, schedule=baseline_schedule),
     Method(
         "local",
         schedule=baseline_schedule,
+        pfllib="Local",
         per_client="nothing leaves a client, so there is nothing to aggregate",
     ),
-    Method("fedper", schedule=baseline_schedule),
-    Method("fedrep", params=FedRepParams, schedule=baseline_schedule),
-    Method("fedbn", schedule=baseline_schedule),
+    Method("fedper", schedule=baseline_schedule, pfllib="FedPer"),
+    Method("fedrep", params=FedRepParams, schedule=baseline_schedule, pfllib="FedRep"),
+    Method("fedbn", schedule=baseline_schedule, pfllib="FedBN"),
 )

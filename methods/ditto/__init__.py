@@ -47,5 +47,8 @@ METHODS = (
         "ditto",
         params=DittoParams,
         schedule=baseline_schedule,
+        # PFLlib's -mu default 0 (main.py:449) leaves the personal model unpulled (Local's):
+        # the profile keeps ours, lambda 1
+        pfllib="Ditto",
     ),
 )

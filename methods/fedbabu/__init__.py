@@ -20,7 +20,7 @@ the baselines' per backbone, not tuned.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -31,6 +31,9 @@ from pflower.config.params import MethodParams
 
 class FedBABUParams(MethodParams):
     namespace: ClassVar[str] = "fedbabu"
+    auto_keys: ClassVar[tuple[str, ...]] = ("finetune-epochs",)
+    # PFLlib's -fte 10 (main.py:471)
+    profile_keys: ClassVar[dict[str, dict[str, Any]]] = {"pfllib": {"finetune-epochs": 10}}
 
     # epochs of fine-tuning the whole model before each evaluation (0: score the
     # received body with the random head, as PFLlib does in every round but the last)
@@ -42,5 +45,6 @@ METHODS = (
         "fedbabu",
         params=FedBABUParams,
         schedule=baseline_schedule,
+        pfllib="FedBABU",
     ),
 )

@@ -22,6 +22,9 @@ from pflower.privacy.disclosure import Disclosure, DisclosureKind
 
 class FedCPParams(MethodParams):
     namespace: ClassVar[str] = "fedcp"
+    auto_keys: ClassVar[tuple[str, ...]] = ("mmd-lambda",)
+    # PFLlib's -lam 1.0 (main.py:447); the paper's 5 is ours
+    profile_keys: ClassVar[dict[str, dict[str, Any]]] = {"pfllib": {"mmd-lambda": 1.0}}
 
     mmd_lambda: float = Field(5.0, alias="mmd-lambda", ge=0)
     noisy_eval: bool = Field(False, alias="noisy-eval")  # the CPN's gumbel noise at evaluation
@@ -61,6 +64,7 @@ def paper_schedule(raw: dict[str, Any]) -> dict[str, Any]:
 METHODS = (
     Method(
         "fedcp",
+        pfllib="FedCP",
         params=FedCPParams,
         schedule=paper_schedule,
         disclosures=fedcp_disclosures,

@@ -39,5 +39,7 @@ METHODS = (
         "fedprox",
         params=FedProxParams,
         schedule=baseline_schedule,
+        # PFLlib's -mu default 0 (main.py:449) is FedAvg: the profile keeps ours, 0.01
+        pfllib="FedProx",
     ),
 )

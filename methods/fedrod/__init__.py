@@ -23,5 +23,6 @@ METHODS = (
     Method(
         "fedrod",
         schedule=baseline_schedule,
+        pfllib="FedROD",
     ),
 )

@@ -20,5 +20,6 @@ METHODS = (
     Method(
         "lg-fedavg",
         schedule=baseline_schedule,
+        pfllib="LG-FedAvg",
     ),
 )

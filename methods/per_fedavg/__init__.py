@@ -35,7 +35,11 @@ from pflower.config.params import MethodParams
 
 class PerFedAvgParams(MethodParams):
     namespace: ClassVar[str] = "per-fedavg"
-    auto_keys: ClassVar[tuple[str, ...]] = ("beta",)
+    auto_keys: ClassVar[tuple[str, ...]] = ("beta", "alpha", "variant")
+    # PFLlib: alpha = beta = -lr 0.005 (clientperavg.py:13-16), the first-order step only
+    profile_keys: ClassVar[dict[str, dict[str, Any]]] = {
+        "pfllib": {"alpha": 0.005, "variant": "first-order"}
+    }
 
     alpha: float = Field(0.01, alias="alpha", gt=0)  # the inner (personalisation) step
     beta: float = Field(0.05, alias="beta", gt=0)  # the outer (meta) step; auto: lr
@@ -58,5 +62,6 @@ METHODS = (
         aggregation="mean",
         params=PerFedAvgParams,
         schedule=baseline_schedule,
+        pfllib="PerAvg",
     ),
 )

@@ -68,6 +68,7 @@ METHODS = (
     Method(
         "scaffold",
         aggregation="mean",  # the paper's Algorithm 1: both means unweighted
+        pfllib="SCAFFOLD",
         params=ScaffoldParams,
         schedule=baseline_schedule,
         disclosures=scaffold_disclosures,

@@ -20,6 +20,20 @@ if TYPE_CHECKING:
 SCHEDULE_KEYS = ("local-epochs", "batch-size", "optimizer", "lr", "momentum", "weight-decay")
 AUTO_KEYS = (*SCHEDULE_KEYS, "augment", "eval-in-fit")
 
+# profile = "pfllib": every method's local schedule as PFLlib d832e76's system/main.py
+# runs it by default (-lbs 10 :399, -lr 0.005 :400, -ls 1 :407; torch.optim.SGD without
+# momentum or weight decay, clientbase.py), on its 4-layer CNN (-m CNN: FedAvgCNN); every
+# client every round (-jr 1 :410) is our fraction-fit default already
+PFLLIB_MODEL = "cnn4"
+PFLLIB_SCHEDULE = {
+    "local-epochs": 1,
+    "batch-size": 10,
+    "optimizer": "sgd",
+    "lr": 0.005,
+    "momentum": 0.0,
+    "weight-decay": 0.0,
+}
+
 
 def is_image(raw: dict[str, Any]) -> bool:
     """Whether the run's data are images: every data set but the generated study."""
@@ -40,7 +54,8 @@ def resolve_auto(raw: dict[str, Any], spec: MethodSpec) -> tuple[dict[str, Any],
     def pending(key: str) -> bool:
         return out.get(key, AUTO) == AUTO
 
-    wanted = spec.defaults(out)
+    profile = out.get("profile", "ours")
+    wanted = PFLLIB_SCHEDULE if profile == "pfllib" else spec.defaults(out)
     for key in SCHEDULE_KEYS:
         if pending(key) and key in wanted:
             out[key] = wanted[key]
@@ -54,9 +69,15 @@ def resolve_auto(raw: dict[str, Any], spec: MethodSpec) -> tuple[dict[str, Any],
         resolved.append("eval-in-fit")
     ns = spec.params.namespace
     own = [k for k in spec.params.auto_keys if pending(f"{ns}.{k}")]
+    # a profile's values first: the method's ``auto`` may read them (APFL's variant)
+    given = spec.params.profile_keys.get(str(profile), {})
+    for key in [k for k in own if k in given]:
+        out[f"{ns}.{key}"] = given[key]
+        resolved.append(f"{ns}.{key}")
+    own = [k for k in own if k not in given]
     if own:
         values = spec.params.auto(out)
         for key in own:
-            out[f"{ns}.{key}"] = values[key]
+            out[f"{ns}.{key}"] = values[key] if key in values else spec.params.default(key)
             resolved.append(f"{ns}.{key}")
     return out, resolved

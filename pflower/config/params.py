@@ -32,6 +32,9 @@ class MethodParams(BaseModel):
     # of its paper) and, where its authors' code ran otherwise, ``authors``
     profiles: ClassVar[tuple[str, ...]] = ("ours",)
     authors_model: ClassVar[str] = ""  # the backbone the ``authors`` profile runs
+    # each profile's values of this method's keys where they differ from its own
+    # defaults (profile -> key -> value); each such key is one of ``auto_keys``
+    profile_keys: ClassVar[dict[str, dict[str, Any]]] = {}
 
     @classmethod
     def auto(cls, raw: dict[str, Any]) -> dict[str, Any]:
@@ -61,6 +64,12 @@ class MethodParams(BaseModel):
         return cfg.params
 
     @classmethod
+    def default(cls, key: str) -> Any:
+        """The field default of the key ``key`` (its alias): an auto key's value where
+        neither ``auto`` nor the profile gives one."""
+        return cls.model_fields[cls.keys()[key]].default
+
+    @classmethod
     def keys(cls) -> dict[str, str]:
         """Key (alias) -> field name."""
         return {(f.alias or name): name for name, f in cls.model_fields.items()}
@@ -76,6 +85,7 @@ class MethodSpec(Protocol):
     name: str
     params: type[MethodParams]
     per_client: str  # why it has no mean of one global state to protect ("": it has)
+    pfllib: str  # its name in PFLlib d832e76 ("": PFLlib has none, so no 'pfllib' profile)
     aggregation: str  # its rule unless the config sets one: weighted | mean
     means: tuple[Any, ...]  # its mean's parts (pflower.config.weighting.MeanPart)
     attacks: tuple[str, ...]  # the attacks on its own machinery it may be run with

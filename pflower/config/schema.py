@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
-from pflower.config.defaults import SCHEDULE_KEYS, resolve_auto
+from pflower.config.defaults import PFLLIB_MODEL, SCHEDULE_KEYS, resolve_auto
 from pflower.config.params import AUTO, MethodParams, MethodSpec, NoParams
 
 PARTITIONERS = ("iid", "dirichlet", "dirichlet-client", "pathological", "natural", "domain")
@@ -46,6 +46,26 @@ def _per_client(info: ValidationInfo) -> str:
     """Why the method has no mean of one global state ('' if it has one)."""
     spec = (info.context or {}).get("spec")
     return getattr(spec, "per_client", "") if spec is not None else ""
+
+
+def _profile_problem(method: str, profile: str, model: str, info: ValidationInfo) -> str:
+    """Why ``profile`` cannot run (one line naming the key), or ''."""
+    spec = (info.context or {}).get("spec")
+    profiles = ("ours",)
+    if spec is not None:
+        profiles = spec.params.profiles + (("pfllib",) if spec.pfllib else ())
+    if profile not in profiles:
+        return (
+            f"config key 'profile': method '{method}' has no '{profile}' profile (it has "
+            f"{', '.join(repr(p) for p in profiles)})"
+        )
+    if profile == "pfllib" and model != PFLLIB_MODEL:
+        return (
+            f"config key 'model': profile 'pfllib' runs PFLlib's 4-layer CNN "
+            f"(FedAvgCNN, system/flcore/trainmodel/models.py), ours '{PFLLIB_MODEL}': set "
+            f"model='{PFLLIB_MODEL}' (and image data), or another profile"
+        )
+    return ""
 
 
 def _parts_weighed_apart(aggregation: str, dp_mode: str, info: ValidationInfo) -> str:
@@ -106,9 +126,10 @@ class TaskKeys(BaseModel):
     feature_columns: str = _field("", alias="feature-columns")
     categorical_columns: str = _field("", alias="categorical-columns")
     model: Literal["logreg", "mlp", "cnn4", "resnet8", "resnet9", "resnet10", "resnet18"] = "mlp"
-    # every ``auto`` key as our reading of the method's paper sets it, or as its
-    # authors' code ran it (Factorized-FL, FedFac: docs/factorized_fl.md, docs/fedfac.md)
-    profile: Literal["ours", "authors"] = "ours"
+    # every ``auto`` key as our reading of the method's paper sets it, as its authors'
+    # code ran it (Factorized-FL, FedFac: docs/factorized_fl.md, docs/fedfac.md), or as
+    # PFLlib d832e76's system/main.py runs it by default (pflower/config/defaults.py)
+    profile: Literal["ours", "authors", "pfllib"] = "ours"
     hidden_dim: int = _field(200, alias="hidden-dim", ge=1)
     pretrained_weights: str = _field("", alias="pretrained-weights")
 
@@ -294,13 +315,9 @@ class RunConfig(TaskKeys):
 
     @model_validator(mode="after")
     def _profile_fits_the_method(self, info: ValidationInfo) -> RunConfig:
-        spec = (info.context or {}).get("spec")
-        profiles = spec.params.profiles if spec is not None else ("ours",)
-        if self.profile not in profiles:
-            raise ValueError(
-                f"config key 'profile': method '{self.method}' has no '{self.profile}' "
-                f"profile (it has {', '.join(repr(p) for p in profiles)})"
-            )
+        why = _profile_problem(self.method, self.profile, self.model, info)
+        if why:
+            raise ValueError(why)
         return self
 
     @model_validator(mode="after")
