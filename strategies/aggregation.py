@@ -89,10 +89,15 @@ class Aggregation(Strategy):
 
     def weigh(self, num_examples: int) -> float | list[float]:
         """A kept reply's weight in the round's mean (one per array for a parted mean)."""
-        return self.parted.weight(num_examples, self.aggregation == "weighted")
+        weighted = self.aggregation == "weighted"
+        if not self.means:
+            return float(num_examples) if weighted else 1.0
+        return self.parted.weight(num_examples, weighted)
 
     def next_global(self, before: NDArrays, mean: NDArrays, kept: int) -> NDArrays:
         """The round's ``mean`` of ``kept`` replies moved to by each part's server step."""
+        if not self.means:
+            return mean
         size = self.rounds.facts.federation_size or kept
         return self.parted.moved(before, mean, self.cfg, kept / max(size, 1))
 
