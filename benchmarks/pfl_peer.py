@@ -38,11 +38,19 @@ VENV = Path(__file__).resolve().parents[1] / ".venv-pfl"
 
 def pfl_python() -> Path:
     """The environment's interpreter, made (venv, ``.pth``, ``pip install``) if missing."""
-    python = VENV / "bin" / "python"
-    ready = VENV / ".installed"
+    return peer_python(VENV, [f"pfl[pytorch]=={PFL_VERSION}"], f"pfl-research {PFL_VERSION}")
+
+
+def peer_python(venv: Path, packages: list[str], what: str) -> Path:
+    """A peer framework's interpreter in ``venv``, made if missing: a venv that sees
+    ours underneath (a ``.pth``: the same torch and numpy), ``packages`` installed into
+    it (they win); ``what`` names the peer in the error when the package index is out
+    of reach (benchmarks/pfllib_peer.py makes PFLlib's the same way)."""
+    python = venv / "bin" / "python"
+    ready = venv / ".installed"
     if ready.exists():
         return python
-    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     target = subprocess.run(
         [str(python), "-c", "import site; print(site.getsitepackages()[0])"],
         check=True,
@@ -50,12 +58,12 @@ def pfl_python() -> Path:
         text=True,
     ).stdout.strip()
     (Path(target) / "_product_venv.pth").write_text(site.getsitepackages()[0] + "\n")
-    pip = [str(python), "-m", "pip", "install", "-q", f"pfl[pytorch]=={PFL_VERSION}"]
+    pip = [str(python), "-m", "pip", "install", "-q", *packages]
     done = subprocess.run(pip, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(
-            f"installing pfl-research {PFL_VERSION} into {VENV} failed (it needs the package "
-            f"index once): {done.stderr.strip()[-400:]}"
+            f"installing {what} into {venv} failed (it needs the package index once): "
+            f"{done.stderr.strip()[-400:]}"
         )
     ready.touch()
     return python
