@@ -723,9 +723,7 @@ def ours_config(
         )
     else:
         raise ValueError(f"source {source!r}: 'folders' or 'parquet'")
-    if method == "fedprox":
-        config["mu"] = 0.01  # as -mu 0.01
-    return config
+    return config  # FedProx's mu: ours, 0.01, as `run` passes PFLlib -mu 0.01
 
 
 def loader_counts(config: dict[str, Any], clients: int) -> list[dict[str, Any]]:

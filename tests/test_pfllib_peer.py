@@ -329,3 +329,16 @@ def test_every_mapped_algorithm_is_one_main_py_knows() -> None:
     main = (peer.pfllib_checkout() / "system" / "main.py").read_text()
     for name in [*peer.METHODS.values(), *peer.ALIASES.values()]:
         assert f'args.algorithm == "{name}"' in main, name
+
+
+@pytest.mark.parametrize("method", sorted(peer.METHODS))
+def test_our_side_of_each_mapped_method_is_a_valid_run_config(method: str, tmp_path: Path) -> None:
+    """``run-ours``'s config for every mapped method parses (profile='pfllib', cnn4),
+    so a grid's runs of ours do not fail on a key after PFLlib's side has run."""
+    from methods import parse_run_config
+
+    folders = [str(tmp_path / f"client-{i}") for i in range(2)]
+    manifest = {"clients": 2, "client_folders": folders, "class_names": list(NAMES)}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    cfg = parse_run_config(peer.ours_config(tmp_path, method, 0, 1))
+    assert (cfg.profile, cfg.model, cfg.lr, cfg.batch_size) == ("pfllib", "cnn4", 0.005, 10)
