@@ -138,3 +138,9 @@ def test_the_payload_carries_the_model_and_c_and_nothing_personal() -> None:
 def test_a_short_federation_runs_with_the_method_name_alone(tmp_path) -> None:
     res = short_federation("scaffold", tmp_path)
     assert np.isfinite(res["final_accuracy_mean"])
+
+
+def test_adam_is_refused_naming_the_key() -> None:
+    # option II reads the local steps as SGD steps of size lr (docs/scaffold.md)
+    with pytest.raises(ConfigError, match="config key 'optimizer'"):
+        parse_run_config(raw_config(method="scaffold", optimizer="adam"))

@@ -32,6 +32,17 @@ class ScaffoldParams(MethodParams):
     # eta_g: the paper's Algorithm 1 and its experiments use 1 (PFLlib's -slr too)
     server_lr: float = Field(1.0, alias="server-lr", gt=0)
 
+    def check(self, cfg: RunConfig) -> None:
+        # option II's c_i+ = c_i - c + (x - y) / (K lr) reads the K steps as SGD steps of
+        # size lr; Adam's steps are not, and the control variates then drive the model
+        # off (measured on Fed-Heart-Disease, docs/scaffold.md)
+        if cfg.optimizer != "sgd":
+            raise ValueError(
+                f"config key 'optimizer': SCAFFOLD's control variates assume SGD steps "
+                f"(option II divides the model's change by K x lr), got '{cfg.optimizer}': "
+                "use optimizer='sgd'"
+            )
+
 
 CONTROL_UPDATE = DisclosureKind(
     "control-variate-update",
