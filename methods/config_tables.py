@@ -114,14 +114,8 @@ def profile_rows(shown: tuple[str, ...]) -> list[str]:
         if "authors" not in method.params.profiles:
             continue
         model = method.params.authors_model
-        raw = {"method": name, "model": model, "dataset": "images.parquet", "profile": "authors"}
-        if model == "resnet18":
-            raw["pretrained-weights"] = "imagenet"
-        data = _parse(raw, registry()).as_dict()
-        ns = method.params.namespace
-        own = [f"{k}={data[f'{ns}.{k}']}" for k in method.params.auto_keys]
-        cells = [str(data[k]) for k in shown] + [", ".join(own)]
-        out.append(f"| `{name}` | {model} | " + " | ".join(cells) + " |")
+        extra = {"pretrained-weights": "imagenet"} if model == "resnet18" else {}
+        out.append(_profile_row(name, "authors", model, model, shown, extra))
     out += [
         "",
         '## profile = "pfllib"',
@@ -135,15 +129,26 @@ def profile_rows(shown: tuple[str, ...]) -> list[str]:
         "|---" * (len(shown) + 3) + "|",
     ]
     for name, method in registry().items():
-        if not method.pfllib:
-            continue
-        raw = {"method": name, "model": "cnn4", "dataset": "images.parquet", "profile": "pfllib"}
-        data = _parse(raw, registry()).as_dict()
-        ns = method.params.namespace
-        own = [f"{k}={data[f'{ns}.{k}']}" for k in method.params.auto_keys]
-        cells = [str(data[k]) for k in shown] + [", ".join(own)]
-        out.append(f"| `{name}` | {method.pfllib} | " + " | ".join(cells) + " |")
+        if method.pfllib:
+            out.append(_profile_row(name, "pfllib", "cnn4", method.pfllib, shown))
     return [*out, ""]
+
+
+def _profile_row(
+    name: str,
+    profile: str,
+    model: str,
+    label: str,
+    shown: tuple[str, ...],
+    extra: dict[str, str] | None = None,
+) -> str:
+    """One method's row of a profile's table: ``shown`` and its own auto keys."""
+    raw = {"method": name, "model": model, "dataset": "images.parquet", "profile": profile}
+    data = _parse({**raw, **(extra or {})}, registry()).as_dict()
+    params = registry()[name].params
+    own = [f"{k}={data[f'{params.namespace}.{k}']}" for k in params.auto_keys]
+    cells = [str(data[k]) for k in shown] + [", ".join(own)]
+    return f"| `{name}` | {label} | " + " | ".join(cells) + " |"
 
 
 if __name__ == "__main__":

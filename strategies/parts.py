@@ -27,11 +27,6 @@ class PartedMean:
         first = lambda name: next((p for p in means if name.startswith(p.prefix)), None)  # noqa: E731
         return cls(tuple(first(s.name) for s in spec))
 
-    @property
-    def whole(self) -> bool:
-        """One weight and no step for every array: the plain mean."""
-        return all(p is None or (p.weights == "rule" and p.step is None) for p in self.parts)
-
     def weight(self, num_examples: int, weighted: bool) -> float | list[float]:
         """A reply's weight: one number where every array takes the run's rule, else one
         per array (an ``equal`` part's arrays weigh 1 whatever the rule)."""

@@ -27,6 +27,15 @@ def test_only_the_clients_control_variate_stays_home() -> None:
     assert {f"own_control.{n.replace('.', '__')}" for n in params} == personal
 
 
+def _gradient_at_start(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> list:
+    """The plain loss's gradient at the model as it stands, on the whole split."""
+    net.zero_grad()
+    F.cross_entropy(net(x), y).backward()
+    g = [p.grad.detach().clone() for p in net.parameters()]
+    net.zero_grad()
+    return g
+
+
 def _one_step_client(**keys):
     # one batch holds the whole split: one local step per epoch
     cfg = config(method="scaffold", **{"batch-size": 10_000, "local-epochs": 1, "momentum": 0.0, "weight-decay": 0.0, **keys})  # fmt: skip
@@ -43,11 +52,7 @@ def test_one_local_step_is_corrected_by_c_minus_c_i_and_c_i_becomes_the_gradient
     c = [t.clone() for t in m.control.of(net)]
     c_i = [t.clone() for t in m.own_control.of(net)]
     x = [p.detach().clone() for p in net.parameters()]
-    # the gradient of the plain loss at x, on the whole split
-    net.zero_grad()
-    F.cross_entropy(net(client.x_train), client.y_train).backward()
-    g = [p.grad.detach().clone() for p in net.parameters()]
-    net.zero_grad()
+    g = _gradient_at_start(net, client.x_train, client.y_train)
     client.local_train({}, torch.Generator().manual_seed(0))
     lr = cfg.lr
     for w, w0, gi, cg, ci in zip(net.parameters(), x, g, c, c_i):
@@ -64,10 +69,7 @@ def test_with_zero_controls_the_step_is_fedavgs() -> None:
     _, client = _one_step_client()
     net = client.model.net
     x = [p.detach().clone() for p in net.parameters()]
-    net.zero_grad()
-    F.cross_entropy(net(client.x_train), client.y_train).backward()
-    g = [p.grad.detach().clone() for p in net.parameters()]
-    net.zero_grad()
+    g = _gradient_at_start(net, client.x_train, client.y_train)
     client.local_train({}, torch.Generator().manual_seed(0))
     for w, w0, gi in zip(net.parameters(), x, g):
         assert torch.allclose(w.detach(), w0 - client.cfg.lr * gi, atol=1e-6)

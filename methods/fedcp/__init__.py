@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from methods import Method
+from pflower.config.defaults import PFLLIB_SCHEDULE
 from pflower.config.params import MethodParams
 from pflower.config.schema import RunConfig
 from pflower.privacy.disclosure import Disclosure, DisclosureKind
@@ -51,14 +52,8 @@ def fedcp_disclosures(cfg: RunConfig) -> tuple[Disclosure, ...]:
 
 
 def paper_schedule(raw: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "local-epochs": 1,
-        "batch-size": 10,
-        "optimizer": "sgd",
-        "lr": 0.005,
-        "momentum": 0.0,
-        "weight-decay": 0.0,
-    }
+    # the paper's schedule is PFLlib's default (FedCP's authors wrote PFLlib)
+    return dict(PFLLIB_SCHEDULE)
 
 
 METHODS = (
