@@ -690,6 +690,50 @@ def run(
     return res
 
 
+# ----------------------------------------------------------------------------- a preset's cells
+
+PARTITION = REPO / "outputs" / "pfllib" / "partition"
+# the dev set, where benchmarks/presets.py's CIFAR10_DEV finds it (presets imports this
+# module, so this one does not import presets)
+DEV_SET = (
+    Path(os.environ.get("PFLOWER_DATA_DIR") or REPO.parent / "shared" / "data")
+    / "cifar10-dev-12k.parquet"
+)
+
+
+def preset_partition(what: str, partition: Path = PARTITION, data: Path = DEV_SET) -> str:
+    """A preset's ``{pfllib-partition}`` (``what='partition'``: the per-client folders,
+    comma-separated, for ``client-data-paths``) or ``{pfllib-classes}`` (``'classes'``:
+    their class names, for ``class-names``). The partition is made once, from the dev
+    set and the PFLlib checkout at $PFLLIB_DIR (a one-line stop without one)."""
+    if not (partition / "manifest.json").is_file():
+        print(f"making PFLlib's partition of {data.name} in {partition}", flush=True)
+        make_partition(None, data, partition)
+    manifest = json.loads((partition / "manifest.json").read_text())
+    return ",".join(manifest["client_folders" if what == "partition" else "class_names"])
+
+
+def run_preset_cell(config: dict[str, Any], rounds: int, out: Path) -> dict[str, Any]:
+    """A preset cell of engine ``pfllib``: PFLlib's run of the config's method and seed
+    for ``rounds`` on the partition its ``client-data-paths`` name (``run``). Its
+    results.json keeps the cell's config, so the runner knows the cell complete, and
+    PFLlib's own under ``pfllib``."""
+    folders = [p for p in str(config.get("client-data-paths", "")).split(",") if p]
+    if not folders or not (Path(folders[0]).parents[1] / "manifest.json").is_file():
+        raise SystemExit(
+            "engine 'pfllib' runs on PFLlib's partition: client-data-paths = '{pfllib-partition}'"
+        )
+    method = str(config.get("method", ""))
+    if method not in METHODS:
+        raise SystemExit(f"engine 'pfllib': PFLlib has no {method!r}; it has {sorted(METHODS)}")
+    out.mkdir(parents=True, exist_ok=True)
+    partition = Path(folders[0]).parents[1]
+    res = run(None, partition, METHODS[method], int(config.get("seed", 0)), rounds, out)
+    res["pfllib"], res["config"] = res["config"], config
+    (out / "results.json").write_text(json.dumps(res, indent=1))
+    return res
+
+
 # ----------------------------------------------------------------------------- our side
 
 
@@ -840,6 +884,66 @@ def table(paths: list[Path]) -> str:
     return "\n".join(lines)
 
 
+def _stats(values: list[float]) -> str:
+    """``mean (sd)`` in percent over seeds (the value alone for one seed)."""
+    pct = [100 * v for v in values]
+    if len(pct) < 2:
+        return f"{pct[0]:.1f}" if pct else "not run"
+    return f"{np.mean(pct):.1f} ({np.std(pct, ddof=1):.1f})"
+
+
+def paired_table(csv_path: Path, rounds: int = 30, tolerance: float = 3.0) -> str:
+    """The pfllib-methods preset's cells (its report's CSV, one row per cell) paired by
+    method: best pooled and best mean accuracy on each side (mean and sample sd over the
+    seeds both sides ran to ``rounds``), ours minus PFLlib in points, whether ours is
+    within ``tolerance`` points or above, and seconds per client-round on each side
+    (the median round after the first over the clients, every client training every
+    round; PFLlib's round includes its evaluation)."""
+    import csv
+
+    found: dict[str, dict[str, dict[int, dict[str, str]]]] = {}
+    with csv_path.open() as f:
+        for row in csv.DictReader(f):
+            if int(row["rounds"]) < rounds:
+                continue  # a cell stopped early, or a shorter trial
+            side = row["row"].rsplit(" ", 1)[-1]
+            found.setdefault(row["method"], {}).setdefault(side, {})[int(row["seed"])] = row
+    lines = [
+        "| method | seeds | PFLlib best pooled | ours best pooled | ours − PFLlib (points) "
+        f"| within {tolerance:g} or above | PFLlib best mean | ours best mean "
+        "| PFLlib s / client-round | ours s / client-round |",
+        "|---|---|---:|---:|---:|---|---:|---:|---:|---:|",
+    ]
+    for method in [m for m in METHODS if m in found]:
+        sides = found[method]
+        seeds = sorted(set(sides.get("pfllib", {})) & set(sides.get("ours", {})))
+        if not seeds:
+            continue
+        theirs = [sides["pfllib"][s] for s in seeds]
+        ours = [sides["ours"][s] for s in seeds]
+
+        def col(rows: list[dict[str, str]], key: str) -> list[float]:
+            return [float(r[key]) for r in rows]
+
+        def per_client(rows: list[dict[str, str]]) -> float:
+            return float(np.mean([float(r["seconds_per_round"]) / int(r["clients"]) for r in rows]))
+
+        gap = 100 * float(
+            np.mean(col(ours, "best_accuracy_pooled"))
+            - np.mean(col(theirs, "best_accuracy_pooled"))
+        )
+        lines.append(
+            f"| {method} | {', '.join(map(str, seeds))} "
+            f"| {_stats(col(theirs, 'best_accuracy_pooled'))} "
+            f"| {_stats(col(ours, 'best_accuracy_pooled'))} | {gap:+.1f} "
+            f"| {'yes' if gap >= -tolerance else 'no'} "
+            f"| {_stats(col(theirs, 'best_accuracy_mean'))} "
+            f"| {_stats(col(ours, 'best_accuracy_mean'))} "
+            f"| {per_client(theirs):.2f} | {per_client(ours):.2f} |"
+        )
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------- the CLI
 
 
@@ -887,13 +991,20 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--source", choices=("folders", "parquet"), default="folders")
     tab = sub.add_parser("table", help="a markdown table of results.json files")
     tab.add_argument("results", type=Path, nargs="+")
+    paired = sub.add_parser("report", help="the pfllib-methods preset's runs, paired by method")
+    paired.add_argument(
+        "--csv",
+        type=Path,
+        default=REPO / "docs" / "results" / "pfllib-methods-runs" / "pfllib-methods.csv",
+        help="the preset's report CSV (python -m benchmarks run pfllib-methods writes it)",
+    )
+    paired.add_argument("--rounds", type=int, default=30, help="cells with fewer are left out")
+    paired.add_argument("--out", type=Path, help="write the table here too")
     args = parser.parse_args(argv)
     runs = REPO / "outputs" / "pfllib" / "runs"
     if args.command == "make-partition":
-        from benchmarks.presets import CIFAR10_DEV
-
         manifest = make_partition(
-            args.pfllib, args.data or CIFAR10_DEV, args.out, args.clients, args.alpha, args.seed
+            args.pfllib, args.data or DEV_SET, args.out, args.clients, args.alpha, args.seed
         )
         for c in manifest["per_client"]:
             print(
@@ -934,6 +1045,11 @@ def main(argv: list[str] | None = None) -> int:
         wrong = check_partition(args.partition, args.source)
         print("\n".join(wrong) or f"our loader ({args.source}) reads the manifest's counts")
         return 1 if wrong else 0
+    elif args.command == "report":
+        text = paired_table(args.csv, args.rounds)
+        if args.out:
+            args.out.write_text(text + "\n")
+        print(text)
     else:
         print(table(args.results))
     return 0

@@ -9,7 +9,10 @@ cell runs in); every other key is a run-config key.
 String values may name data: ``{dev}`` (the CIFAR-10 dev set),
 ``{dev:N}`` (a seeded N-row subset of it), ``{fashion}`` (Fashion-MNIST),
 ``{dev-domains:K}`` (K per-domain image folders, comma-separated: for ``client-data-paths``),
-``{fed-heart-disease}`` (the four hospitals' table, built from ../shared/data once).
+``{fed-heart-disease}`` (the four hospitals' table, built from ../shared/data once),
+``{pfllib-partition}`` and ``{pfllib-classes}`` (PFLlib's ``dir`` partition of the dev set
+as per-client folders, and their class names: benchmarks/pfllib_peer.py, made once from a
+PFLlib checkout at $PFLLIB_DIR).
 ``equal-budget = "fedavg"`` gives every row that method's local schedule
 (docs/PRESETS.md has the whole format, with an example).
 """
@@ -48,7 +51,7 @@ TOP_LEVEL = (
 )
 ENGINES = (
     *("inprocess", "simulation", "flwr-run", "plain", "floor", "deployment", "deployment-warm"),
-    "pfl",
+    *("pfl", "pfllib"),
 )
 
 
@@ -337,11 +340,16 @@ def resolve(value: Any) -> Any:
         return heart_parquet()
     if value in WEIGHT_FILES:
         return WEIGHT_FILES[value]()
+    if value in ("{pfllib-partition}", "{pfllib-classes}"):
+        from benchmarks.pfllib_peer import preset_partition
+
+        return preset_partition(value.strip("{}").split("-")[1])
     match = re.fullmatch(r"\{(dev|fashion|dev-domains)(?::(\d+))?\}", value)
     if not match:
         raise SystemExit(
             f"unknown data placeholder {value!r}: {{dev}}, {{dev:N}}, {{fashion}}, "
-            "{dev-domains:K}, {fed-heart-disease}, " + ", ".join(WEIGHT_FILES)
+            "{dev-domains:K}, {fed-heart-disease}, {pfllib-partition}, {pfllib-classes}, "
+            + ", ".join(WEIGHT_FILES)
         )
     if match[1] == "fashion":
         return fashion_parquet()

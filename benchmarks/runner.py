@@ -13,7 +13,9 @@ Engines (what one cell runs; the first three through the real Strategy and Clien
 * ``floor``: FedAvg's local training on every core and nothing else, one process and
   one torch thread a core (benchmarks/floor.py): the least a round can cost here;
 * ``pfl``: FedAvg on the same clients' data and initial weights in pfl-research, in
-  its own environment (benchmarks/pfl_peer.py).
+  its own environment (benchmarks/pfl_peer.py);
+* ``pfllib``: the cell's method and seed as PFLlib runs them, on PFLlib's partition that
+  the cell's ``client-data-paths`` name, in PFLlib's environment (benchmarks/pfllib_peer.py).
 A cell is complete when its results.json holds every round for the same config. A
 preset's ``probe`` (below: FedFac's index recovery, DualFed's linear probe) adds numbers
 computed from the finished run.
@@ -90,6 +92,10 @@ def run_cell_here(spec_json: str) -> None:
         _deployment(cell, warm=cell.engine == "deployment-warm")
     elif cell.engine == "pfl":
         _pfl_research(cell)
+    elif cell.engine == "pfllib":
+        from benchmarks.pfllib_peer import run_preset_cell
+
+        run_preset_cell(cell.config, cell.rounds, cell.dir)
     elif cell.engine == "floor":
         from benchmarks.floor import run_floor
 

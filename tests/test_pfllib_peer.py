@@ -342,3 +342,118 @@ def test_our_side_of_each_mapped_method_is_a_valid_run_config(method: str, tmp_p
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     cfg = parse_run_config(peer.ours_config(tmp_path, method, 0, 1))
     assert (cfg.profile, cfg.model, cfg.lr, cfg.batch_size) == ("pfllib", "cnn4", 0.005, 10)
+
+
+# ----------------------------------------------------------------------------- the preset
+
+
+def fake_partition(root: Path) -> list[str]:
+    folders = [str(root / "clients" / f"client-{i}") for i in range(2)]
+    manifest = {"clients": 2, "client_folders": folders, "class_names": list(NAMES)}
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    return folders
+
+
+def test_preset_placeholders_read_the_partition_manifest(tmp_path: Path) -> None:
+    folders = fake_partition(tmp_path)
+    assert peer.preset_partition("partition", tmp_path) == ",".join(folders)
+    assert peer.preset_partition("classes", tmp_path) == ",".join(NAMES)
+
+
+def test_a_preset_partition_without_checkout_is_one_line(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("PFLLIB_DIR", raising=False)
+    with pytest.raises(peer.PfllibMissing, match="get it with: git clone"):
+        peer.preset_partition("partition", tmp_path / "none")
+
+
+def test_a_pfllib_cell_is_complete_to_the_runner_and_refuses_what_pfllib_lacks(
+    monkeypatch, tmp_path: Path
+) -> None:
+    """run_preset_cell keeps the cell's config in results.json, so the runner's own
+    completeness check (a resumed grid skips the cell) passes; PFLlib's goes beside."""
+    from benchmarks import presets
+
+    folders = fake_partition(tmp_path / "partition")
+    config = {
+        "method": "fedprox",
+        "seed": 2,
+        "profile": "pfllib",
+        "model": "cnn4",
+        "client-data-paths": ",".join(folders),
+        "class-names": ",".join(NAMES),
+        "num-server-rounds": 2,
+        "output-dir": str(tmp_path / "runs"),
+        "run-name": "fedprox_pfllib-seed2",
+    }
+    cell = presets.Cell("p", "default", "fedprox pfllib", 2, "pfllib", 2, 2, config)
+    asked = {}
+
+    def fake_run(checkout, partition, algorithm, seed, rounds, out, *rest):
+        asked.update(partition=partition, algorithm=algorithm, seed=seed, rounds=rounds)
+        res = peer.results_from_trace(
+            trace_of([(0, [5, 5], [1, 1]), (1, [5, 5], [2, 2]), (2, [5, 5], [3, 3])], 2),
+            {"algorithm": algorithm, "seed": seed},
+            "fedprox",
+            "PFLlib",
+        )
+        (out / "results.json").write_text(json.dumps(res))
+        return res
+
+    monkeypatch.setattr(peer, "run", fake_run)
+    assert not presets.is_complete(cell)
+    res = peer.run_preset_cell(config, 2, cell.dir)
+    assert asked == {
+        "partition": tmp_path / "partition",
+        "algorithm": "FedProx",
+        "seed": 2,
+        "rounds": 2,
+    }
+    assert res["pfllib"]["algorithm"] == "FedProx"
+    assert presets.is_complete(cell)
+    with pytest.raises(SystemExit, match="PFLlib has no 'fedfac-static'"):
+        peer.run_preset_cell({**config, "method": "fedfac-static"}, 2, cell.dir)
+    with pytest.raises(SystemExit, match="client-data-paths = '{pfllib-partition}'"):
+        peer.run_preset_cell({**config, "client-data-paths": ""}, 2, cell.dir)
+
+
+def test_the_shipped_preset_runs_each_method_on_both_sides() -> None:
+    from benchmarks import presets
+
+    preset = presets.load("pfllib-methods")
+    rows = {(method, variant.get("engine")) for _, method, variant in preset.rows()}
+    assert rows == {(m, e) for m in preset.methods for e in ("pfllib", "inprocess")}
+    assert set(preset.methods) <= set(peer.METHODS)
+    assert preset.config["client-data-paths"] == "{pfllib-partition}"
+
+
+def test_the_paired_report_pairs_seeds_both_sides_have(tmp_path: Path) -> None:
+    head = "setting,row,method,seed,rounds,clients,best_accuracy_mean,best_accuracy_pooled,"
+    rows = [
+        head + "seconds_per_round",
+        "default,fedprox pfllib,fedprox,0,2,2,0.40,0.50,4.0",
+        "default,fedprox ours,fedprox,0,2,2,0.42,0.52,2.0",
+        "default,fedprox pfllib,fedprox,1,2,2,0.50,0.60,4.0",
+        "default,fedprox ours,fedprox,1,2,2,0.44,0.54,2.0",
+        "default,fedprox ours,fedprox,2,2,2,0.99,0.99,2.0",  # PFLlib's seed 2 not run
+        "default,apfl pfllib,apfl,0,2,2,0.70,0.70,4.0",
+        "default,apfl ours,apfl,0,2,2,0.60,0.60,2.0",
+        "default,scaffold pfllib,scaffold,0,2,2,0.5,0.5,4.0",
+        "default,scaffold ours,scaffold,0,1,2,0.9,0.9,2.0",  # stopped before its last round
+    ]
+    (tmp_path / "p.csv").write_text("\n".join(rows) + "\n")
+    lines = peer.paired_table(tmp_path / "p.csv", rounds=2).splitlines()
+    assert len(lines) == 4  # fedprox and apfl
+    fedprox = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert fedprox == [
+        *("fedprox", "0, 1", "55.0 (7.1)", "53.0 (1.4)", "-2.0", "yes"),
+        *("45.0 (7.1)", "43.0 (1.4)", "2.00", "1.00"),
+    ]
+    apfl = [c.strip() for c in lines[3].strip("|").split("|")]
+    assert apfl[:6] == ["apfl", "0", "70.0", "60.0", "-10.0", "no"]
+
+
+def test_the_dev_set_is_where_the_presets_find_it() -> None:
+    from benchmarks import presets
+
+    assert peer.DEV_SET == presets.CIFAR10_DEV
