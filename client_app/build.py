@@ -33,7 +33,7 @@ from client_app.state import ContextStore, DiskStore, PersonalStore, RoundStore
 from methods import disclosure_kinds, get_method, method_names, parse_run_config
 from models.roles import reset_entries
 from pflower.config.node import NodeConfig
-from pflower.config.schema import RESUME_LATEST, RunConfig
+from pflower.config.schema import RESUME_LATEST, ConfigError, RunConfig
 from pflower.config.weighting import weighs_by_samples
 from pflower.data import (
     check_site_data,
@@ -205,7 +205,8 @@ def build_numpy_client(context: Context, overrides: dict[str, Any] | None = None
     or the simulated attacker around it."""
     node = NodeConfig.of(context.node_config)
     # the columns a site names for its own data replace the run's (client_app/site_data.py)
-    cfg = parse_run_config({**context.run_config, **(overrides or {}), **node.site_data})
+    run = {**context.run_config, **(overrides or {}), **node.site_data}
+    cfg = parse_run_config({**run, **node.site_model})  # a site's own backbone over the run's
     timing.mark("config")
     partition_id = node.partition_id or 0
     num_partitions = node.num_partitions or 1
@@ -219,6 +220,8 @@ def build_numpy_client(context: Context, overrides: dict[str, Any] | None = None
     simulated = not node.deployed_site and not node.state_dir
     reuse = REUSE_MODELS and simulated
     template = _template(cfg, data_path, cache_dir)
+    if node.site_model:
+        check_site_model(cfg, parse_run_config(run), template, data_path, cache_dir)
     keep = received_entries(template, cfg) if reuse else frozenset()
     model, resident = client_model(template, reuse, keep)
     timing.mark("model")
@@ -256,6 +259,30 @@ def build_numpy_client(context: Context, overrides: dict[str, Any] | None = None
     if attacker and cfg.attack != "label-flip":  # simulated hostile client (client_app/attacks.py)
         return Attacker(client, cfg.attack, cfg.attack_scale, cfg.seed + partition_id)
     return client
+
+
+def shared_shapes(cfg: RunConfig, model: nn.Module) -> dict[str, tuple[int, ...]]:
+    """The shapes of ``model``'s shared entries under ``cfg``'s method, by name."""
+    state = model.state_dict()
+    return {n: tuple(state[n].shape) for n in get_method(cfg.method).roles(model, cfg).shared}
+
+
+def check_site_model(
+    cfg: RunConfig, run: RunConfig, template: nn.Module, data_path: str, cache_dir: str
+) -> None:
+    """A site's own backbone (node config ``model``, ``hidden-dim``) is taken only where
+    the method's shared tensors keep the names and shapes of the run's backbone's: what
+    every site sends must fold into one mean. Else a ConfigError naming the key."""
+    mine = shared_shapes(cfg, template)
+    theirs = shared_shapes(run, _template(run, data_path, cache_dir))
+    if mine != theirs:
+        odd = sorted(set(mine.items()) ^ set(theirs.items()))[0][0]
+        raise ConfigError(
+            f"node config 'model': this site's {cfg.model} shares '{odd}' as "
+            f"{mine.get(odd, 'nothing')}, the run's {run.model} as {theirs.get(odd, 'nothing')}; "
+            "only a method whose shared tensors do not depend on the backbone takes a "
+            "site's own, one that shares class prototypes at the same feature width"
+        )
 
 
 def simulation_store(

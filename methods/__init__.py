@@ -104,6 +104,11 @@ class Method:
     # its mean in parts, each with its own weights and server step (SCAFFOLD's model and
     # control variate); empty: every shared array by ``aggregation``, taken as it is
     means: tuple[MeanPart, ...] = ()
+    # False: the shared arrays are statistics averaged afresh each round (FedProto's
+    # prototype sums and counts), not a model a reply moves: the update-norm bound and
+    # the direction check, which measure a reply against the last global arrays, skip
+    # them (strategies/robust.py Bounds.of); the weight cap and value checks stay
+    bounds_updates: bool = True
     # the attacks on its own machinery it may be run with (its package's attacks.py, ATTACKS)
     attacks: tuple[str, ...] = ()
     # configs beyond its defaults that change what it discloses (the PRIVACY.md table's rows)

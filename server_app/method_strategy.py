@@ -33,4 +33,5 @@ def build_method_strategy(
         wire=wire,
         holds_replies=method.per_client,
         means=method.means,
+        bounds_updates=method.bounds_updates,
     )

@@ -55,12 +55,15 @@ class Aggregation(Strategy):
         holds_replies: str = "",
         default_aggregation: str | None = None,
         means: tuple[MeanPart, ...] = (),
+        bounds_updates: bool = True,
     ) -> None:
         super().__init__()
         self.cfg = cfg
         # the card's reason its aggregation needs every reply (empty: a mean, streamed)
         self.holds_replies = holds_replies
         self.means = means  # the card's mean in parts (empty: one mean of every array)
+        # False: the shared arrays are statistics, not a model (robust.Bounds.of)
+        self.bounds_updates = bounds_updates
         if default_aggregation is not None:
             self.default_aggregation = default_aggregation  # the method's rule (methods/)
         self.dp = privacy.DPRelease(cfg)
@@ -158,6 +161,7 @@ class Aggregation(Strategy):
             places,
             cfg,
             dtypes,
+            bounds=Bounds.of(cfg, True, self.bounds_updates),
             weigh=self.weigh,
             decode=secure_decoder(server_round, cfg, self.spec, {}),
             check=self.check_reply,
@@ -197,7 +201,7 @@ class Aggregation(Strategy):
             mean = not self.holds_replies and self.aggregation in ("mean", "weighted")
             reference_of = decoded_references(sent, self.wire.upload_reference)
             kept, rejected = bound_held(
-                server_round, replies, Bounds.of(cfg, mean), self.norm_history, reference_of,
+                server_round, replies, Bounds.of(cfg, mean, self.bounds_updates), self.norm_history, reference_of,
                 rl.extra,
             )  # fmt: skip
             rl.rejected += rejected

@@ -82,13 +82,14 @@ class PFLStrategy(Aggregation):
         wire: Wire | None = None,
         holds_replies: str = "",
         means: tuple[MeanPart, ...] = (),
+        bounds_updates: bool = True,
     ) -> None:
         if type(self).aggregate is not PFLStrategy.aggregate and not holds_replies:
             raise TypeError(
                 f"{type(self).__name__} overrides aggregate, but its method's card does not "
                 "say why its aggregation needs every reply at once (Method.per_client)"
             )
-        super().__init__(cfg, holds_replies, default_aggregation, means)
+        super().__init__(cfg, holds_replies, default_aggregation, means, bounds_updates)
         self.spec = spec
         self.wire = wire if wire is not None else Wire.of_spec(spec)
         spill = recorder.dir / "client-payloads" if recorder is not None else None

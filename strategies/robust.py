@@ -147,14 +147,17 @@ class Bounds:
     direction_action: str = "project"
 
     @classmethod
-    def of(cls, cfg: Any, mean_aggregation: bool) -> Bounds:
+    def of(cls, cfg: Any, mean_aggregation: bool, updates: bool = True) -> Bounds:
         """The run config's bounds; the direction check only where the method's
-        aggregation is a mean of the updates."""
+        aggregation is a mean of the updates. ``updates=False``: the shared arrays are
+        statistics averaged afresh (a card's ``bounds_updates``), not a model a reply
+        moves: no update-norm bound or direction check, which measure a reply against
+        the last global arrays; the weight cap stays."""
         return cls(
             cfg.weight_cap,
-            cfg.update_norm_bound,
+            cfg.update_norm_bound if updates else 0.0,
             cfg.update_norm_action,
-            cfg.direction_check_from if mean_aggregation else 0,
+            cfg.direction_check_from if mean_aggregation and updates else 0,
             cfg.direction_min_cosine,
             cfg.direction_action,
         )

@@ -449,6 +449,7 @@ def open_round(
     cfg: RunConfig,
     dtypes: set[np.dtype],
     *,
+    bounds: Bounds,
     weigh: Callable[[int], float | list[float]],
     decode: Callable[[NDArrays], NDArrays],
     check: Callable[..., str | None],
@@ -461,8 +462,7 @@ def open_round(
     """A round over the sampled ``node_ids`` (``places``: each one's rank key, see
     ``reservoir_nodes``) under ``cfg``'s bounds, its kernels compiled for the
     global arrays' ``dtypes``."""
-    bounded = cfg.weight_cap > 0 or cfg.update_norm_bound > 0 or cfg.direction_check_from > 0
-    bounds = Bounds.of(cfg, True)
+    bounded = bounds.weight_cap > 0 or bounds.norm_bound > 0 or bounds.direction_from > 0
     kernels.warm(tuple(sorted(dtypes, key=str)), bounds.direction_from > 0)
     return StreamedRound(
         server_round,

@@ -32,6 +32,9 @@ POLICY_FIELDS = (
 DEFAULT_MIN_SECAGG_SITES = 3
 # the columns a site may name for its own table (client_app/site_data.py)
 SITE_DATA_FIELDS = ("label_column", "split_column", "feature_columns", "categorical_columns")
+# a site's own backbone over the run's, where the method's shared tensors keep their
+# shapes (client_app/build.py checks it): FedProto shares prototypes, not weights
+SITE_MODEL_FIELDS = ("own_model", "own_hidden_dim")
 
 
 def _field(default: Any, alias: str, **kw: Any) -> Any:
@@ -61,6 +64,9 @@ class NodeConfig(BaseModel):
     split_column: str = _field("", "split-column")
     feature_columns: str = _field("", "feature-columns")
     categorical_columns: str = _field("", "categorical-columns")
+    # its own backbone (and hidden width), over the run's ("" / 0: the run's)
+    own_model: str = _field("", "model")
+    own_hidden_dim: int = _field(0, "hidden-dim", ge=0)
     # how it computes
     device: str = ""  # e.g. cuda:0; "" picks one (client_app/devices.py)
     torch_threads: int = _field(0, "torch-threads", ge=0)  # 0: torch's own choice
@@ -149,6 +155,11 @@ class NodeConfig(BaseModel):
     def site_data(self) -> dict[str, str]:
         """The data keys this site declares (they override the run's), by key."""
         return {self.key(n): getattr(self, n) for n in SITE_DATA_FIELDS if getattr(self, n)}
+
+    @property
+    def site_model(self) -> dict[str, Any]:
+        """The backbone keys this node declares (they override the run's), by key."""
+        return {self.key(n): getattr(self, n) for n in SITE_MODEL_FIELDS if getattr(self, n)}
 
     @property
     def cache_dir(self) -> str:
