@@ -90,6 +90,10 @@ METHODS = {
     "fedcp": "FedCP",
     "local": "Local",
     "fedbn": "FedBN",
+    "pfedme": "pFedMe",
+    "fedala": "FedALA",
+    "gpfl": "GPFL",
+    "fedproto": "FedProto",
 }
 ALIASES = {"LG": "LG-FedAvg", "FedRoD": "FedROD", "Per-FedAvg": "PerAvg"}
 # main.py's defaults, but for these (-nc: its default is 20 clients)

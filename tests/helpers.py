@@ -17,6 +17,7 @@ from flwr.common import (
     RecordDict,
     Status,
     ndarrays_to_parameters,
+    parameters_to_ndarrays,
 )
 from flwr.server.client_proxy import ClientProxy
 
@@ -205,3 +206,20 @@ def update_norm(upload: list[np.ndarray], reference: list[np.ndarray]) -> float:
         if u.dtype.kind == "f" and u.shape == r.shape:
             total += float(np.sum((u.astype(np.float64) - r) ** 2))
     return float(np.sqrt(total))
+
+
+def assert_only_the_global_copy_travels(cfg: RunConfig) -> tuple[Any, set[str]]:
+    """A method that keeps a global copy beside personal parts (APFL, pFedMe): only
+    ``global_model.*`` is in the strategy's spec, and a client's fit uploads that copy
+    exactly, which the strategy accepts. The client and its personal entries."""
+    client, _ = make_client(cfg)
+    strategy = make_strategy(cfg)
+    assert all(s.name.startswith("global_model.") for s in strategy.spec)
+    payload = parameters_to_ndarrays(strategy.global_payload())
+    upload, n, _ = client.fit(payload, {"server-round": 1})
+    glob = client.model.global_model.state_dict()
+    assert len(upload) == len(glob) == len(client.roles.shared)
+    for sent, mine in zip(upload, glob.values()):
+        np.testing.assert_array_equal(sent, mine.numpy())
+    assert strategy.check_reply(client.client_key, upload, n) is None
+    return client, set(client.roles.personal)

@@ -5,7 +5,6 @@ a short federation with ``method='apfl'`` alone."""
 
 from __future__ import annotations
 
-import ast
 import copy
 import math
 from pathlib import Path
@@ -22,7 +21,13 @@ from methods.apfl import ApflParams
 from methods.apfl.client import mix_into_local, paper_step, pfllib_alpha_grad, step_alpha
 from methods.apfl.model import ApflModel
 from pflower.config.schema import ConfigError
-from tests.helpers import config, make_client, make_strategy, short_federation
+from tests.helpers import (
+    assert_only_the_global_copy_travels,
+    config,
+    make_client,
+    make_strategy,
+    short_federation,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -122,19 +127,10 @@ def test_the_prediction_mixes_the_parameters_not_the_outputs() -> None:
 
 
 def test_only_w_travels_and_v_and_alpha_stay() -> None:
-    cfg = config(method="apfl")
-    client, _ = make_client(cfg)
-    strategy = make_strategy(cfg)
-    assert all(s.name.startswith("global_model.") for s in strategy.spec)
-    local = {f"local_model.{k}" for k in client.model.local_model.state_dict()}
-    assert set(client.roles.personal) == local | {"alpha"}
-    payload = parameters_to_ndarrays(strategy.global_payload())
-    upload, n, _ = client.fit(payload, {"server-round": 1})
-    glob = client.model.global_model.state_dict()
-    assert len(upload) == len(glob) == len(client.roles.shared)
-    for sent, mine in zip(upload, glob.values()):
-        np.testing.assert_array_equal(sent, mine.numpy())
-    assert strategy.check_reply(client.client_key, upload, n) is None
+    client, personal = assert_only_the_global_copy_travels(config(method="apfl"))
+    assert personal == {f"local_model.{k}" for k in client.model.local_model.state_dict()} | {
+        "alpha"
+    }
 
 
 def test_v_and_alpha_survive_a_restart() -> None:
@@ -207,17 +203,6 @@ def test_its_keys_are_namespaced_validated_and_follow_the_lr() -> None:
             parse_run_config({"method": "apfl", **bad})
     with pytest.raises(ConfigError, match="'apfl.variant'"):
         parse_run_config({"method": "apfl", "apfl.variant": "fedtorch"})
-
-
-def test_the_card_imports_no_torch() -> None:
-    tree = ast.parse((ROOT / "methods" / "apfl" / "__init__.py").read_text())
-    imported = [
-        n.module if isinstance(n, ast.ImportFrom) else a.name
-        for n in ast.walk(tree)
-        if isinstance(n, ast.Import | ast.ImportFrom)
-        for a in n.names
-    ]
-    assert not [m for m in imported if m and m.split(".")[0] == "torch"]
 
 
 def test_a_short_federation_runs_with_the_method_name_alone(tmp_path) -> None:

@@ -235,3 +235,18 @@ def test_server_app_holds_only_the_server_app() -> None:
     data answers, a method's strategy); engines and harnesses that compose both apps
     live above it (pflower/engine/, harness/)."""
     assert {p.stem for p in (ROOT / "server_app").glob("*.py")} == SERVER_APP
+
+
+@pytest.mark.parametrize(
+    "card", sorted(p.parent.name for p in (ROOT / "methods").glob("*/__init__.py"))
+)
+def test_a_method_card_imports_no_torch(card: str) -> None:
+    """The pre-flight reads every card (docs/ADDING_A_METHOD.md): no torch in one."""
+    tree = ast.parse((ROOT / "methods" / card / "__init__.py").read_text())
+    imported = [
+        n.module if isinstance(n, ast.ImportFrom) else a.name
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Import | ast.ImportFrom)
+        for a in n.names
+    ]
+    assert not [m for m in imported if m and m.split(".")[0] == "torch"]

@@ -457,3 +457,11 @@ def test_the_dev_set_is_where_the_presets_find_it() -> None:
     from benchmarks import presets
 
     assert peer.DEV_SET == presets.CIFAR10_DEV
+
+
+def test_the_peer_names_every_method_whose_card_names_pfllibs() -> None:
+    """The runner's map (importable in PFLlib's environment) agrees with the cards."""
+    from methods import get_method, method_names
+
+    cards = {m: get_method(m).pfllib for m in method_names() if get_method(m).pfllib}
+    assert cards == {m: peer.METHODS[m] for m in cards}

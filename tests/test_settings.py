@@ -37,6 +37,7 @@ PAPER = {
     "fedfac-static": (1, 32, "adam", 1e-3, 0.0, 0.0),
     "fedfac-dynamic": (1, 32, "adam", 1e-3, 0.0, 0.0),
     "dualfed": (1, 256, "sgd", 0.01, 0.5, 0.0),
+    "gpfl": (1, 10, "sgd", 0.005, 0.0, 0.0),
 }
 # baselines: one epoch of SGD at the backbone's stable step (methods/baselines)
 BASELINE = {
