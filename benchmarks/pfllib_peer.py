@@ -107,7 +107,10 @@ PFLLIB_ARGS = (
     ("-ls", "1"),
     ("-dev", "cpu"),
 )
-ALGORITHM_ARGS = {"FedProx": (("-mu", "0.01"),)}
+# where main.py's default makes the method degenerate, what ours runs under
+# profile='pfllib' too: FedProx's -mu 0 is FedAvg; pFedMe's -bt 0 never moves the
+# server's model (serverpFedMe.py's beta step: docs/pfedme.md)
+ALGORITHM_ARGS = {"FedProx": (("-mu", "0.01"),), "pFedMe": (("-bt", "1.0"),)}
 # generate_Cifar10.py's transform: ToTensor, then Normalize((0.5,)*3, (0.5,)*3)
 NORMALISE_MEAN, NORMALISE_STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
 
