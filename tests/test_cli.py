@@ -19,6 +19,7 @@ from pflower.cli.__main__ import (
     results_status,
     split_args,
 )
+from pflower.engine.inprocess import run_inprocess
 from tests.helpers import local_superlink_env
 from tests.test_flwr_run import _stop_local_superlink
 
@@ -220,6 +221,30 @@ def test_results_status_says_what_is_missing(tmp_path: Path) -> None:
     path.write_text(json.dumps({"resumed_from": {"round": 2}, "rounds": [{"round": 3}]}))
     assert results_status(path, started, 1) is None
     assert results_status(path, started, 2) == f"3 of 4 rounds in {path}"
+    # resume-from='latest': the rounds count the whole run, the resumed ones included
+    assert results_status(path, started, 3, whole=True) is None
+    assert results_status(path, started, 4, whole=True) == f"3 of 4 rounds in {path}"
+
+
+def test_check_takes_resume_from_latest_and_says_where_the_run_starts(
+    tmp_path: Path, capsys
+) -> None:
+    """``resume-from='latest'`` through ``check`` (and so ``dev.sh run``) as through
+    ``flwr run``: the run's own checkpoint, the round it will start at printed; a run
+    whose checkpoint is of its last round is refused naming the key."""
+    from pflower.cli.__main__ import check
+
+    base = f"method='fedavg' output-dir='{tmp_path}' run-name='r' resume-from='latest' num-server-rounds=4"
+    assert check(["--run-config", base]) == 0
+    assert "no checkpoint yet, so the run starts at round 1" in capsys.readouterr().out
+    run_inprocess(
+        {"method": "fedavg", "output-dir": str(tmp_path), "run-name": "r", "num-server-rounds": 2},
+        2,
+    )
+    assert check(["--run-config", base]) == 0
+    assert "resuming at round 3 of 4 (resume-from latest)" in capsys.readouterr().out
+    assert check(["--run-config", base.replace("=4", "=2")]) == 2
+    assert "'resume-from': latest: " in capsys.readouterr().err
 
 
 @pytest.mark.slow

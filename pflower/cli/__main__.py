@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pflower.cli.preflight import preflight
-from pflower.config.schema import ConfigError, describe_settings
+from pflower.config.schema import RESUME_LATEST, ConfigError, describe_settings
 from pflower.flower_notes import WARNINGS as FLOWER_WARNINGS
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -117,8 +117,10 @@ def check(argv: list[str]) -> int:
     return 0
 
 
-def results_status(path: Path, started: float, rounds: int) -> str | None:
-    """None if ``path`` holds every round of this run, else what is wrong."""
+def results_status(path: Path, started: float, rounds: int, whole: bool = False) -> str | None:
+    """None if ``path`` holds every round of this run, else what is wrong. ``rounds``:
+    after the rounds a resumed run went on from, or ``whole``, the whole run's
+    (``resume-from='latest'``)."""
     if not path.exists():
         return f"no results at {path}"
     if path.stat().st_mtime < started:
@@ -132,7 +134,7 @@ def results_status(path: Path, started: float, rounds: int) -> str | None:
         return "; ".join(data["outcome"].get("problems", [])[:5]) or "the run failed"
     done = (data.get("resumed_from") or {}).get("round", 0)
     recorded = [r.get("round") for r in data.get("rounds", [])]
-    expected = done + rounds
+    expected = rounds if whole else done + rounds
     if not recorded or max(recorded) < expected:
         got = max(recorded) if recorded else 0
         return f"{got} of {expected} rounds in {path}"
@@ -299,7 +301,8 @@ def run(argv: list[str]) -> int:
     if config_error and status != "finished:completed":  # refused once started: one line
         print(f"config error: {config_error}", file=sys.stderr)
         return EXIT_CONFIG
-    problem = results_status(results, started, cfg.num_server_rounds) if local else None
+    whole = cfg.resume_from.strip() == RESUME_LATEST  # its rounds count the whole run
+    problem = results_status(results, started, cfg.num_server_rounds, whole) if local else None
     if local and results.exists() and results.stat().st_mtime >= started:
         record_command(results, ["bash", "scripts/dev.sh", "run", *argv])
     if problem is None and code == 0 and status in ("finished:completed", None):

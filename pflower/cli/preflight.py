@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from methods import foreign_keys, parse_run_config
-from pflower.config.schema import ConfigError, RunConfig, check_against_data
+from pflower.config.schema import RESUME_LATEST, ConfigError, RunConfig, check_against_data
 
 MAX_CHECKED_SITES = 64  # a natural partition's sites the pre-flight reads one by one
 
@@ -90,14 +90,33 @@ def federation_checks(cfg: RunConfig, clients: int | None) -> None:
         raise ConfigError(problem)
 
 
-def resume_checks(cfg: RunConfig) -> None:
+def resume_checks(cfg: RunConfig) -> str:
     """``resume-from`` names a checkpoint of this method (the strategy later checks
-    that it fits the model)."""
+    that it fits the model), ``latest`` this run-name's own if it has one; the round the
+    run will start at, in words ("" when it does not resume)."""
     if not cfg.resume_from:
-        return
-    from strategies.checkpoint import checkpoint_path, load_server_state
+        return ""
+    from strategies.checkpoint import (
+        RunComplete,
+        checkpoint_path,
+        latest,
+        load_server_state,
+    )
 
-    load_server_state(checkpoint_path(cfg.resume_from), cfg.method)
+    if cfg.resume_from.strip() == RESUME_LATEST:
+        try:
+            concrete = latest(cfg)
+        except RunComplete as done:
+            raise ConfigError(f"config key 'resume-from': latest: {done}") from None
+        if not concrete.get("resume-from"):
+            return "resume-from latest: no checkpoint yet, so the run starts at round 1"
+        done, _ = load_server_state(checkpoint_path(concrete["resume-from"]), cfg.method)
+        return f"resuming at round {done + 1} of {cfg.num_server_rounds} (resume-from latest)"
+    done, _ = load_server_state(checkpoint_path(cfg.resume_from), cfg.method)
+    return (
+        f"resuming at round {done + 1}: {cfg.num_server_rounds} more rounds, to round "
+        f"{done + cfg.num_server_rounds} (resume-from a run directory counts the rounds left)"
+    )
 
 
 def roster_checks(cfg: RunConfig) -> None:
@@ -259,8 +278,12 @@ def model_checks(cfg: RunConfig, info: Any, data: Any) -> None:
         ) from None
     if cfg.resume_from:
         from server_app.method_strategy import build_method_strategy
+        from strategies.checkpoint import latest
 
-        build_method_strategy(method, cfg, model).resume(cfg.resume_from)
+        # 'latest': this run-name's checkpoint, where it has one (resume_checks)
+        where = latest(cfg).get("resume-from", cfg.resume_from)
+        if where:
+            build_method_strategy(method, cfg, model).resume(where)
 
 
 def preflight(
@@ -287,10 +310,11 @@ def preflight(
             "(pip install -e '.[tensorboard]')"
         )
     federation_checks(cfg, clients)
-    resume_checks(cfg)
+    resuming = resume_checks(cfg)
     roster_checks(cfg)
     pretrained_checks(cfg)
     described, (info, data) = data_checks(cfg, clients)
+    described = f"{described}; {resuming}" if resuming else described
     if info is not None:  # else a deployment's sites give the shape (server_app/site_info.py)
         check_against_data(cfg, info.num_classes)
         model_checks(cfg, info, data)
