@@ -335,6 +335,13 @@ def test_run_gives_flwr_the_checkpoint_the_preflight_read(tmp_path: Path, monkey
     cli.run(["--run-config", f"{given} resume-from='runs/a' output-dir='{tmp_path / 'out'}'"])
     (cmd,) = calls
     assert any(f'resume-from="{tmp_path / "runs" / "a"}"' in arg for arg in cmd)
+    # 'latest' stays 'latest': the ServerApp finds the run's checkpoint by run-name
+    calls.clear()
+    latest = f"resume-from='latest' run-name='a' output-dir='{tmp_path / 'runs'}'"
+    cli.run(["--run-config", f"{given} {latest} num-server-rounds=3"])
+    (cmd,) = calls
+    assert not any('resume-from="' in arg for arg in cmd)  # nothing pinned in its place
+    assert any("resume-from='latest'" in arg for arg in cmd)
 
 
 @pytest.mark.parametrize("command", ["check", "run"])

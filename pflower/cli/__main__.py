@@ -270,7 +270,9 @@ def run(argv: list[str]) -> int:
         out_dir = PROJECT / out_dir  # where dev.sh starts the local SuperLink
     results = out_dir / run_name / "results.json"
     pinned = f"run-name={json.dumps(run_name)} output-dir={json.dumps(str(out_dir))}"
-    if cfg.resume_from:  # as the pre-flight read it, whatever the apps' working directory
+    # as the pre-flight read it, whatever the apps' working directory ('latest': the
+    # ServerApp finds the run's own checkpoint under the pinned output-dir and run-name)
+    if cfg.resume_from and cfg.resume_from.strip() != RESUME_LATEST:
         resume = Path(cfg.resume_from).expanduser().resolve()
         pinned += f" resume-from={json.dumps(str(resume))}"
     rest = [a for a in rest if a != "--stream"]
