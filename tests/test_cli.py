@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -293,6 +295,55 @@ def test_a_local_superlink_from_another_flower_home_is_named(tmp_path: Path) -> 
         proc.kill()
         proc.wait()
     assert foreign_superlink(tmp_path / "mine", port) is None  # nothing listens now
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_of_the_run_command_stops_the_run(signum: int, code: int, tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT) or SIGTERM of ``dev.sh run`` stops the run it submitted at the
+    SuperLink (Flower's status says so), in one line saying how to go on, with no
+    traceback, exit 128 + the signal."""
+    home = tmp_path / "flwr-home"
+    env = {**os.environ, "VENV": str(Path(sys.executable).parent.parent)}
+    env.update(PFLOWER_SKIP_SETUP="1", **local_superlink_env(home))
+    cfg = f"method='fedavg' num-server-rounds=200 run-name='long' output-dir='{tmp_path}'"
+    proc = subprocess.Popen(
+        ["bash", "scripts/dev.sh", "run", "--run-config", cfg],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        seen = ""
+        for line in proc.stdout:  # until the run is submitted and training
+            seen += line
+            if "configure_fit" in line or "[ROUND 2]" in line:
+                break
+        run_id = re.search(r"Successfully started run (\d+)", seen)
+        assert run_id, seen[-3000:]
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == code, seen[-2000:] + out[-2000:] + err[-3000:]
+        assert f"stopped run {run_id.group(1)} ({signal.Signals(signum).name})" in err
+        assert "resume-from='latest'" in err and "Traceback" not in out + err
+        listed = subprocess.run(
+            [str(Path(sys.executable).parent / "flwr"), "ls", "--run-id", run_id.group(1)]
+            + ["--format", "json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        status = json.loads(listed.stdout[listed.stdout.find("{") :])["runs"][0]["status"]
+        assert status.startswith("finished:stopped"), status
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        _stop_local_superlink(home)
 
 
 def test_a_run_is_refused_before_flwr_when_another_checkouts_superlink_listens(

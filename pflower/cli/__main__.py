@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -141,12 +142,30 @@ def results_status(path: Path, started: float, rounds: int, whole: bool = False)
     return None
 
 
+class Interrupted(Exception):
+    """Ctrl-C (SIGINT) or SIGTERM while ``dev.sh run`` waits on its run: the exit code
+    (128 + the signal's number) and the run id, once flwr printed it."""
+
+    def __init__(self, signum: int, run_id: int | None = None) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum, self.run_id = signum, run_id
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise Interrupted(signum)
+
+
 def run_flwr(cmd: list[str]) -> tuple[int, int | None, str | None]:
     """``flwr run``'s exit code, the run id it printed and the first config error the
-    run logged; its output passes through, less Flower's FLOWER_NOTES."""
+    run logged; its output passes through, less Flower's FLOWER_NOTES. flwr runs in a
+    session of its own, so a terminal's Ctrl-C reaches this process only: Interrupted,
+    with the run id, after flwr is stopped."""
     run_id, config_error = None, None
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1) as proc:
-        assert proc.stdout is not None
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, text=True, bufsize=1, start_new_session=True
+    )
+    assert proc.stdout is not None
+    try:
         for line in proc.stdout:
             if any(note in line for note in FLOWER_NOTES):
                 continue
@@ -158,7 +177,37 @@ def run_flwr(cmd: list[str]) -> tuple[int, int | None, str | None]:
             refused = CONFIG_ERROR.search(ANSI.sub("", line).rstrip())
             if refused and config_error is None:
                 config_error = refused.group(1)
+    except Interrupted as stop:
+        proc.terminate()  # the log stream only: the run goes on at the SuperLink
+        raise Interrupted(stop.signum, run_id) from None
+    finally:
+        proc.stdout.close()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
     return proc.returncode, run_id, config_error
+
+
+def stop_run(stop: Interrupted, rest: list[str], run_name: str) -> int:
+    """Stop the run ``stop`` interrupted at its SuperLink (``flwr stop``); one line
+    saying so and how to go on; 128 + the signal's number."""
+    code = 128 + stop.signum
+    if stop.run_id is None:
+        print(f"stopped ({stop}) before the run was submitted", file=sys.stderr)
+        return code
+    connection = [a for a in rest[1:2] if not a.startswith("-")]
+    done = subprocess.run(
+        ["flwr", "stop", str(stop.run_id), *connection], capture_output=True, text=True
+    )
+    said = "stopped" if done.returncode == 0 else "could not stop (flwr stop failed)"
+    print(
+        f"{said} run {stop.run_id} ({stop}); to go on from its last checkpoint: the same "
+        f"command with --run-config \"run-name='{run_name}' resume-from='latest'\"",
+        file=sys.stderr,
+    )
+    return code
 
 
 def run_status(rest: list[str], run_id: int, wait: float = 30.0) -> str:
@@ -296,7 +345,14 @@ def run(argv: list[str]) -> int:
             print(f"run REFUSED: {problem}", file=sys.stderr)
             return EXIT_FAILED
     started = time.time() - 1.0
-    code, run_id, config_error = run_flwr(cmd)
+    handlers = {n: signal.signal(n, _interrupt) for n in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code, run_id, config_error = run_flwr(cmd)
+    except Interrupted as stop:
+        return stop_run(stop, rest, run_name)
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
     status = run_status(rest, run_id) if code == 0 and run_id is not None else None
     if code == 0 and run_id is None:
         print("warning: flwr run printed no run id; its status is not checked", file=sys.stderr)
