@@ -15,7 +15,7 @@ from threadpoolctl import threadpool_limits
 import pflower.patches
 from methods import get_method, parse_run_config
 from pflower.config.refusal import one_line_config_errors
-from pflower.config.schema import ConfigError, check_against_data, describe_settings
+from pflower.config.schema import ConfigError, check_against_data, data_source, describe_settings
 from pflower.data import data_info
 from pflower.privacy.secagg import SignedSecAggPlusWorkflow
 from pflower.results import RunRecorder
@@ -62,10 +62,9 @@ def build_server(context: Context, overrides: dict[str, Any] | None = None) -> S
     roles = method.roles(model, cfg)
     recorder = RunRecorder(cfg, extra={"auto_resolved": list(cfg.auto_resolved)})
     checkpoint.clear_stale_personal_state(recorder.dir, cfg.resume_from)
-    on = cfg.dataset  # a deployed server reads no data when the run declares the shape
+    on = data_source(cfg)  # a deployed server reads no data when the run declares the shape
     if cfg.input_shape:
-        held = "the sites' data" if cfg.dataset == "synthetic" else cfg.dataset
-        on = f"{held} (input shape {cfg.input_shape})"
+        on = f"{on} (input shape {cfg.input_shape})"
     strategy = build_method_strategy(method, cfg, model, recorder)
     log.info(
         "%s on %s (%s): %d shared / %d personal tensors; aggregation %s; results -> %s",

@@ -313,3 +313,16 @@ def test_an_unknown_key_with_nothing_close_gets_no_suggestion() -> None:
     with pytest.raises(ConfigError) as err:
         parse_run_config({"zzz-qqq": 1})
     assert "unknown config key 'zzz-qqq'" in str(err.value) and "did you mean" not in str(err.value)
+
+
+def test_the_settings_line_names_the_model_and_the_data_it_runs_on(tmp_path) -> None:
+    """#106: the log said 'on synthetic' while the clients read their folders."""
+    folders = [tmp_path / "hospital-a", tmp_path / "hospital-b"]
+    for f in folders:
+        (f / "benign").mkdir(parents=True)
+    cfg = config(model="cnn4", **{"client-data-paths": ",".join(map(str, folders))})
+    line = describe_settings(cfg)
+    assert line.endswith("; model=cnn4 on 2 per-client folders (hospital-a, ...)")
+    assert describe_settings(config()).endswith(f"; model={config().model} on synthetic")
+    declared = config(**{"input-shape": "3,32,32", "num-classes": 2})
+    assert describe_settings(declared).endswith("on the sites' data")

@@ -485,7 +485,22 @@ def describe_settings(cfg: RunConfig) -> str:
     keys = [*SETTINGS_SHOWN, *(f"{params.namespace}.{k}" for k in params.auto_keys)]
     auto = set(cfg.auto_resolved)
     parts = [f"{k}={data[k]}{'' if k in auto else ' (set)'}" for k in keys if k in data]
-    return f"{cfg.method} settings ('auto' unless marked set): " + " ".join(parts)
+    return (
+        f"{cfg.method} settings ('auto' unless marked set): "
+        + " ".join(parts)
+        + f"; model={cfg.model} on {data_source(cfg)}"
+    )
+
+
+def data_source(cfg: RunConfig) -> str:
+    """What the run trains on, in words: the per-client folders it names, its data set,
+    or (a deployment that declares the input shape) the sites' own data."""
+    folders = [p.strip() for p in cfg.client_data_paths.split(",") if p.strip()]
+    if folders:
+        return f"{len(folders)} per-client folders ({Path(folders[0]).name}, ...)"
+    if cfg.dataset == "synthetic" and cfg.input_shape:
+        return "the sites' data"
+    return cfg.dataset
 
 
 def check_against_data(cfg: RunConfig, num_classes: int) -> None:
