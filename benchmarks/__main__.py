@@ -109,8 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as err:
         print(f"preset error: {preset.name}: {err.code}", file=sys.stderr)
         return 2
-    problems = preset.problems(cells)
-    if problems:  # every cell checked before any runs
+    # every cell's keys, then each distinct data's pre-flight, before any runs
+    problems = preset.problems(cells) or (
+        [] if args.report_only else presets.data_problems(preset.name, cells)
+    )
+    if problems:
         print("\n".join(f"preset error: {p}" for p in problems), file=sys.stderr)
         return 2
     manifest_path = args.runs / preset.name / "manifest.json"

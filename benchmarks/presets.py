@@ -195,6 +195,47 @@ class Preset:
         return {k: str(v) for k, v in self.settings[setting].get("paper", {}).items()}
 
 
+# the keys that decide what a cell's clients read: cells alike in these share one data check
+DATA_KEYS = (
+    *("dataset", "client-data-paths", "class-names", "partitioner", "partition-by", "alpha"),
+    *("classes-per-client", "train-per-client", "test-per-client", "input-shape", "num-classes"),
+)
+
+
+def data_problems(preset: str, cells: list[Cell]) -> list[str]:
+    """The pre-flight's data checks (pflower/cli/preflight.py) for each distinct data
+    a preset's cells read, before any runs: a missing file or folder, a partitioner the
+    data cannot serve, a ``clients`` that does not match the sites the data define.
+    One line each, naming the cell, the key and the preset key to change."""
+    from methods import ConfigError, parse_run_config
+    from pflower.cli.preflight import data_checks
+    from pflower.data.sites import federation_fit_problem
+
+    found: dict[str, list[str]] = {}
+    seen = set()
+    for cell in cells:
+        if cell.engine in ("pfl", "floor"):  # FedAvg arrays handed to another loop
+            continue
+        data = json.dumps([cell.clients, *(cell.config.get(k) for k in DATA_KEYS)], default=str)
+        if data in seen:
+            continue
+        seen.add(data)
+        where = f"{cell.setting} / {cell.label} / seed {cell.seed}"
+        try:
+            cfg = parse_run_config(cell.config)
+            fit = federation_fit_problem(cfg, cell.clients, "set the preset's clients = {n}")
+            if fit:
+                raise ConfigError(fit.replace("num-supernodes=", "clients = ", 1))
+            data_checks(cfg, cell.clients)
+        except ConfigError as err:
+            found.setdefault(str(err).removeprefix("invalid run config: "), []).append(where)
+    return [
+        f"{preset}: {text} ({where[0]}"
+        + (f" and {len(where) - 1} more)" if len(where) > 1 else ")")
+        for text, where in found.items()
+    ]
+
+
 # what benchmarks/report.py reads from a preset's [report] table
 REPORT_KEYS = (
     *("extras", "curves", "per-client", "heatmap", "ratio-to", "per-client-round", "out"),

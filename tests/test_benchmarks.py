@@ -430,12 +430,16 @@ machine-reference = true
     path.write_text(text + '[variants.broken]\nmethod = "fedavg"\nalpha = -1.0\n')
     assert main(args) == 2
     assert "preset error: tiny: config key 'alpha'" in capsys.readouterr().err
-    # a cell that crashes at run time (its data are missing) fails alone, the exit code
-    # says so
+    # missing data stop it before any cell runs too (#106: the pre-flight of each data)
     path.write_text(text + '[variants.broken]\nmethod = "fedavg"\ndataset = "/no/such.parquet"\n')
+    assert main(args) == 2
+    assert "config key 'dataset'" in capsys.readouterr().err
+    # a cell that crashes at run time (a checkpoint that is not there) fails alone, the
+    # exit code says so
+    path.write_text(text + '[variants.broken]\nmethod = "fedavg"\nresume-from = "/no/such"\n')
     assert main(args) == 1
     md = (out / "tiny.md").read_text()
-    assert "| `broken` | 0 | failed: exit code" in md and "dataset" in md
+    assert "| `broken` | 0 | failed: exit code" in md and "resume-from" in md
     # a row the commands left out says so, without calling it a failure
     path.write_text(text + '[variants.later]\nmethod = "local"\n')
     assert main([*args, "--rows", "plain"]) == 0
@@ -1129,3 +1133,35 @@ def test_paired_codes_pairs_ratios_within_a_repeat(tmp_path: Path) -> None:
     assert "| s | head-inproc / base-inproc | 0.750 | 0.500-1.000 | 2 |" in lines
     assert "| s | head-inproc | 2.500 | 1.000-4.000 | 2 |" in lines
     assert "| s | base-inproc | 4.000 | 2.000-9.000 | 3 |" in lines
+
+
+def test_a_preset_whose_data_cannot_run_is_refused_before_any_cell(tmp_path, capsys):
+    """#106: the shipped example, unchanged, names its missing path; a preset whose
+    ``clients`` does not match its per-site folders names ``clients``; exit 2, no run."""
+    example = presets.REPO / "docs/examples/my-comparison.toml"
+    out = tmp_path / "out"
+    assert main(["run", str(example), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "config key 'dataset'" in err[0] and "/path/to/my/images" in err[0]
+    folders = [image_folder(tmp_path / f"hospital-{k}", per_class=3, side=8) for k in "abc"]
+    text = GRID_SITES.format(paths=",".join(map(str, folders)))
+    path = tmp_path / "sites.toml"
+    path.write_text(text)
+    assert main(["run", str(path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "set the preset's clients = 3" in err[0], err
+    assert "clients = 4, but client-data-paths gives 3 sites" in err[0]
+    assert not list(out.glob("runs/*/*/*/results.json"))  # nothing ran
+
+
+GRID_SITES = """
+description = "three hospitals' folders, one client too many"
+methods = ["fedavg"]
+clients = 4
+rounds = 1
+[config]
+client-data-paths = "{paths}"
+class-names = "a,b"
+model = "mlp"
+hidden-dim = 8
+"""

@@ -94,9 +94,12 @@ def data_sites(cfg: RunConfig) -> tuple[str, tuple[str, ...]] | None:
     return f"partition-by={cfg.partition_by!r}", names
 
 
-def federation_fit_problem(cfg: RunConfig, supernodes: int) -> str | None:
+def federation_fit_problem(
+    cfg: RunConfig, supernodes: int, fix: str = 'run with --federation-config "num-supernodes={n}"'
+) -> str | None:
     """Why a federation of ``supernodes`` does not fit the run's sites, in one line
-    naming ``num-supernodes`` and the setting that fits; None when it fits."""
+    naming ``num-supernodes`` and the setting that fits (``fix``, with ``{n}`` the
+    sites' count: a preset's is its key ``clients``); None when it fits."""
     sites = data_sites(cfg)
     if sites is None or len(sites[1]) == supernodes:
         return None
@@ -109,7 +112,7 @@ def federation_fit_problem(cfg: RunConfig, supernodes: int) -> str | None:
         left = f"{supernodes - count} SuperNodes would have no data"
     return (
         f"num-supernodes={supernodes}, but {what} gives {count} sites ({shown}), one "
-        f'SuperNode each: {left}; run with --federation-config "num-supernodes={count}"'
+        f"SuperNode each: {left}; {fix.format(n=count)}"
     )
 
 
